@@ -1,0 +1,67 @@
+// init(): the process group for this rank, built from the environment contract: a c10d TCPStore
+// (rank 0 hosts it unless the agent does) and a ProcessGroupGloo whose collectives time out, so a
+// dead peer surfaces as an error instead of a hang.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "trainyard/comm/dist_env.h"
+
+namespace trainyard {
+
+struct InitOptions {
+  // Bound on every collective and store wait; a peer silent for longer fails the operation.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Address Gloo binds to. Empty: $GLOO_SOCKET_IFNAME's interface if set, else $TRAINYARD_BIND_ADDR,
+  // else 127.0.0.1 when MASTER_ADDR is a loopback address, else this host's name.
+  std::string bind_address;
+  // Gloo threads per process group (each runs collectives off the caller's thread).
+  int gloo_threads = 2;
+};
+
+// One rank's membership of a job: who it is, the store, and the process group.
+class Distributed {
+ public:
+  Distributed(DistEnv env,
+              c10::intrusive_ptr<c10d::Store> store,
+              c10::intrusive_ptr<c10d::ProcessGroup> pg);
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  int local_rank() const { return env_.local_rank; }
+  const DistEnv& env() const { return env_; }
+  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  // Blocks until every rank has called it (bounded by the group's timeout).
+  void barrier();
+
+ private:
+  DistEnv env_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+};
+
+// Reads the contract from the environment, connects to the store and builds the Gloo group.
+// Blocks until all ranks have joined or options.timeout passes (then TimeoutError/NetworkError
+// naming MASTER_ADDR:MASTER_PORT). Also sets the log prefix to this rank.
+std::shared_ptr<Distributed> init(const InitOptions& options = {});
+std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options = {});
+
+// A Gloo process group over an existing store: for tests that run ranks as threads over a
+// c10d::HashStore, and for agents that own the store.
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank,
+                                                       int world_size,
+                                                       const InitOptions& options = {},
+                                                       const std::string& master_addr = "127.0.0.1");
+
+}  // namespace trainyard

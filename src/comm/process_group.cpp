@@ -1,0 +1,102 @@
+#include "trainyard/comm/process_group.h"
+
+#include <arpa/inet.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+
+namespace trainyard {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  if (addr == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, addr.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  return addr == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> make_device(const InitOptions& options,
+                                                       const std::string& master_addr) {
+  if (!options.bind_address.empty())
+    return c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_address);
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (const char* addr = std::getenv("TRAINYARD_BIND_ADDR"); addr && *addr)
+    return c10d::ProcessGroupGloo::createDeviceForHostname(addr);
+  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+Distributed::Distributed(DistEnv env,
+                         c10::intrusive_ptr<c10d::Store> store,
+                         c10::intrusive_ptr<c10d::ProcessGroup> pg)
+    : env_(std::move(env)), store_(std::move(store)), pg_(std::move(pg)) {}
+
+Distributed::~Distributed() = default;
+
+void Distributed::barrier() {
+  if (env_.world_size == 1) return;
+  pg_->barrier()->wait();
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank,
+                                                       int world_size,
+                                                       const InitOptions& options,
+                                                       const std::string& master_addr) {
+  TY_CHECK(options.gloo_threads >= 1, "InitOptions.gloo_threads must be >= 1, got ",
+           options.gloo_threads, ".");
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices.push_back(make_device(options, master_addr));
+  gloo_options->threads = options.gloo_threads;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+}
+
+std::shared_ptr<Distributed> init(const InitOptions& options) {
+  return init(parse_dist_env(), options);
+}
+
+std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options) {
+  set_log_rank(env.rank, env.world_size);
+  auto log = logger("comm");
+  c10d::TCPStoreOptions store_options;
+  store_options.port = env.master_port;
+  store_options.isServer = env.rank == 0 && !env.use_agent_store;
+  store_options.numWorkers = env.world_size;
+  store_options.waitWorkers = false;
+  store_options.timeout = options.timeout;
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  } catch (const std::exception& e) {
+    throw NetworkError(detail::concat(
+        "Rank ", env.rank, "/", env.world_size, " could not ",
+        store_options.isServer ? "host" : "reach", " the rendezvous store at ", env.master_addr,
+        ":", env.master_port, " within ", options.timeout.count(), " ms: ", e.what(),
+        " HINT: check MASTER_ADDR/MASTER_PORT, that rank 0 is running, and that the port is "
+        "free on the master host."));
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  try {
+    pg = make_gloo_group(store, env.rank, env.world_size, options, env.master_addr);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw NetworkError(detail::concat("Rank ", env.rank, "/", env.world_size,
+                                      " could not form the Gloo process group through ",
+                                      env.master_addr, ":", env.master_port, ": ", e.what()));
+  }
+  log->debug("process group ready: master {}:{}, timeout {} ms", env.master_addr, env.master_port,
+             options.timeout.count());
+  return std::make_shared<Distributed>(env, std::move(store), std::move(pg));
+}
+
+}  // namespace trainyard
