@@ -1,0 +1,318 @@
+#include "trainyard/ddp/reducer.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+
+namespace trainyard::ddp {
+
+// Note [Bucket order]
+// Gradients become ready roughly in reverse registration order (the last layer's first), so
+// buckets are filled from the last parameter backwards. Gloo matches collectives by the order in
+// which ranks issue them, so buckets are launched strictly in index order: a full bucket waits
+// for every earlier bucket to launch first. Every rank therefore issues the same sequence of
+// all-reduces even when its gradients land in a different order, or some never land (unused
+// parameters are zero-filled at the end of backward, then the remaining buckets launch in order).
+
+struct DdpReducer::Bucket {
+  torch::Tensor flat;                // (numel,) gradients laid out back to back
+  std::vector<std::size_t> params;   // indices into params_
+  std::size_t pending = 0;           // gradients still missing in this backward
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+namespace {
+
+// Runs on the autograd thread right after a parameter's gradient has been accumulated.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(DdpReducer* reducer, std::size_t index) : reducer_(reducer), index_(index) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    reducer_->on_gradient_ready(index_);
+    return outputs;
+  }
+
+ private:
+  DdpReducer* reducer_;  // the reducer removes this hook in its destructor
+  std::size_t index_;
+};
+
+std::string join_names(const std::vector<std::string>& names, std::size_t limit = 10) {
+  std::ostringstream out;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i) out << (i ? ", " : "") << names[i];
+  if (names.size() > limit) out << " and " << names.size() - limit << " more";
+  return out.str();
+}
+
+void wait_or_throw(const c10::intrusive_ptr<c10d::Work>& work,
+                   const char* what,
+                   int rank,
+                   int world_size) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    throw NetworkError(detail::concat("DistributedDataParallel on rank ", rank, "/", world_size,
+                                      ": ", what, " failed: ", e.what(),
+                                      " HINT: another rank probably died or timed out; its own "
+                                      "log names the root cause."));
+  }
+}
+
+}  // namespace
+
+DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
+                       c10::intrusive_ptr<c10d::ProcessGroup> process_group,
+                       DdpOptions options)
+    : module_(std::move(module)), pg_(std::move(process_group)), options_(options) {
+  TY_CHECK(module_ != nullptr, "DistributedDataParallel needs a module, got null.");
+  TY_CHECK(pg_, "DistributedDataParallel needs a process group, got null.");
+  TY_CHECK(options_.bucket_size_bytes > 0, "DdpOptions.bucket_size_bytes must be > 0.");
+  TY_CHECK(options_.first_bucket_size_bytes > 0,
+           "DdpOptions.first_bucket_size_bytes must be > 0.");
+  rank_ = pg_->getRank();
+  world_size_ = pg_->getSize();
+
+  for (auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    params_.push_back(item.value());
+    param_names_.push_back(item.key());
+  }
+  TY_CHECK(!params_.empty(), "DistributedDataParallel: the module has no trainable parameters.");
+
+  verify_layout_across_ranks();
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> state(params_.begin(), params_.end());
+    for (auto& b : module_->buffers(/*recurse=*/true)) state.push_back(b);
+    broadcast_from_rank0(state);
+  }
+  build_buckets();
+
+  // One post-hook per parameter's gradient accumulator. The accumulator is owned by the autograd
+  // graph only weakly, so keep it alive here or the hook disappears with it.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    TY_ASSERT(acc != nullptr, "parameter ", param_names_[i], " has no gradient accumulator");
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
+    accumulators_.push_back(std::move(acc));
+  }
+  ready_.assign(params_.size(), false);
+
+  logger("ddp")->info("DistributedDataParallel: {} parameters in {} buckets (cap {} MiB), world size {}",
+                      params_.size(), buckets_.size(), options_.bucket_size_bytes >> 20,
+                      world_size_);
+}
+
+DdpReducer::~DdpReducer() {
+  for (std::size_t i = 0; i < accumulators_.size(); ++i)
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void DdpReducer::verify_layout_across_ranks() {
+  if (world_size_ == 1) return;
+  std::int64_t numel = 0;
+  for (auto& p : params_) numel += p.numel();
+  // (2,): the parameter count and element count; equal on all ranks iff min == max.
+  auto local = torch::tensor({static_cast<std::int64_t>(params_.size()), numel}, torch::kInt64);
+  auto lo = local.clone();
+  auto hi = local.clone();
+  std::vector<torch::Tensor> lo_v{lo}, hi_v{hi};
+  c10d::AllreduceOptions min_op, max_op;
+  min_op.reduceOp = c10d::ReduceOp::MIN;
+  max_op.reduceOp = c10d::ReduceOp::MAX;
+  wait_or_throw(pg_->allreduce(lo_v, min_op), "the parameter layout check", rank_, world_size_);
+  wait_or_throw(pg_->allreduce(hi_v, max_op), "the parameter layout check", rank_, world_size_);
+  TY_CHECK(torch::equal(lo, hi), "DistributedDataParallel: ranks hold different models. Rank ",
+           rank_, " has ", params_.size(), " trainable parameters with ", numel,
+           " elements; across ranks the counts range over [", lo[0].item<int64_t>(), ", ",
+           hi[0].item<int64_t>(), "] and the elements over [", lo[1].item<int64_t>(), ", ",
+           hi[1].item<int64_t>(), "]. HINT: build the same model on every rank.");
+}
+
+void DdpReducer::broadcast_from_rank0(const std::vector<torch::Tensor>& tensors) {
+  if (world_size_ == 1 || tensors.empty()) return;
+  // Coalesce by dtype: one broadcast per dtype instead of one per tensor.
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<torch::Tensor> flat{at::flatten_dense_tensors(group)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = 0;
+    wait_or_throw(pg_->broadcast(flat, opts), "broadcasting state from rank 0", rank_, world_size_);
+    if (rank_ == 0) continue;
+    auto parts = at::unflatten_dense_tensors(flat[0], group);
+    for (std::size_t i = 0; i < group.size(); ++i) group[i].copy_(parts[i]);
+  }
+}
+
+void DdpReducer::build_buckets() {
+  bucket_of_param_.assign(params_.size(), 0);
+  offset_of_param_.assign(params_.size(), 0);
+  // See Note [Bucket order]: walk parameters from the last registered to the first.
+  std::map<c10::ScalarType, std::size_t> open;        // index of the bucket being filled, per dtype
+  std::map<c10::ScalarType, std::size_t> open_bytes;  // bytes already in it
+  std::vector<std::int64_t> numel_of_bucket;
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    const auto& p = params_[k];
+    auto dtype = p.scalar_type();
+    std::size_t bytes = p.numel() * p.element_size();
+    std::size_t cap =
+        buckets_.size() <= 1 ? options_.first_bucket_size_bytes : options_.bucket_size_bytes;
+    auto it = open.find(dtype);
+    if (it == open.end() || (open_bytes[dtype] > 0 && open_bytes[dtype] + bytes > cap)) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      numel_of_bucket.push_back(0);
+      it = open.insert_or_assign(dtype, buckets_.size() - 1).first;
+      open_bytes[dtype] = 0;
+    }
+    auto& b = *buckets_[it->second];
+    b.params.push_back(k);
+    bucket_of_param_[k] = it->second;
+    offset_of_param_[k] = numel_of_bucket[it->second];
+    numel_of_bucket[it->second] += p.numel();
+    open_bytes[dtype] += bytes;
+  }
+  for (auto& b : buckets_) {
+    std::int64_t numel = 0;
+    for (auto j : b->params) numel += params_[j].numel();
+    b->flat = torch::zeros({numel}, params_[b->params.front()].options().requires_grad(false));
+    b->pending = b->params.size();
+  }
+}
+
+std::vector<std::string> DdpReducer::bucket_parameter_names(int index) const {
+  TY_CHECK(index >= 0 && index < bucket_count(), "bucket index ", index, " out of range [0, ",
+           bucket_count(), ").");
+  std::vector<std::string> names;
+  for (auto j : buckets_[index]->params) names.push_back(param_names_[j]);
+  return names;
+}
+
+void DdpReducer::prepare_forward() {
+  sync_this_backward_ = require_sync_;
+  if (options_.broadcast_buffers && world_size_ > 1 && module_->is_training()) {
+    torch::NoGradGuard no_grad;
+    auto buffers = module_->buffers(/*recurse=*/true);
+    broadcast_from_rank0(buffers);
+  }
+}
+
+void DdpReducer::on_gradient_ready(std::size_t index) {
+  if (!sync_this_backward_ || world_size_ == 1) return;
+  if (!backward_started_) {
+    backward_started_ = true;
+    launched_in_backward_ = 0;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+  }
+  TY_CHECK(!ready_[index], "DistributedDataParallel: parameter ", param_names_[index],
+           " received its gradient twice in one backward pass. HINT: a module reused in a loop "
+           "or a second backward through the same graph needs no_sync() for all but the last.");
+  ready_[index] = true;
+  auto& bucket = *buckets_[bucket_of_param_[index]];
+  const auto& grad = params_[index].grad();
+  auto slot = bucket.flat.narrow(0, offset_of_param_[index], params_[index].numel());
+  if (grad.defined()) {
+    slot.view(params_[index].sizes()).copy_(grad);
+  } else {
+    slot.zero_();
+  }
+  --bucket.pending;
+  launch_ready_buckets(/*from_hook=*/true);
+}
+
+void DdpReducer::launch_ready_buckets(bool from_hook) {
+  // See Note [Bucket order].
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_]->pending == 0) {
+    auto& b = *buckets_[next_bucket_];
+    b.flat.div_(world_size_);
+    std::vector<torch::Tensor> tensors{b.flat};
+    b.work = pg_->allreduce(tensors);
+    if (from_hook) ++launched_in_backward_;
+    ++next_bucket_;
+  }
+}
+
+void DdpReducer::finalize_backward() {
+  std::vector<std::size_t> missing;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (!ready_[i]) missing.push_back(i);
+
+  if (!missing.empty() && !options_.find_unused_parameters) {
+    std::vector<std::string> names;
+    for (auto i : missing) names.push_back(param_names_[i]);
+    reset_backward_state();
+    throw Error(detail::concat(
+        "DistributedDataParallel on rank ", rank_, "/", world_size_, ": ", missing.size(),
+        " parameter(s) received no gradient in this backward pass: ", join_names(names),
+        ". The other ranks' all-reduces cannot complete without them. HINT: construct DDP with "
+        "DdpOptions{.find_unused_parameters = true}, or exclude these parameters from the "
+        "module (requires_grad(false))."));
+  }
+
+  // (P,): 1 where this rank produced a gradient, summed across ranks below.
+  torch::Tensor used;
+  if (options_.find_unused_parameters) {
+    used = torch::ones({static_cast<std::int64_t>(params_.size())}, torch::kInt32);
+    auto used_acc = used.accessor<int, 1>();
+    for (auto i : missing) {
+      used_acc[i] = 0;
+      auto& bucket = *buckets_[bucket_of_param_[i]];
+      bucket.flat.narrow(0, offset_of_param_[i], params_[i].numel()).zero_();
+      --bucket.pending;
+    }
+  }
+  launch_ready_buckets(/*from_hook=*/false);
+  TY_ASSERT(next_bucket_ == buckets_.size(), "not every bucket launched");
+  c10::intrusive_ptr<c10d::Work> used_work;
+  if (used.defined()) {
+    std::vector<torch::Tensor> v{used};
+    used_work = pg_->allreduce(v);
+  }
+
+  try {
+    for (auto& b : buckets_) wait_or_throw(b->work, "a gradient all-reduce", rank_, world_size_);
+    if (used_work) wait_or_throw(used_work, "the unused-parameter all-reduce", rank_, world_size_);
+  } catch (...) {
+    reset_backward_state();
+    throw;
+  }
+
+  torch::NoGradGuard no_grad;
+  const int* used_count = used.defined() ? used.data_ptr<int>() : nullptr;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    // A parameter no rank used keeps no gradient, exactly as in a single process.
+    if (used_count != nullptr && used_count[i] == 0) continue;
+    auto& b = *buckets_[bucket_of_param_[i]];
+    auto averaged = b.flat.narrow(0, offset_of_param_[i], params_[i].numel()).view(params_[i].sizes());
+    auto& grad = params_[i].mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(averaged);
+    } else {
+      grad = averaged.clone();
+    }
+  }
+  stats_ = DdpStepStats{.bucket_count = bucket_count(),
+                        .buckets_launched_in_backward = launched_in_backward_,
+                        .locally_unused_parameters = static_cast<int>(missing.size())};
+  reset_backward_state();
+}
+
+void DdpReducer::reset_backward_state() {
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) {
+    b->pending = b->params.size();
+    b->work.reset();
+  }
+  next_bucket_ = 0;
+  backward_started_ = false;
+}
+
+}  // namespace trainyard::ddp

@@ -1,0 +1,84 @@
+#include "trainyard/models/resnet.h"
+
+#include <torch/torch.h>
+
+#include "trainyard/error.h"
+
+namespace trainyard::models {
+namespace nn = torch::nn;
+
+namespace {
+nn::Conv2d conv(int in, int out, int kernel, int stride, int padding) {
+  return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(false));
+}
+}  // namespace
+
+BasicBlockImpl::BasicBlockImpl(int in_planes, int planes, int stride) {
+  conv1 = register_module("conv1", conv(in_planes, planes, 3, stride, 1));
+  bn1 = register_module("bn1", nn::BatchNorm2d(planes));
+  conv2 = register_module("conv2", conv(planes, planes, 3, 1, 1));
+  bn2 = register_module("bn2", nn::BatchNorm2d(planes));
+  if (stride != 1 || in_planes != planes * kExpansion) {
+    downsample = register_module(
+        "downsample",
+        nn::Sequential(conv(in_planes, planes * kExpansion, 1, stride, 0), nn::BatchNorm2d(planes)));
+  }
+}
+
+torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
+  auto identity = downsample ? downsample->forward(x) : x;
+  auto out = torch::relu(bn1->forward(conv1->forward(x)));
+  out = bn2->forward(conv2->forward(out));
+  return torch::relu(out + identity);
+}
+
+ResNetImpl::ResNetImpl(ResNetOptions options) {
+  TY_CHECK(options.in_channels >= 1, "ResNetOptions.in_channels must be >= 1, got ",
+           options.in_channels, ".");
+  TY_CHECK(options.num_classes >= 1, "ResNetOptions.num_classes must be >= 1, got ",
+           options.num_classes, ".");
+  int in_planes = 64;
+  conv1 = register_module("conv1", conv(options.in_channels, 64, 7, 2, 3));
+  bn1 = register_module("bn1", nn::BatchNorm2d(64));
+  layer1 = register_module("layer1", make_layer(in_planes, 64, options.layers[0], 1));
+  layer2 = register_module("layer2", make_layer(in_planes, 128, options.layers[1], 2));
+  layer3 = register_module("layer3", make_layer(in_planes, 256, options.layers[2], 2));
+  layer4 = register_module("layer4", make_layer(in_planes, 512, options.layers[3], 2));
+  fc = register_module("fc", nn::Linear(512 * BasicBlockImpl::kExpansion, options.num_classes));
+
+  // torchvision: He initialisation (fan_out) for convolutions, BatchNorm to identity.
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* c = m->as<nn::Conv2d>()) {
+      nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+    } else if (auto* bn = m->as<nn::BatchNorm2d>()) {
+      nn::init::ones_(bn->weight);
+      nn::init::zeros_(bn->bias);
+    }
+  }
+}
+
+nn::Sequential ResNetImpl::make_layer(int& in_planes, int planes, int blocks, int stride) {
+  nn::Sequential layer;
+  layer->push_back(BasicBlock(in_planes, planes, stride));
+  in_planes = planes * BasicBlockImpl::kExpansion;
+  for (int i = 1; i < blocks; ++i) layer->push_back(BasicBlock(in_planes, planes, 1));
+  return layer;
+}
+
+torch::Tensor ResNetImpl::forward(torch::Tensor x) {
+  x = torch::relu(bn1->forward(conv1->forward(x)));
+  x = torch::max_pool2d(x, /*kernel_size=*/3, /*stride=*/2, /*padding=*/1);
+  x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
+  x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);  // (B, 512)
+  return fc->forward(x);
+}
+
+ResNet resnet18(int in_channels, int num_classes) {
+  ResNet model(ResNetOptions{.layers = {2, 2, 2, 2}, .in_channels = in_channels,
+                             .num_classes = num_classes});
+  model->conv1->reset_parameters();
+  return model;
+}
+
+}  // namespace trainyard::models

@@ -1,0 +1,74 @@
+// The environment contract: parsed values, defaults, and errors that name the variable.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "trainyard/comm/dist_env.h"
+#include "trainyard/error.h"
+
+namespace {
+using trainyard::parse_dist_env;
+
+trainyard::EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+const std::map<std::string, std::string> kFull = {
+    {"RANK", "3"},          {"WORLD_SIZE", "4"},    {"LOCAL_RANK", "1"},
+    {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"},
+    {"MASTER_PORT", "29501"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+    {"TORCHELASTIC_RUN_ID", "job7"}};
+
+TEST(DistEnv, ParsesTheContract) {
+  auto e = parse_dist_env(env_of(kFull));
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.group_rank, 1);
+  EXPECT_EQ(e.master_addr, "10.1.2.3");
+  EXPECT_EQ(e.master_port, 29501);
+  EXPECT_EQ(e.restart_count, 2);
+  EXPECT_EQ(e.run_id, "job7");
+  EXPECT_FALSE(e.use_agent_store);
+}
+
+void expect_error_naming(std::map<std::string, std::string> vars, const std::string& needle) {
+  try {
+    parse_dist_env(env_of(std::move(vars)));
+    FAIL() << "expected an error naming " << needle;
+  } catch (const trainyard::InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("HINT"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DistEnv, NamesTheMissingOrBadVariable) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    auto vars = kFull;
+    vars.erase(name);
+    expect_error_naming(vars, name);
+  }
+  auto vars = kFull;
+  vars["RANK"] = "4";
+  expect_error_naming(vars, "RANK=4");
+  vars = kFull;
+  vars["MASTER_PORT"] = "http";
+  expect_error_naming(vars, "MASTER_PORT='http'");
+  vars = kFull;
+  vars["WORLD_SIZE"] = "0";
+  expect_error_naming(vars, "WORLD_SIZE=0");
+}
+
+TEST(DistEnv, DefaultsLocalValues) {
+  auto e = parse_dist_env(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                  {"MASTER_PORT", "1234"}}));
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+}
+
+}  // namespace
