@@ -13,8 +13,6 @@ struct Registry {
   std::mutex mutex;
   std::unordered_map<std::string, std::shared_ptr<spdlog::logger>> loggers;
   std::string rank_text = "rank -";
-  std::shared_ptr<spdlog::sinks::stderr_sink_mt> sink =
-      std::make_shared<spdlog::sinks::stderr_sink_mt>();
 };
 
 Registry& registry() {
@@ -43,7 +41,10 @@ std::shared_ptr<spdlog::logger> logger(const std::string& component) {
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.loggers.find(component);
   if (it != r.loggers.end()) return it->second;
-  auto l = std::make_shared<spdlog::logger>(component, r.sink);
+  // A sink per logger: a pattern belongs to the sink, and each component has its own tag.
+  // stderr sinks share spdlog's console mutex, so lines never interleave.
+  auto l = std::make_shared<spdlog::logger>(component,
+                                            std::make_shared<spdlog::sinks::stderr_sink_mt>());
   l->set_level(level_from_env());
   apply_pattern(*l, component, r.rank_text);
   r.loggers.emplace(component, l);

@@ -1,1 +1,29 @@
-int main() { return 0; }
+// trainyard: one binary, one subcommand per layer (run: the launcher; train: the recipes).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "tools/run_command.h"
+#include "tools/train_command.h"
+#include "trainyard/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainyard: distributed training for LibTorch", "trainyard"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "trainyard 0.1.0");
+  int exit_code = 0;
+  trainyard::cli::add_run_command(app, exit_code);
+  trainyard::cli::add_train_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const trainyard::Error& e) {
+    std::fprintf(stderr, "trainyard: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainyard: unexpected error: %s\n", e.what());
+    return 1;
+  }
+  return exit_code;
+}

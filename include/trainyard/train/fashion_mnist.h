@@ -1,0 +1,46 @@
+// The seeds' FashionMNIST job as a recipe: torchvision ResNet18 with a 1-channel 7x7 conv1,
+// FashionMNIST normalised with mean 0.5 / std 0.5, Adam, DistributedDataParallel across the
+// ranks of the job, a test-set evaluation, and rank 0's checkpoint and result.json.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trainyard::train {
+
+struct FashionMnistOptions {
+  int workers = 2;                // ranks started when the recipe launches itself
+  int epochs = 10;
+  std::int64_t batch_size = 128;  // per rank
+  double lr = 1e-3;
+  std::string storage = "results";  // results go to <storage>/<name>/
+  std::string name = "fashion-mnist";
+  std::int64_t limit = -1;  // use the first `limit` training images; -1: all 60,000
+  int threads = 0;          // intra-op threads per rank; 0: cores / ranks on this node
+  std::uint64_t seed = 0;
+  std::string data_dir;  // empty: Debian's /usr/share/datasets/fashion-mnist
+  bool progress = true;  // a progress bar on rank 0 when the output is a terminal
+
+  // Throws InvalidArgumentError naming the first bad field.
+  void validate() const;
+};
+
+struct FashionMnistResult {
+  double loss = 0;      // mean cross-entropy on the test set
+  double accuracy = 0;  // on the test set
+  double time_total_s = 0;
+  double train_time_s = 0;           // training epochs only, without evaluation
+  double train_samples_per_s = 0;    // all ranks together
+  int world_size = 1;
+  std::string checkpoint_dir_name;
+  std::string run_dir;
+};
+
+// Runs one rank of the job; the environment contract (RANK, WORLD_SIZE, ...) must be present.
+// Rank 0 writes <storage>/<name>/checkpoint_000000/model.pt, result.json and config.json.
+FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options);
+
+// Prints the "Training result" table of a result.json, in the shape Ray Train prints it.
+void print_training_result(const std::string& result_json_path);
+
+}  // namespace trainyard::train

@@ -1,0 +1,96 @@
+#include "tools/train_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "trainyard/comm/dist_env.h"
+#include "trainyard/elastic/launcher.h"
+#include "trainyard/train/fashion_mnist.h"
+
+namespace trainyard::cli {
+namespace {
+
+constexpr const char* kParentEnv = "TRAINYARD_RECIPE_PARENT";
+
+// Bare start: run the recipe's ranks through the launcher, then print the result table.
+int launch_fashion_mnist(const train::FashionMnistOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  elastic::LaunchOptions launch;
+  launch.nproc_per_node = o.workers;
+  launch.run_id = o.name;
+  launch.extra_env = {{kParentEnv, "1"}};
+  launch.command = {elastic::self_executable(), "train", "fashion-mnist",
+                    "--workers", std::to_string(o.workers),
+                    "--epochs", std::to_string(o.epochs),
+                    "--batch-size", std::to_string(o.batch_size),
+                    "--lr", std::to_string(o.lr),
+                    "--storage", o.storage,
+                    "--name", o.name,
+                    "--limit", std::to_string(o.limit),
+                    "--threads", std::to_string(o.threads),
+                    "--seed", std::to_string(o.seed)};
+  if (!o.data_dir.empty()) {
+    launch.command.push_back("--data-dir");
+    launch.command.push_back(o.data_dir);
+  }
+  if (!o.progress) launch.command.push_back("--no-progress");
+  auto result = elastic::launch(launch);
+  if (!result.succeeded) return result.exit_code();
+  train::print_training_result(
+      (std::filesystem::path(o.storage) / o.name / "result.json").string());
+  const auto total = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  std::printf("\nTotal running time: %lldmin %llds\n", static_cast<long long>(total / 60),
+              static_cast<long long>(total % 60));
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, int& exit_code) {
+  auto* train = app.add_subcommand("train", "Run a built-in training recipe.");
+  train->require_subcommand(1);
+
+  static train::FashionMnistOptions o;  // CLI11 binds flags to storage that outlives parsing
+  bool no_progress = false;
+  auto* fm = train->add_subcommand(
+      "fashion-mnist",
+      "ResNet18 on FashionMNIST with DistributedDataParallel (the seed's Ray Train job). Run bare "
+      "it starts --workers local ranks itself; under `trainyard run` it is one rank of that job.");
+  fm->add_option("--workers", o.workers, "Ranks to start when run bare")->capture_default_str();
+  fm->add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();
+  fm->add_option("--batch-size", o.batch_size, "Batch size per rank")->capture_default_str();
+  fm->add_option("--lr", o.lr, "Adam learning rate")->capture_default_str();
+  fm->add_option("--storage", o.storage, "Results directory; the run goes to STORAGE/NAME/")
+      ->capture_default_str();
+  fm->add_option("--name", o.name, "The run's folder under --storage")->capture_default_str();
+  fm->add_option("--limit", o.limit, "Use the first N training images (-1: all)")
+      ->capture_default_str();
+  fm->add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / ranks)")
+      ->capture_default_str();
+  fm->add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
+  fm->add_option("--data-dir", o.data_dir, "Folder with the FashionMNIST IDX files")
+      ->default_str("/usr/share/datasets/fashion-mnist");
+  fm->add_flag("--no-progress", no_progress, "Never draw a progress bar");
+  fm->callback([&exit_code, &no_progress] {
+    o.progress = !no_progress;
+    o.validate();
+    if (!dist_env_present()) {
+      exit_code = launch_fashion_mnist(o);
+      return;
+    }
+    auto result = train::run_fashion_mnist_rank(o);
+    const bool parent_prints = std::getenv(kParentEnv) != nullptr;
+    if (parent_prints || std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) != "0") {
+      exit_code = 0;
+      return;
+    }
+    train::print_training_result(result.run_dir + "/result.json");
+    exit_code = 0;
+  });
+}
+
+}  // namespace trainyard::cli
