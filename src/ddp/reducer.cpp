@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <sstream>
 
 #include "trainyard/error.h"
@@ -277,6 +278,7 @@ void DdpReducer::finalize_backward() {
     used_work = pg_->allreduce(v);
   }
 
+  const auto wait_start = std::chrono::steady_clock::now();
   try {
     for (auto& b : buckets_) wait_or_throw(b->work, "a gradient all-reduce", rank_, world_size_);
     if (used_work) wait_or_throw(used_work, "the unused-parameter all-reduce", rank_, world_size_);
@@ -301,7 +303,13 @@ void DdpReducer::finalize_backward() {
   }
   stats_ = DdpStepStats{.bucket_count = bucket_count(),
                         .buckets_launched_in_backward = launched_in_backward_,
-                        .locally_unused_parameters = static_cast<int>(missing.size())};
+                        .locally_unused_parameters = static_cast<int>(missing.size()),
+                        .exposed_comm_ms = std::chrono::duration<double, std::milli>(
+                                               std::chrono::steady_clock::now() - wait_start)
+                                               .count()};
+  logger("ddp")->debug("backward: {} of {} buckets launched from hooks, {:.1f} ms waiting at the end",
+                       stats_.buckets_launched_in_backward, stats_.bucket_count,
+                       stats_.exposed_comm_ms);
   reset_backward_state();
 }
 

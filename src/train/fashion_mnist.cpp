@@ -38,14 +38,15 @@ class ProgressBar {
     if (!enabled_ || total_ == 0) return;
     constexpr int kWidth = 30;
     int filled = static_cast<int>(kWidth * done / total_);
-    std::printf("\rEpoch %d [%s%s] %lld/%lld loss %.4f", epoch_, std::string(filled, '#').c_str(),
+    // Drawn as "text\r" so it also works through the launcher's line prefixes.
+    std::printf("Epoch %d [%s%s] %lld/%lld loss %.4f\r", epoch_, std::string(filled, '#').c_str(),
                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(done),
                 static_cast<long long>(total_), loss);
     std::fflush(stdout);
   }
   ~ProgressBar() {
     if (!enabled_) return;
-    std::printf("\r%s\r", std::string(72, ' ').c_str());
+    std::printf("%s\r", std::string(72, ' ').c_str());
     std::fflush(stdout);
   }
 

@@ -37,6 +37,8 @@ struct DdpStepStats {
   int buckets_launched_in_backward = 0;
   // Parameters that got no gradient on this rank (find_unused_parameters only).
   int locally_unused_parameters = 0;
+  // Time backward spent blocked at its end waiting for all-reduces to finish (not overlapped).
+  double exposed_comm_ms = 0;
 };
 
 class DdpReducer {

@@ -6,12 +6,13 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace trainyard::elastic {
 
 struct LaunchOptions {
-  std::vector<std::string> command;  // program and its arguments; command[0] is looked up in PATH
+  std::vector<std::string> command{};  // program and its arguments; command[0] is looked up in PATH
   int nproc_per_node = 1;
   int nnodes = 1;
   int node_rank = 0;
@@ -19,12 +20,12 @@ struct LaunchOptions {
   std::uint16_t master_port = 0;  // 0: pick a free port on this host
   std::string run_id = "none";    // TORCHELASTIC_RUN_ID
   int max_restarts = 0;           // TORCHELASTIC_MAX_RESTARTS (restarts arrive with the agent)
-  std::string log_dir;            // when set, each rank's stdout/stderr also go to files here
+  std::string log_dir{};          // when set, each rank's stdout/stderr also go to files here
   std::string role = "default";
   // After the first failure, how long the other ranks get between SIGTERM and SIGKILL.
   std::chrono::milliseconds term_timeout = std::chrono::seconds(10);
   bool prefix_output = true;  // "[rank0]: " before every line a rank prints
-  std::vector<std::pair<std::string, std::string>> extra_env;  // set in every rank's environment
+  std::vector<std::pair<std::string, std::string>> extra_env{};  // set in every rank's environment
 };
 
 // How one rank ended.
@@ -32,23 +33,29 @@ struct RankExit {
   int rank = 0;
   int local_rank = 0;
   int pid = 0;
-  int exit_code = 0;  // valid when signal == 0
-  int signal = 0;     // the signal that ended it, or 0
-  std::chrono::system_clock::time_point time;
+  int exit_code = 0;                             // valid when signal == 0
+  int signal = 0;                                // the signal that ended it, or 0
+  std::chrono::system_clock::time_point time{};  // when the launcher saw it exit
+  bool stopped_by_launcher = false;              // not yet reaped when the launcher sent SIGTERM
   bool failed() const { return signal != 0 || exit_code != 0; }
 };
 
 struct LaunchResult {
   bool succeeded = false;
-  std::vector<RankExit> exits;  // one per local rank
-  int first_failure = -1;       // index into exits of the root cause, or -1
+  std::vector<RankExit> exits{};  // one per local rank
+  int first_failure = -1;         // index into exits of the root cause, or -1
+  int received_signal = 0;        // a signal (SIGINT, SIGTERM, ...) that made the launcher stop
   // The launcher's exit code: 0 when every rank succeeded, else the root cause's exit code
-  // (128 + signal for a signal), as torchrun's does.
+  // (128 + signal for a signal, as a shell reports it; torchrun itself exits 1), or
+  // 128 + received_signal when the launcher was interrupted before any rank failed.
   int exit_code() const;
 };
 
 // Runs the ranks to completion. Blocks. Throws InvalidArgumentError on bad options and Error when
 // a rank cannot be started; rank failures are reported in the result (and on stderr as a summary).
+// While it runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT stop the ranks (SIGTERM, then SIGKILL after
+// term_timeout) and SIGPIPE is ignored; the previous handlers are restored before it returns.
+// One launch() per process at a time.
 LaunchResult launch(const LaunchOptions& options);
 
 // The path of the running executable (/proc/self/exe), for programs that relaunch themselves.

@@ -1,0 +1,91 @@
+// All-reduce bus bandwidth sweep over the Gloo process group, printed as nccl-tests prints it:
+// algbw = size / time, busbw = algbw * 2(n-1)/n. Run as the ranks of a job:
+//   build/trainyard run --nproc-per-node 2 -- build/bench/allreduce_bench [--min-bytes 1024]
+//       [--max-bytes 268435456] [--warmup 3] [--seconds-per-size 1.0]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "trainyard/comm/process_group.h"
+#include "trainyard/error.h"
+
+namespace {
+
+struct Args {
+  std::int64_t min_bytes = 1 << 10;
+  std::int64_t max_bytes = 256ll << 20;
+  int warmup = 3;
+  double seconds_per_size = 1.0;  // measuring budget per size; at least 3 iterations
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    TY_CHECK(i + 1 < argc, "flag ", flag, " needs a value");
+    const char* v = argv[++i];
+    if (flag == "--min-bytes") a.min_bytes = std::atoll(v);
+    else if (flag == "--max-bytes") a.max_bytes = std::atoll(v);
+    else if (flag == "--warmup") a.warmup = std::atoi(v);
+    else if (flag == "--seconds-per-size") a.seconds_per_size = std::atof(v);
+    else TY_CHECK(false, "unknown flag ", flag, "; see the usage at the top of allreduce_bench.cpp");
+  }
+  TY_CHECK(a.min_bytes >= 4 && a.max_bytes >= a.min_bytes, "need 4 <= --min-bytes <= --max-bytes");
+  return a;
+}
+
+double time_allreduce(c10d::ProcessGroup& pg, torch::Tensor& t, int iters) {
+  std::vector<torch::Tensor> v{t};
+  pg.barrier()->wait();
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) pg.allreduce(v)->wait();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const auto args = parse(argc, argv);
+  auto dist = trainyard::init();
+  auto& pg = *dist->process_group();
+  const int n = dist->world_size();
+  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  if (dist->rank() == 0) {
+    std::printf("# allreduce, Gloo, %d ranks\n", n);
+    std::printf("# %12s %12s %6s %6s %10s %8s %8s\n", "size", "count", "type", "redop", "time",
+                "algbw", "busbw");
+    std::printf("# %12s %12s %6s %6s %10s %8s %8s\n", "(B)", "(elements)", "", "", "(us)",
+                "(GB/s)", "(GB/s)");
+  }
+  double busbw_sum = 0;
+  int sizes = 0;
+  for (std::int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= 2) {
+    auto t = torch::ones({bytes / 4}, torch::kFloat32);
+    // Calibrate on rank 0's estimate so every rank runs the same number of iterations.
+    double est = time_allreduce(pg, t, std::max(1, args.warmup));
+    auto iters_t = torch::tensor({std::max(3.0, args.seconds_per_size / std::max(est, 1e-6))});
+    std::vector<torch::Tensor> v{iters_t};
+    c10d::BroadcastOptions root0;
+    pg.broadcast(v, root0)->wait();
+    const int iters = static_cast<int>(std::min(1000.0, iters_t.item<double>()));
+    const double secs = time_allreduce(pg, t, iters);
+    const double algbw = static_cast<double>(bytes) / secs / 1e9;
+    const double busbw = algbw * bus_factor;
+    busbw_sum += busbw;
+    ++sizes;
+    if (dist->rank() == 0) {
+      std::printf("  %12lld %12lld %6s %6s %10.1f %8.3f %8.3f\n", static_cast<long long>(bytes),
+                  static_cast<long long>(bytes / 4), "float", "sum", secs * 1e6, algbw, busbw);
+      std::fflush(stdout);
+    }
+  }
+  if (dist->rank() == 0) std::printf("# Avg bus bandwidth    : %.3f GB/s\n", busbw_sum / sizes);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
+  return 1;
+}

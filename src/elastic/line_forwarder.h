@@ -1,0 +1,63 @@
+// Forwarding of the ranks' output (internal to the launcher): OutputSink writes to one of the
+// launcher's own descriptors, LineForwarder cuts one rank stream into whole, prefixed lines, and
+// pump() moves what a pipe holds into a forwarder.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "trainyard/elastic/subprocess.h"
+
+namespace trainyard::elastic {
+
+// One of the launcher's own descriptors (stdout or stderr), written from one thread. A sink that
+// fails (EPIPE: the reader went away; or 10 s without progress) drops everything after one
+// warning, so a closed pipe never stops the ranks.
+class OutputSink {
+ public:
+  OutputSink(int fd, const char* name) : fd_(fd), name_(name) {}
+
+  // Writes all of data (blocking, EINTR retried, EAGAIN waited on with poll).
+  void write(std::string_view data);
+
+ private:
+  void break_with(const std::string& why);
+
+  int fd_;
+  const char* name_;  // "stdout" or "stderr", a literal
+  bool broken_ = false;
+};
+
+// Splits one rank stream into lines and forwards them, each behind prefix, to a sink in whole
+// lines only, so two ranks never mix within a line. '\n' and '\r' both end a line and stay with
+// it ("\r\n" is one ending), so a progress bar drawn with '\r' still works through the prefix.
+// Also copies the raw bytes to a log file when it has one.
+class LineForwarder {
+ public:
+  // A line longer than this is forwarded in pieces, each a line of its own.
+  static constexpr std::size_t kMaxLineBytes = 1 << 20;
+
+  LineForwarder(std::string prefix, OutputSink* sink, UniqueFd log_file)
+      : prefix_(std::move(prefix)), sink_(sink), log_(std::move(log_file)) {}
+
+  void feed(std::string_view data);
+  // Forwards a trailing partial line, with a '\n' added; call it when the rank has exited.
+  void finish();
+
+ private:
+  void append_line(std::string& out, std::string_view tail);
+  void write_log(std::string_view data);
+
+  std::string prefix_;
+  OutputSink* sink_;  // owned by launch(), which outlives every forwarder
+  UniqueFd log_;
+  std::string pending_;    // the current line, not yet terminated
+  bool after_cr_ = false;  // the last byte fed was a '\r' that ended a line
+};
+
+// Reads what the non-blocking fd holds now, at most max_bytes, into forwarder. Returns false once
+// the stream has ended (EOF or a read error).
+bool pump(int fd, LineForwarder& forwarder, std::size_t max_bytes);
+
+}  // namespace trainyard::elastic

@@ -1,0 +1,76 @@
+// The FashionMNIST recipe end to end through the real CLI: two ranks, one epoch on 6,000 images.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../multiproc/multiproc_util.h"
+#include "trainyard/models/resnet.h"
+
+namespace {
+using trainyard::mptest::read_file;
+using trainyard::mptest::run_program;
+using trainyard::mptest::TempDir;
+using namespace std::chrono_literals;
+
+TEST(Recipe, TwoWorkersOneEpochLearnAndWriteResults) {
+  TempDir dir;
+  auto r = run_program({TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--workers", "2", "--epochs",
+                        "1", "--limit", "6000", "--storage", dir.str(), "--name", "smoke"},
+                       {}, 100s);
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_TRUE(r.status.success()) << r.out << r.err;
+
+  // Per-epoch lines in the seed's shape from both ranks: 6,000 / 2 ranks / 128 = 24 steps.
+  for (const char* rank : {"0", "1"}) {
+    const std::string line = std::string("[Epoch 0 | CPU") + rank + ": Process rank " + rank +
+                              " | Batchsize: 128 | Steps: 24 | Total epoch time: ";
+    EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("Training result"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checkpoint_dir_name   checkpoint_000000"), std::string::npos) << r.out;
+  // No progress bar when the output is a pipe.
+  EXPECT_EQ(r.out.find("Epoch 0 ["), std::string::npos) << r.out;
+
+  auto result = nlohmann::json::parse(read_file(dir.path() / "smoke" / "result.json"));
+  EXPECT_GT(result["accuracy"].get<double>(), 0.70) << result.dump();
+  EXPECT_LT(result["loss"].get<double>(), 1.2) << result.dump();
+  EXPECT_EQ(result["world_size"].get<int>(), 2);
+  EXPECT_EQ(result["training_iteration"].get<int>(), 1);
+  EXPECT_GT(result["train_samples_per_s"].get<double>(), 0);
+  EXPECT_NE(r.out.find(std::to_string(result["accuracy"].get<double>()).substr(0, 5)),
+            std::string::npos)
+      << "the table shows result.json's accuracy";
+
+  // The checkpoint loads into a fresh ResNet18 with torchvision's parameter names.
+  auto model = trainyard::models::resnet18(1, 10);
+  torch::load(model, (dir.path() / "smoke" / "checkpoint_000000" / "model.pt").string());
+  auto params = model->named_parameters();
+  ASSERT_TRUE(params.contains("layer4.1.bn2.weight"));
+  EXPECT_EQ(params["conv1.weight"].sizes(), torch::IntArrayRef({64, 1, 7, 7}));
+  auto config = nlohmann::json::parse(read_file(dir.path() / "smoke" / "config.json"));
+  EXPECT_EQ(config["limit"].get<int>(), 6000);
+}
+
+TEST(Recipe, MissingDataNamesTheFileAndThePackage) {
+  TempDir dir;
+  auto r = run_program({TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--workers", "2",
+                        "--data-dir", (dir.path() / "nothing").string(), "--storage", dir.str()},
+                       {}, 60s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_FALSE(r.status.success());
+  EXPECT_NE(r.err.find("train-images-idx3-ubyte.gz does not exist"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dataset-fashion-mnist"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Root Cause"), std::string::npos) << r.err;
+}
+
+TEST(Recipe, RejectsBadFlagsBeforeStartingRanks) {
+  TempDir dir;
+  auto r = run_program({TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--epochs", "0", "--storage",
+                        dir.str()});
+  EXPECT_FALSE(r.status.success());
+  EXPECT_NE(r.err.find("--epochs must be >= 1, got 0"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("Launching"), std::string::npos) << "no ranks for a bad flag: " << r.err;
+}
+
+}  // namespace

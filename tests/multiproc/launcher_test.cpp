@@ -1,0 +1,584 @@
+// The local launcher (`trainyard run`): the torchrun environment contract, output forwarding,
+// failure handling with the root-cause summary, signals, and a real PyTorch DDP script. Ranks are
+// real processes; tests drive launch() in-process or run the trainyard binary.
+#include "trainyard/elastic/launcher.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "multiproc_util.h"
+#include "trainyard/elastic/subprocess.h"
+#include "trainyard/error.h"
+
+#ifndef TRAINYARD_CLI_PATH
+#error "TRAINYARD_CLI_PATH must name the trainyard binary (a compile definition)"
+#endif
+#ifndef TRAINYARD_TEST_HELPERS_DIR
+#error "TRAINYARD_TEST_HELPERS_DIR must name tests/multiproc/helpers (a compile definition)"
+#endif
+
+namespace trainyard::elastic {
+namespace {
+
+using namespace std::chrono_literals;
+using mptest::read_file;
+using mptest::run_program;
+using mptest::RunOutput;
+using mptest::TempDir;
+using Env = std::map<std::string, std::string>;
+
+constexpr const char* kCli = TRAINYARD_CLI_PATH;
+
+RunOutput run_cli(std::vector<std::string> args,
+                  std::vector<std::pair<std::string, std::string>> env = {},
+                  std::chrono::milliseconds timeout = 20s) {
+  args.insert(args.begin(), kCli);
+  return run_program(std::move(args), std::move(env), timeout);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Parses `env -0` output.
+Env parse_env(const std::string& text) {
+  Env env;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\0', start);
+    if (end == std::string::npos) end = text.size();
+    std::string entry = text.substr(start, end - start);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+    start = end + 1;
+  }
+  return env;
+}
+
+// The lines (ending in "\r\n", '\r' or '\n') of text that start with prefix, in order.
+std::string lines_of(const std::string& text, const std::string& prefix) {
+  std::string picked;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find_first_of("\r\n", start);
+    end = end == std::string::npos ? text.size() : end + 1;
+    if (end < text.size() && text[end - 1] == '\r' && text[end] == '\n') ++end;
+    if (text.compare(start, prefix.size(), prefix) == 0) picked += text.substr(start, end - start);
+    start = end;
+  }
+  return picked;
+}
+
+bool port_is_free(int port) {
+  UniqueFd sock(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
+// The launcher's own stderr (logs and the summary) and the ranks' forwarded output.
+struct Captured {
+  LaunchResult result;
+  std::string out;
+  std::string err;
+  std::chrono::milliseconds elapsed{0};
+};
+
+Captured launch_captured(const LaunchOptions& options) {
+  Captured c;
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    c.result = launch(options);
+  } catch (...) {
+    testing::internal::GetCapturedStdout();
+    testing::internal::GetCapturedStderr();
+    throw;
+  }
+  c.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  c.out = testing::internal::GetCapturedStdout();
+  c.err = testing::internal::GetCapturedStderr();
+  return c;
+}
+
+TEST(Launcher, SetsTheTorchrunEnvironmentForEveryRank) {
+  TempDir dir;
+  ASSERT_EQ(setenv("TY_LAUNCHER_INHERITED", "kept", 1), 0);
+  auto c = launch_captured(
+      LaunchOptions{.command = {"/bin/sh", "-c", R"(env -0 > "$OUTDIR/rank_$RANK")"},
+                    .nproc_per_node = 3,
+                    .run_id = "env-test",
+                    .max_restarts = 2,
+                    .role = "trainer",
+                    .extra_env = {{"OUTDIR", dir.str()}, {"PYTHONUNBUFFERED", "from-extra-env"}}});
+  unsetenv("TY_LAUNCHER_INHERITED");
+  ASSERT_TRUE(c.result.succeeded) << c.err;
+  ASSERT_EQ(c.result.exits.size(), 3u);
+  EXPECT_EQ(c.result.exit_code(), 0);
+  EXPECT_EQ(c.result.first_failure, -1);
+
+  const char* parent_omp = std::getenv("OMP_NUM_THREADS");
+  std::string port;
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    Env env = parse_env(read_file(dir.path() / ("rank_" + std::to_string(rank))));
+    const Env expected = {
+        {"RANK", std::to_string(rank)},
+        {"LOCAL_RANK", std::to_string(rank)},
+        {"WORLD_SIZE", "3"},
+        {"LOCAL_WORLD_SIZE", "3"},
+        {"GROUP_RANK", "0"},
+        {"GROUP_WORLD_SIZE", "1"},
+        {"ROLE_RANK", std::to_string(rank)},
+        {"ROLE_NAME", "trainer"},
+        {"ROLE_WORLD_SIZE", "3"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_MAX_RESTARTS", "2"},
+        {"TORCHELASTIC_RUN_ID", "env-test"},
+        {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+        {"OMP_NUM_THREADS", parent_omp != nullptr ? parent_omp : "1"},
+        {"PYTHONUNBUFFERED", "from-extra-env"},  // extra_env wins over the launcher's own
+        {"OUTDIR", dir.str()},
+        {"TY_LAUNCHER_INHERITED", "kept"},
+    };
+    for (const auto& [key, value] : expected) {
+      ASSERT_TRUE(env.count(key)) << key << " is not set";
+      EXPECT_EQ(env[key], value) << key;
+    }
+    if (port.empty()) port = env["MASTER_PORT"];
+    EXPECT_EQ(env["MASTER_PORT"], port) << "every rank must get the same MASTER_PORT";
+    EXPECT_EQ(c.result.exits[rank].rank, rank);
+    EXPECT_EQ(c.result.exits[rank].local_rank, rank);
+    EXPECT_GT(c.result.exits[rank].pid, 0);
+  }
+  const int port_number = std::stoi(port);
+  EXPECT_GT(port_number, 0);
+  EXPECT_LE(port_number, 65535);
+  EXPECT_TRUE(port_is_free(port_number)) << "MASTER_PORT " << port_number << " is taken";
+  // The resolved configuration is logged at start.
+  EXPECT_TRUE(contains(c.err, "master 127.0.0.1:" + port)) << c.err;
+  EXPECT_TRUE(contains(c.err, "run id 'env-test'")) << c.err;
+}
+
+TEST(Launcher, StaticContractOnTheSecondNode) {
+  TempDir dir;
+  auto c = launch_captured(
+      LaunchOptions{.command = {"/bin/sh", "-c", R"(env -0 > "$OUTDIR/rank_$RANK")"},
+                    .nproc_per_node = 2,
+                    .nnodes = 2,
+                    .node_rank = 1,
+                    .master_addr = "10.1.2.3",
+                    .master_port = 29999,
+                    .extra_env = {{"OUTDIR", dir.str()}}});
+  ASSERT_TRUE(c.result.succeeded) << c.err;
+  for (int local_rank = 0; local_rank < 2; ++local_rank) {
+    const int rank = 2 + local_rank;
+    Env env = parse_env(read_file(dir.path() / ("rank_" + std::to_string(rank))));
+    EXPECT_EQ(env["RANK"], std::to_string(rank));
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(local_rank));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["GROUP_RANK"], "1");
+    EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["MASTER_ADDR"], "10.1.2.3");
+    EXPECT_EQ(env["MASTER_PORT"], "29999");
+    EXPECT_EQ(c.result.exits[local_rank].rank, rank);
+  }
+}
+
+TEST(Launcher, PrefixesEveryLineKeepsCarriageReturnsAndWritesRawLogs) {
+  TempDir logs;
+  const std::string script =
+      R"(printf 'first line\nbar 10%%\rbar 20%%\r\nout-%s no newline' "$RANK"; )"
+      R"(printf 'warn-%s\n' "$RANK" >&2)";
+  auto c = launch_captured(LaunchOptions{.command = {"/bin/sh", "-c", script},
+                                         .nproc_per_node = 2,
+                                         .run_id = "logs-test",
+                                         .log_dir = (logs.path() / "a" / "b").string()});
+  ASSERT_TRUE(c.result.succeeded) << c.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string p = "[rank" + std::to_string(rank) + "]: ";
+    const std::string r = std::to_string(rank);
+    // Other ranks' lines may come between this rank's lines, never inside one.
+    EXPECT_EQ(lines_of(c.out, p), p + "first line\n" + p + "bar 10%\r" + p + "bar 20%\r\n" + p +
+                                      "out-" + r + " no newline\n")
+        << c.out;
+    EXPECT_TRUE(contains(c.err, p + "warn-" + r + "\n")) << c.err;
+    const auto dir = logs.path() / "a" / "b" / "logs-test" / "attempt_0" / r;
+    EXPECT_EQ(read_file(dir / "stdout.log"),
+              "first line\nbar 10%\rbar 20%\r\nout-" + r + " no newline");
+    EXPECT_EQ(read_file(dir / "stderr.log"), "warn-" + r + "\n");
+  }
+  // Nothing on stdout but whole, prefixed lines.
+  const std::regex whole_lines(R"((\[rank[01]\]: [^\r\n]*(\r\n|\r|\n))*)");
+  EXPECT_TRUE(std::regex_match(c.out, whole_lines)) << c.out;
+}
+
+TEST(Launcher, LinesOfDifferentRanksNeverInterleave) {
+  constexpr int kLines = 2000;
+  // Each echo is its own write(2); three ranks race to the launcher's stdout.
+  const std::string script = "i=0; while [ $i -lt " + std::to_string(kLines) +
+                             " ]; do echo \"$RANK:$i:" + std::string(150, 'x') +
+                             "\"; i=$((i+1)); done";
+  auto c =
+      launch_captured(LaunchOptions{.command = {"/bin/sh", "-c", script}, .nproc_per_node = 3});
+  ASSERT_TRUE(c.result.succeeded) << c.err;
+  const std::regex line_re(R"(\[rank([0-2])\]: ([0-2]):(\d+):x{150})");
+  std::vector<int> next(3, 0);
+  std::istringstream lines(c.out);
+  std::string line;
+  int count = 0;
+  while (std::getline(lines, line)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, line_re)) << "mangled line: " << line;
+    const int rank = std::stoi(m[1]);
+    ASSERT_EQ(m[1], m[2]) << line;
+    ASSERT_EQ(std::stoi(m[3]), next[rank]) << "lines of rank " << rank << " out of order";
+    ++next[rank];
+    ++count;
+  }
+  EXPECT_EQ(count, 3 * kLines);
+  EXPECT_EQ(next, std::vector<int>(3, kLines));
+}
+
+TEST(Launcher, NoPrefixForwardsLinesVerbatim) {
+  auto c = launch_captured(LaunchOptions{.command = {"/bin/sh", "-c", "echo plain-$RANK"},
+                                         .nproc_per_node = 2,
+                                         .prefix_output = false});
+  ASSERT_TRUE(c.result.succeeded) << c.err;
+  EXPECT_TRUE(contains(c.out, "plain-0\n")) << c.out;
+  EXPECT_TRUE(contains(c.out, "plain-1\n")) << c.out;
+  EXPECT_FALSE(contains(c.out, "[rank")) << c.out;
+}
+
+TEST(Launcher, FailedRankStopsTheOthersAndIsTheRootCause) {
+  auto c = launch_captured(LaunchOptions{
+      .command =
+          {"/bin/sh", "-c",
+           R"(if [ "$RANK" = 1 ]; then sleep 0.2; echo failing >&2; exit 3; fi; exec sleep 30)"},
+      .nproc_per_node = 3,
+      .term_timeout = 5s});
+  EXPECT_LT(c.elapsed, 5s) << "the sleeping ranks were not stopped";
+  EXPECT_FALSE(c.result.succeeded);
+  EXPECT_EQ(c.result.exit_code(), 3);
+  ASSERT_EQ(c.result.first_failure, 1);
+  ASSERT_EQ(c.result.exits.size(), 3u);
+  const RankExit& root = c.result.exits[1];
+  EXPECT_EQ(root.rank, 1);
+  EXPECT_EQ(root.exit_code, 3);
+  EXPECT_EQ(root.signal, 0);
+  EXPECT_FALSE(root.stopped_by_launcher);
+  for (int other : {0, 2}) {
+    const RankExit& e = c.result.exits[other];
+    EXPECT_EQ(e.signal, SIGTERM) << "rank " << other;
+    EXPECT_TRUE(e.stopped_by_launcher) << "rank " << other;
+    EXPECT_FALSE(mptest::process_alive(e.pid)) << "rank " << other;
+    EXPECT_TRUE(contains(c.err, "exitcode  : -15 (pid: " + std::to_string(e.pid) + ")")) << c.err;
+    EXPECT_TRUE(
+        contains(c.err, "traceback : Signal 15 (SIGTERM) received by PID " + std::to_string(e.pid)))
+        << c.err;
+  }
+  const std::string root_block = "Root Cause (first observed failure):\n[1]:\n";
+  const auto at = c.err.find(root_block);
+  ASSERT_NE(at, std::string::npos) << c.err;
+  const std::string root_text = c.err.substr(at);
+  EXPECT_TRUE(contains(root_text, "  rank      : 1 (local_rank: 1)\n")) << root_text;
+  EXPECT_TRUE(contains(root_text, "  exitcode  : 3 (pid: " + std::to_string(root.pid) + ")\n"))
+      << root_text;
+  EXPECT_TRUE(contains(root_text, "  error_file: <N/A>\n")) << root_text;
+  EXPECT_TRUE(contains(c.err, "sh FAILED\n")) << c.err;
+  EXPECT_TRUE(contains(c.err, "[rank1]: failing\n")) << c.err;
+}
+
+TEST(Launcher, RankIgnoringSigtermIsKilledAfterTermTimeout) {
+  auto c = launch_captured(LaunchOptions{
+      .command = {"/bin/sh", "-c",
+                  R"(trap '' TERM; if [ "$RANK" = 0 ]; then sleep 0.2; exit 5; fi; sleep 30)"},
+      .nproc_per_node = 2,
+      .term_timeout = 300ms});
+  EXPECT_EQ(c.result.exit_code(), 5);
+  ASSERT_EQ(c.result.first_failure, 0);
+  EXPECT_EQ(c.result.exits[1].signal, SIGKILL);
+  EXPECT_GE(c.elapsed, 500ms);
+  EXPECT_LT(c.elapsed, 4s);
+  EXPECT_TRUE(contains(c.err, "exitcode  : -9 (pid: ")) << c.err;
+  EXPECT_TRUE(contains(c.err, "sending SIGKILL")) << c.err;
+}
+
+TEST(Launcher, ProgramNotFoundIsAClearError) {
+  try {
+    launch_captured(
+        LaunchOptions{.command = {"ty-no-such-program", "--flag"}, .nproc_per_node = 2});
+    FAIL() << "launched a program that does not exist";
+  } catch (const Error& e) {
+    EXPECT_TRUE(
+        contains(e.what(), "Could not start 'ty-no-such-program': No such file or directory"))
+        << e.what();
+  }
+}
+
+TEST(Launcher, RejectsBadOptions) {
+  auto expect_invalid = [](const LaunchOptions& o, const std::string& part) {
+    try {
+      launch(o);
+      ADD_FAILURE() << "accepted options that should fail with: " << part;
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_TRUE(contains(e.what(), part)) << e.what();
+    }
+  };
+  const std::vector<std::string> cmd = {"/bin/true"};
+  expect_invalid({.command = cmd, .nproc_per_node = 0}, "nproc_per_node must be between 1 and");
+  expect_invalid({.command = cmd, .nproc_per_node = 0}, "got 0");
+  expect_invalid({.command = cmd, .nnodes = 0}, "nnodes must be >= 1, got 0");
+  expect_invalid({.command = cmd, .nnodes = 2, .node_rank = 2, .master_port = 1234},
+                 "node_rank must be in [0, 2) for nnodes 2, got 2");
+  expect_invalid({.command = cmd, .node_rank = -1}, "got -1");
+  expect_invalid({.command = {}}, "LaunchOptions.command is empty");
+  expect_invalid({.command = cmd, .nnodes = 2, .node_rank = 0}, "master_port 0");
+  expect_invalid({.command = cmd, .extra_env = {{"A=B", "c"}}},
+                 "extra_env has a bad variable name 'A=B'");
+}
+
+TEST(Launcher, RestoresSignalHandlersAfterwards) {
+  struct sigaction before {
+  }, after{};
+  ASSERT_EQ(sigaction(SIGINT, nullptr, &before), 0);
+  auto c = launch_captured(LaunchOptions{.command = {"/bin/true"}});
+  ASSERT_TRUE(c.result.succeeded);
+  ASSERT_EQ(sigaction(SIGINT, nullptr, &after), 0);
+  EXPECT_EQ(before.sa_handler, after.sa_handler);
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &after), 0);
+  EXPECT_NE(after.sa_handler, SIG_IGN);
+}
+
+TEST(Launcher, SelfExecutableIsThisTestBinary) {
+  const std::string self = self_executable();
+  EXPECT_EQ(self, std::filesystem::canonical("/proc/self/exe").string());
+  EXPECT_TRUE(contains(self, "multiproc_tests")) << self;
+}
+
+TEST(Launcher, TtyFlagFollowsTheLaunchersStdout) {
+  unsetenv("TRAINYARD_TTY");
+  TempDir dir;
+  const LaunchOptions options{
+      .command = {"/bin/sh", "-c", R"(printf '%s' "${TRAINYARD_TTY-unset}" > "$OUTDIR/tty")"},
+      .extra_env = {{"OUTDIR", dir.str()}}};
+  // stdout is a terminal: a pseudo-terminal stands in for one.
+  UniqueFd master(posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  ASSERT_TRUE(master.valid());
+  ASSERT_EQ(grantpt(master.get()), 0);
+  ASSERT_EQ(unlockpt(master.get()), 0);
+  UniqueFd slave(open(ptsname(master.get()), O_RDWR | O_NOCTTY | O_CLOEXEC));
+  ASSERT_TRUE(slave.valid());
+  std::fflush(stdout);
+  UniqueFd saved(dup(STDOUT_FILENO));
+  dup2(slave.get(), STDOUT_FILENO);
+  LaunchResult on_tty;
+  try {
+    on_tty = launch(options);
+  } catch (...) {
+    dup2(saved.get(), STDOUT_FILENO);
+    throw;
+  }
+  dup2(saved.get(), STDOUT_FILENO);
+  ASSERT_TRUE(on_tty.succeeded);
+  EXPECT_EQ(read_file(dir.path() / "tty"), "1");
+
+  // stdout is not a terminal (a pipe under the capture).
+  auto c = launch_captured(options);
+  ASSERT_TRUE(c.result.succeeded);
+  EXPECT_EQ(read_file(dir.path() / "tty"), "unset");
+}
+
+// --- the trainyard binary ------------------------------------------------------------------------
+
+TEST(LauncherCli, FailureGivesTheRootCauseExitCodeAndSummary) {
+  auto r = run_cli({"run", "--nproc-per-node", "3", "--", "/bin/sh", "-c",
+                    R"(if [ "$RANK" = 2 ]; then exit 3; fi; exec sleep 30)"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_LT(r.elapsed, 5s);
+  EXPECT_EQ(r.status.exit_code, 3) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m,
+                                std::regex(R"(Root Cause \(first observed failure\):\n\[\d+\]:\n)"
+                                           R"(  time      : \d{4}-\d\d-\d\d_\d\d:\d\d:\d\d\n)"
+                                           R"(  host      : .+\n)"
+                                           R"(  rank      : 2 \(local_rank: 2\)\n)"
+                                           R"(  exitcode  : 3 \(pid: (\d+)\)\n)")))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "sh FAILED")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Signal 15 (SIGTERM) received by PID")) << r.err;
+}
+
+TEST(LauncherCli, SigkilledRankGives137) {
+  auto r = run_cli({"run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
+                    R"(if [ "$RANK" = 0 ]; then kill -9 $$; fi; exec sleep 30)"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.status.exit_code, 137) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m,
+                                std::regex(R"(Root Cause[^\n]*\n\[\d\]:\n(.*\n)*)"
+                                           R"(  exitcode  : -9 \(pid: (\d+)\)\n)")))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "traceback : Signal 9 (SIGKILL) received by PID " + m[2].str()))
+      << r.err;
+}
+
+TEST(LauncherCli, ProgramNotFound) {
+  auto r = run_cli({"run", "--nproc-per-node", "2", "--", "ty-no-such-program"});
+  EXPECT_NE(r.status.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "Could not start 'ty-no-such-program': No such file or directory"))
+      << r.err;
+}
+
+TEST(LauncherCli, PythonScriptWithoutInterpreterGetsAHint) {
+  auto r = run_cli({"run", "ty_missing_train.py"});
+  EXPECT_NE(r.status.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "Could not start 'ty_missing_train.py'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "trainyard run -- python3 ty_missing_train.py")) << r.err;
+}
+
+TEST(LauncherCli, BadFlagsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> parts;  // each must appear in stderr
+  };
+  const std::vector<Case> cases = {
+      {{"run", "--nproc-per-node", "0", "--", "/bin/true"}, {"--nproc-per-node", "'0'", "HINT"}},
+      {{"run", "--nproc_per_node", "two", "/bin/true"}, {"--nproc-per-node", "'two'"}},
+      {{"run", "--nproc-per-node", "2"}, {"needs a program to launch"}},
+      {{"run", "--nnodes", "2", "/bin/true"}, {"--nnodes 2", "elastic agent", "--node-rank"}},
+      {{"run", "--nnodes", "1:4", "/bin/true"}, {"--nnodes 1:4", "elastic"}},
+      {{"run", "--nnodes", "0", "/bin/true"}, {"--nnodes", "'0'"}},
+      {{"run", "--rdzv-backend", "etcd", "/bin/true"}, {"--rdzv-backend", "'etcd'"}},
+      {{"run", "--master-port", "70000", "/bin/true"}, {"--master-port", "'70000'"}},
+      {{"run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.9.9.9:29400", "/bin/true"},
+       {"--rdzv-endpoint 10.9.9.9:29400", "elastic agent"}},
+      {{"run", "--standalone", "--nnodes", "2", "/bin/true"}, {"--standalone", "--nnodes"}},
+      {{"run", "--node-rank", "1", "/bin/true"}, {"--node-rank 1", "--nnodes 1"}},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(c.args);
+    std::string joined;
+    for (const auto& a : c.args) joined += a + " ";
+    EXPECT_NE(r.status.exit_code, 0) << joined;
+    for (const auto& part : c.parts) EXPECT_TRUE(contains(r.err, part)) << joined << "\n" << r.err;
+  }
+}
+
+TEST(LauncherCli, FlagsFromPetEnvironmentAndUnderscoreSpellings) {
+  TempDir dir;
+  const std::string script = R"(echo "$RANK $WORLD_SIZE $TORCHELASTIC_RUN_ID" > "$OUTDIR/r$RANK")";
+  auto r = run_cli({"run", "--", "/bin/sh", "-c", script},
+                   {{"PET_NPROC_PER_NODE", "3"}, {"PET_RDZV_ID", "pet-id"}, {"OUTDIR", dir.str()}});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(read_file(dir.path() / ("r" + std::to_string(rank))),
+              std::to_string(rank) + " 3 pet-id\n");
+  }
+  // A flag wins over its variable; the underscore spelling works too.
+  r = run_cli({"run", "--nproc_per_node=2", "--rdzv_id", "flag-id", "--", "/bin/sh", "-c", script},
+              {{"PET_NPROC_PER_NODE", "3"}, {"OUTDIR", dir.str()}});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(dir.path() / "r1"), "1 2 flag-id\n");
+  // A bad variable is reported like a bad flag.
+  r = run_cli({"run", "/bin/true"}, {{"PET_NPROC_PER_NODE", "0"}});
+  EXPECT_NE(r.status.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "--nproc-per-node")) << r.err;
+  EXPECT_TRUE(contains(r.err, "PET_NPROC_PER_NODE")) << r.err;
+}
+
+TEST(LauncherCli, ProgramArgumentsPassThroughUntouched) {
+  auto r = run_cli({"run", "--no-prefix", "/bin/sh", "-c", R"(printf '[%s]' "$@")", "sh",
+                    "--nnodes", "7", "--", "-x"});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[--nnodes][7][--][-x]\n");
+}
+
+TEST(LauncherCli, StaticMultiNodeLaunchesThisNodesShare) {
+  TempDir dir;
+  auto r = run_cli(
+      {"run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--rdzv-backend",
+       "static", "--master-addr", "127.0.0.1", "--master-port", "29555", "--", "/bin/sh", "-c",
+       R"(echo "$RANK $LOCAL_RANK $WORLD_SIZE $GROUP_RANK $MASTER_PORT" > "$OUTDIR/r$RANK")"},
+      {{"OUTDIR", dir.str()}});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(dir.path() / "r2"), "2 0 4 1 29555\n");
+  EXPECT_EQ(read_file(dir.path() / "r3"), "3 1 4 1 29555\n");
+}
+
+TEST(LauncherCli, SigintStopsTheRanks) {
+  TempDir dir;
+  Subprocess cli(SubprocessOptions{.argv = {kCli, "run", "--nproc-per-node", "2", "--", "/bin/sh",
+                                            "-c", R"(echo $$ > "$OUTDIR/pid$RANK"; exec sleep 30)"},
+                                   .env = {{"OUTDIR", dir.str()}}});
+  const std::vector<std::filesystem::path> pid_files = {dir.path() / "pid0", dir.path() / "pid1"};
+  ASSERT_TRUE(mptest::wait_for_files(pid_files, 5s));
+  std::vector<int> pids;
+  for (const auto& f : pid_files) pids.push_back(std::stoi(read_file(f)));
+  ASSERT_EQ(kill(cli.pid(), SIGINT), 0);
+  auto r = mptest::collect(cli, 10s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.status.exit_code, 130) << r.err;
+  EXPECT_LT(r.elapsed, 5s);
+  EXPECT_TRUE(contains(r.err, "Signal 2 (SIGINT) received by the launcher")) << r.err;
+  for (int pid : pids) EXPECT_TRUE(mptest::wait_until_dead(pid, 2s)) << "rank pid " << pid;
+}
+
+TEST(LauncherCli, RanksDieWithTheLauncher) {
+  TempDir dir;
+  Subprocess cli(SubprocessOptions{.argv = {kCli, "run", "--nproc-per-node", "2", "--", "/bin/sh",
+                                            "-c", R"(echo $$ > "$OUTDIR/pid$RANK"; exec sleep 30)"},
+                                   .env = {{"OUTDIR", dir.str()}}});
+  const std::vector<std::filesystem::path> pid_files = {dir.path() / "pid0", dir.path() / "pid1"};
+  ASSERT_TRUE(mptest::wait_for_files(pid_files, 5s));
+  std::vector<int> pids;
+  for (const auto& f : pid_files) pids.push_back(std::stoi(read_file(f)));
+  ASSERT_EQ(kill(cli.pid(), SIGKILL), 0);  // no chance to clean up: PR_SET_PDEATHSIG must
+  ASSERT_TRUE(cli.wait_for(5s).has_value());
+  for (int pid : pids) {
+    EXPECT_TRUE(mptest::wait_until_dead(pid, 3s)) << "rank pid " << pid << " outlived the launcher";
+    if (mptest::process_alive(pid)) kill(pid, SIGKILL);  // leave nothing behind even on failure
+  }
+}
+
+// --- PyTorch ---------------------------------------------------------------------------------
+
+TEST(LauncherPython, TorchDdpScriptRunsUnchanged) {
+  auto probe = run_program({"/usr/bin/python3", "-c",
+                            "import torch.distributed as d; "
+                            "assert d.is_available()"},
+                           {}, 60s);
+  if (probe.timed_out || !probe.status.success()) {
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch.distributed (install python3-torch): "
+                 << probe.err;
+  }
+  const std::string script = std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py";
+  auto r = run_cli({"run", "--nproc-per-node", "2", "--", "/usr/bin/python3", script}, {}, 50s);
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(r.status.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string p = "[rank" + std::to_string(rank) + "]: ";
+    EXPECT_TRUE(contains(r.out, p + "rank " + std::to_string(rank) +
+                                    "/2 all_reduce sum=3 ddp_matches_full_batch=True\n"))
+        << r.out << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace trainyard::elastic

@@ -1,0 +1,143 @@
+// Helpers for the multi-process tests: a temporary directory, file reading, a bounded wait for a
+// file to appear, process liveness, and running a program to completion with captured output.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "trainyard/elastic/subprocess.h"
+
+namespace trainyard::mptest {
+
+// A fresh directory under $TMPDIR, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "trainyard_mp_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Waits at most timeout for every path to exist and be non-empty.
+inline bool wait_for_files(const std::vector<std::filesystem::path>& paths,
+                           std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (const auto& p : paths) {
+      std::error_code ec;
+      all = all && std::filesystem::file_size(p, ec) > 0 && !ec;
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// True while pid names a process that has not died (a zombie counts as dead).
+inline bool process_alive(int pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
+}
+
+// Waits at most timeout for pid to be gone (or a zombie of someone else).
+inline bool wait_until_dead(int pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (process_alive(pid)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+struct RunOutput {
+  elastic::ExitStatus status;
+  std::string out;
+  std::string err;
+  std::chrono::milliseconds elapsed{0};
+  bool timed_out = false;
+};
+
+// Drains the child's pipes until it exits and both reach EOF, at most timeout; a child still
+// running then is terminated and the result marked timed_out.
+inline RunOutput collect(elastic::Subprocess& child, std::chrono::milliseconds timeout) {
+  RunOutput r;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  char buf[4096];
+  while (child.stdout_fd() >= 0 || child.stderr_fd() >= 0 || !child.poll()) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      r.timed_out = true;
+      break;
+    }
+    std::vector<pollfd> fds;
+    for (int fd : {child.stdout_fd(), child.stderr_fd()}) {
+      if (fd >= 0) fds.push_back({.fd = fd, .events = POLLIN, .revents = 0});
+    }
+    if (fds.empty()) {
+      child.wait_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    ::poll(fds.data(), fds.size(), 20);
+    for (const auto& p : fds) {
+      if (p.revents == 0) continue;
+      const bool is_out = p.fd == child.stdout_fd();
+      ssize_t n = ::read(p.fd, buf, sizeof(buf));
+      if (n > 0) {
+        (is_out ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        is_out ? child.close_stdout() : child.close_stderr();
+      }
+    }
+  }
+  if (r.timed_out) child.terminate(std::chrono::milliseconds(1000));
+  if (auto status = child.exit_status()) r.status = *status;
+  r.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  return r;
+}
+
+// Runs argv to completion (at most timeout) with env added, capturing stdout and stderr.
+inline RunOutput run_program(std::vector<std::string> argv,
+                             std::vector<std::pair<std::string, std::string>> env = {},
+                             std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  elastic::Subprocess child(
+      elastic::SubprocessOptions{.argv = std::move(argv), .env = std::move(env)});
+  return collect(child, timeout);
+}
+
+}  // namespace trainyard::mptest

@@ -1,0 +1,305 @@
+#include "run_command.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "trainyard/elastic/launcher.h"
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+
+namespace trainyard::cli {
+namespace {
+
+constexpr int kMaxNprocPerNode = 4096;
+constexpr int kStaticDefaultPort = 29500;  // torchrun's --master-port default, shared by all nodes
+
+// The flags as given, before they are resolved into LaunchOptions.
+struct RunFlags {
+  int nproc_per_node = 1;
+  std::string nnodes = "1";  // N or MIN:MAX
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string rdzv_id = "none";
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  bool standalone = false;
+  int max_restarts = 0;
+  std::string log_dir;
+  std::string role = "default";
+  bool no_prefix = false;
+  std::vector<std::string> command;
+};
+
+std::optional<int> parse_int(std::string_view text) {
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// A validator for a whole number in [min, max] whose message names the variable the value may
+// have come from and carries a hint.
+CLI::Validator whole_number(int min, int max, const std::string& envname, const std::string& hint) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        auto n = parse_int(value);
+        if (n && *n >= min && *n <= max) return {};
+        return detail::concat("must be a whole number between ", min, " and ", max, ", got '",
+                              value, "' (from the flag or ", envname, "). HINT: ", hint);
+      },
+      "");
+}
+
+// --nnodes: "N" or "MIN:MAX".
+std::optional<std::pair<int, int>> parse_nnodes(const std::string& text) {
+  const auto colon = text.find(':');
+  auto min = parse_int(std::string_view(text).substr(0, colon));
+  auto max = colon == std::string::npos ? min : parse_int(std::string_view(text).substr(colon + 1));
+  if (!min || !max || *min < 1 || *max < *min) return std::nullopt;
+  return std::pair{*min, *max};
+}
+
+struct Endpoint {
+  std::string host;
+  std::optional<int> port;
+};
+
+// --rdzv-endpoint: "host", "host:port", "[v6addr]:port" or a bare IPv6 address.
+Endpoint parse_endpoint(const std::string& text) {
+  Endpoint ep;
+  std::string port_text;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    TY_CHECK(close != std::string::npos, "--rdzv-endpoint '", text,
+             "' opens '[' without closing it. HINT: write [::1]:29400.");
+    ep.host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      TY_CHECK(text[close + 1] == ':', "--rdzv-endpoint '", text, "' has junk after ']'.");
+      port_text = text.substr(close + 2);
+    }
+  } else if (text.find(':') != text.rfind(':')) {
+    ep.host = text;  // a bare IPv6 address
+  } else {
+    const auto colon = text.find(':');
+    ep.host = text.substr(0, colon);
+    if (colon != std::string::npos) port_text = text.substr(colon + 1);
+  }
+  TY_CHECK(!ep.host.empty(), "--rdzv-endpoint '", text, "' has no host. HINT: write HOST:PORT.");
+  if (!port_text.empty() || (text.size() > 0 && text.back() == ':')) {
+    auto port = parse_int(port_text);
+    TY_CHECK(port && *port >= 0 && *port <= 65535, "--rdzv-endpoint '", text, "' has a bad port '",
+             port_text, "'; it must be a number between 0 and 65535.");
+    ep.port = *port;
+  }
+  return ep;
+}
+
+bool is_this_host(const std::string& host) {
+  if (host == "localhost" || host == "::1" || host == "0.0.0.0" || host.rfind("127.", 0) == 0) {
+    return true;
+  }
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 && host == name;
+}
+
+// A random run id in UUID4 form, as torchrun --standalone makes one.
+std::string random_run_id() {
+  std::random_device device;
+  std::mt19937_64 gen((static_cast<std::uint64_t>(device()) << 32) ^ device());
+  const std::uint64_t hi = (gen() & ~0xF000ull) | 0x4000ull;        // version 4
+  const std::uint64_t lo = (gen() & ~(3ull << 62)) | (2ull << 62);  // variant 10
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%08llx-%04llx-%04llx-%04llx-%012llx",
+                static_cast<unsigned long long>(hi >> 32),
+                static_cast<unsigned long long>((hi >> 16) & 0xFFFF),
+                static_cast<unsigned long long>(hi & 0xFFFF),
+                static_cast<unsigned long long>(lo >> 48),
+                static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFull));
+  return buf;
+}
+
+// Resolves the flags into the launcher's options, checking what CLI11 cannot check alone.
+elastic::LaunchOptions resolve(const RunFlags& f, const CLI::App& cmd) {
+  auto given = [&](const std::string& name) { return cmd.get_option(name)->count() > 0; };
+  TY_CHECK(!f.command.empty(),
+           "trainyard run needs a program to launch after its flags. HINT: trainyard run "
+           "--nproc-per-node 2 -- python3 train.py");
+
+  elastic::LaunchOptions o;
+  o.command = f.command;
+  o.nproc_per_node = f.nproc_per_node;
+  o.node_rank = f.node_rank;
+  o.master_addr = f.master_addr;
+  o.run_id = f.rdzv_id;
+  o.max_restarts = f.max_restarts;
+  o.log_dir = f.log_dir;
+  o.role = f.role;
+  o.prefix_output = !f.no_prefix;
+
+  auto nodes = parse_nnodes(f.nnodes);
+  TY_CHECK(nodes.has_value(), "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got '", f.nnodes,
+           "'.");
+  TY_CHECK(nodes->first == nodes->second, "--nnodes ", f.nnodes,
+           " asks for an elastic number of nodes; elastic (MIN:MAX) rendezvous arrives with the "
+           "elastic agent. HINT: give a fixed count, e.g. --nnodes 1.");
+  o.nnodes = nodes->first;
+  std::optional<Endpoint> endpoint;
+  if (!f.rdzv_endpoint.empty()) endpoint = parse_endpoint(f.rdzv_endpoint);
+
+  std::optional<int> port;
+  if (given("--master-port")) port = f.master_port;
+  if (f.standalone) {
+    // torchrun --standalone: a c10d rendezvous on localhost with a fresh run id, one node.
+    TY_CHECK(o.nnodes == 1, "--standalone runs a single node, but --nnodes is ", f.nnodes,
+             ". HINT: drop --standalone, or --nnodes.");
+    if (!given("--rdzv-id")) o.run_id = random_run_id();
+  } else if (f.rdzv_backend == "c10d") {
+    TY_CHECK(o.nnodes == 1, "--rdzv-backend c10d across ", o.nnodes,
+             " nodes arrives with the elastic agent. HINT: for now run every node with "
+             "--rdzv-backend static --master-addr HOST --master-port PORT --node-rank K.");
+    TY_CHECK(!endpoint || is_this_host(endpoint->host), "--rdzv-endpoint ", f.rdzv_endpoint,
+             ": only a c10d rendezvous on this host is honoured for now; a remote endpoint "
+             "arrives with the elastic agent. HINT: use localhost, or --standalone.");
+  } else {
+    // static: the endpoint, when given, is the master (as torchrun's static rendezvous).
+    if (endpoint) {
+      o.master_addr = endpoint->host;
+      if (endpoint->port && !port) port = endpoint->port;
+    }
+    if (o.nnodes > 1) {
+      TY_CHECK((given("--master-addr") || endpoint) && given("--node-rank"), "--nnodes ", o.nnodes,
+               ": multi-node rendezvous arrives with the elastic agent. HINT: for now run every "
+               "node with --rdzv-backend static --master-addr HOST --master-port PORT "
+               "--node-rank K (K = 0..",
+               o.nnodes - 1, ").");
+      if (!port) port = kStaticDefaultPort;
+      TY_CHECK(*port != 0, "--master-port 0 (pick a free port) cannot work across ", o.nnodes,
+               " nodes: each would pick its own. HINT: give every node the same --master-port.");
+    }
+  }
+  o.master_port = static_cast<std::uint16_t>(port.value_or(0));
+  TY_CHECK(o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " must be less than --nnodes ",
+           o.nnodes, ".");
+  if (o.max_restarts > 0) {
+    auto log = logger("launcher");
+    log->warn(
+        "--max-restarts {} is passed to the ranks as TORCHELASTIC_MAX_RESTARTS, but this "
+        "launcher does not restart failed ranks yet; that arrives with the elastic agent.",
+        o.max_restarts);
+  }
+  return o;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, int& exit_code) {
+  auto flags = std::make_shared<RunFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Launch N ranks of a program on this node with the torchrun environment contract");
+  cmd->footer(
+      "Everything after the first positional argument (or after --) is the program and its "
+      "arguments.\nExamples:\n  trainyard run --nproc-per-node 4 -- python3 train.py --lr 0.1\n"
+      "  trainyard run --nproc-per-node 2 build/examples/mnist\nEach flag can also come from "
+      "the PET_* variable shown, as with torchrun.");
+  cmd->positionals_at_end();
+
+  cmd->add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
+                  "Number of ranks to start on this node")
+      ->envname("PET_NPROC_PER_NODE")
+      ->check(whole_number(1, kMaxNprocPerNode, "PET_NPROC_PER_NODE",
+                           "the number of ranks on this node, e.g. 4."))
+      ->capture_default_str();
+  cmd->add_option("--nnodes", flags->nnodes, "Number of nodes: N, or MIN:MAX (elastic)")
+      ->envname("PET_NNODES")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (parse_nnodes(value)) return {};
+            return "must be N or MIN:MAX with 1 <= MIN <= MAX, got '" + value +
+                   "' (from the flag or PET_NNODES). HINT: --nnodes 1 for this node alone.";
+          },
+          ""))
+      ->type_name("N|MIN:MAX")
+      ->capture_default_str();
+  cmd->add_option("--node-rank,--node_rank", flags->node_rank,
+                  "This node's rank among the nodes (static rendezvous)")
+      ->envname("PET_NODE_RANK")
+      ->check(
+          whole_number(0, 1 << 20, "PET_NODE_RANK", "0 for the first node, 1 for the second, ..."))
+      ->capture_default_str();
+  cmd->add_option("--master-addr,--master_addr", flags->master_addr,
+                  "Address of the node that hosts rank 0 (MASTER_ADDR)")
+      ->envname("PET_MASTER_ADDR")
+      ->capture_default_str();
+  cmd->add_option("--master-port,--master_port", flags->master_port,
+                  "Port of rank 0's store (MASTER_PORT); 0 or unset on one node picks a free one")
+      ->envname("PET_MASTER_PORT")
+      ->check(whole_number(0, 65535, "PET_MASTER_PORT",
+                           "a TCP port, e.g. 29500, or 0 for a free one."));
+  cmd->add_option("--rdzv-id,--rdzv_id", flags->rdzv_id, "Run id (TORCHELASTIC_RUN_ID)")
+      ->envname("PET_RDZV_ID")
+      ->capture_default_str();
+  cmd->add_option("--rdzv-backend,--rdzv_backend", flags->rdzv_backend,
+                  "Rendezvous backend: static, or c10d on this host")
+      ->envname("PET_RDZV_BACKEND")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (value == "static" || value == "c10d") return {};
+            return "'" + value +
+                   "' is not supported; trainyard knows 'static' and 'c10d'. HINT: etcd "
+                   "rendezvous is not planned; use c10d.";
+          },
+          ""))
+      ->type_name("static|c10d")
+      ->capture_default_str();
+  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", flags->rdzv_endpoint,
+                  "Rendezvous endpoint HOST[:PORT]")
+      ->envname("PET_RDZV_ENDPOINT");
+  cmd->add_flag("--standalone", flags->standalone,
+                "Single-node job with a local rendezvous, a free port and a fresh run id")
+      ->envname("PET_STANDALONE");
+  cmd->add_option("--max-restarts,--max_restarts", flags->max_restarts,
+                  "Restarts allowed before failing (TORCHELASTIC_MAX_RESTARTS)")
+      ->envname("PET_MAX_RESTARTS")
+      ->check(whole_number(0, 1 << 20, "PET_MAX_RESTARTS",
+                           "how many times to restart the ranks, e.g. 3."))
+      ->capture_default_str();
+  cmd->add_option("--log-dir,--log_dir", flags->log_dir,
+                  "Also write each rank's output to LOG_DIR/RUN_ID/attempt_0/LOCAL_RANK/")
+      ->envname("PET_LOG_DIR");
+  cmd->add_option("--role", flags->role, "Role name of the ranks (ROLE_NAME)")
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix,--no_prefix", flags->no_prefix,
+                "Forward the ranks' output without the \"[rankN]: \" prefix");
+  cmd->add_option("command", flags->command, "The program to launch, then its arguments")
+      ->expected(1, -1);
+
+  cmd->callback([flags, cmd, &exit_code] {
+    elastic::LaunchOptions options = resolve(*flags, *cmd);
+    try {
+      exit_code = elastic::launch(options).exit_code();
+    } catch (const Error& e) {
+      // torchrun puts python before a script; trainyard runs the program as given.
+      const std::string& program = options.command.front();
+      if (program.size() > 3 && program.ends_with(".py") &&
+          std::string_view(e.what()).starts_with("Could not start")) {
+        throw Error(detail::concat(e.what(), "\nHINT: unlike torchrun, trainyard run does not ",
+                                   "add python; name the interpreter: trainyard run -- python3 ",
+                                   program));
+      }
+      throw;
+    }
+  });
+}
+
+}  // namespace trainyard::cli
