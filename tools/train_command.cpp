@@ -14,6 +14,13 @@ namespace {
 
 constexpr const char* kParentEnv = "TRAINYARD_RECIPE_PARENT";
 
+// A double as text that parses back to the same value (std::to_string keeps 6 decimals).
+std::string exact(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 // Bare start: run the recipe's ranks through the launcher, then print the result table.
 int launch_fashion_mnist(const train::FashionMnistOptions& o) {
   const auto start = std::chrono::steady_clock::now();
@@ -25,12 +32,13 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o) {
                     "--workers", std::to_string(o.workers),
                     "--epochs", std::to_string(o.epochs),
                     "--batch-size", std::to_string(o.batch_size),
-                    "--lr", std::to_string(o.lr),
+                    "--lr", exact(o.lr),
                     "--storage", o.storage,
                     "--name", o.name,
                     "--limit", std::to_string(o.limit),
                     "--threads", std::to_string(o.threads),
-                    "--seed", std::to_string(o.seed)};
+                    "--seed", std::to_string(o.seed),
+                    "--bucket-cap-mb", exact(o.bucket_cap_mb)};
   if (!o.data_dir.empty()) {
     launch.command.push_back("--data-dir");
     launch.command.push_back(o.data_dir);
@@ -70,6 +78,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   fm->add_option("--limit", o.limit, "Use the first N training images (-1: all)")
       ->capture_default_str();
   fm->add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / ranks)")
+      ->capture_default_str();
+  fm->add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP gradient bucket size in MiB")
       ->capture_default_str();
   fm->add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
   fm->add_option("--data-dir", o.data_dir, "Folder with the FashionMNIST IDX files")

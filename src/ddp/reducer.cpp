@@ -21,6 +21,13 @@ namespace trainyard::ddp {
 // all-reduces even when its gradients land in a different order, or some never land (unused
 // parameters are zero-filled at the end of backward, then the remaining buckets launch in order).
 
+// Note [Gradients as bucket views]
+// After the first synchronised backward, each parameter's .grad is a view into its bucket. The
+// autograd engine then accumulates later gradients in place, straight into the bucket, so the
+// hooks copy nothing and the averaged result needs no copy back. Optimizers zero gradients in
+// place (LibTorch's zero_grad()), which keeps the views. Code that replaces .grad with another
+// tensor only costs the copy again: stage_gradient() notices and the next finalize re-views.
+
 struct DdpReducer::Bucket {
   torch::Tensor flat;                // (numel,) gradients laid out back to back
   std::vector<std::size_t> params;   // indices into params_
@@ -218,15 +225,29 @@ void DdpReducer::on_gradient_ready(std::size_t index) {
            "or a second backward through the same graph needs no_sync() for all but the last.");
   ready_[index] = true;
   auto& bucket = *buckets_[bucket_of_param_[index]];
-  const auto& grad = params_[index].grad();
-  auto slot = bucket.flat.narrow(0, offset_of_param_[index], params_[index].numel());
-  if (grad.defined()) {
-    slot.view(params_[index].sizes()).copy_(grad);
-  } else {
-    slot.zero_();
-  }
+  stage_gradient(index);
   --bucket.pending;
   launch_ready_buckets(/*from_hook=*/true);
+}
+
+// See Note [Gradients as bucket views].
+// The slot aliases the bucket's storage without being an autograd view: optimizers' zero_grad()
+// calls detach_() on gradients, which autograd refuses for views.
+torch::Tensor DdpReducer::bucket_view(std::size_t index) const {
+  const auto& flat = buckets_[bucket_of_param_[index]]->flat;
+  const auto& p = params_[index];
+  return torch::empty({0}, flat.options())
+      .set_(flat.storage(), offset_of_param_[index], p.sizes(), c10::contiguous_strides(p.sizes()));
+}
+
+void DdpReducer::stage_gradient(std::size_t index) {
+  auto slot = bucket_view(index);
+  const auto& grad = params_[index].grad();
+  if (!grad.defined()) {
+    slot.zero_();
+  } else if (grad.data_ptr() != slot.data_ptr()) {
+    slot.copy_(grad);
+  }  // else the gradient already lives in the bucket
 }
 
 void DdpReducer::launch_ready_buckets(bool from_hook) {
@@ -265,9 +286,8 @@ void DdpReducer::finalize_backward() {
     auto used_acc = used.accessor<int, 1>();
     for (auto i : missing) {
       used_acc[i] = 0;
-      auto& bucket = *buckets_[bucket_of_param_[i]];
-      bucket.flat.narrow(0, offset_of_param_[i], params_[i].numel()).zero_();
-      --bucket.pending;
+      stage_gradient(i);  // zero, or what no_sync passes accumulated
+      --buckets_[bucket_of_param_[i]]->pending;
     }
   }
   launch_ready_buckets(/*from_hook=*/false);
@@ -292,14 +312,7 @@ void DdpReducer::finalize_backward() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     // A parameter no rank used keeps no gradient, exactly as in a single process.
     if (used_count != nullptr && used_count[i] == 0) continue;
-    auto& b = *buckets_[bucket_of_param_[i]];
-    auto averaged = b.flat.narrow(0, offset_of_param_[i], params_[i].numel()).view(params_[i].sizes());
-    auto& grad = params_[i].mutable_grad();
-    if (grad.defined()) {
-      grad.copy_(averaged);
-    } else {
-      grad = averaged.clone();
-    }
+    params_[i].mutable_grad() = bucket_view(i);
   }
   stats_ = DdpStepStats{.bucket_count = bucket_count(),
                         .buckets_launched_in_backward = launched_in_backward_,

@@ -18,6 +18,7 @@
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/models/resnet.h"
+#include "trainyard/optim/fused_adam.h"
 
 namespace trainyard::train {
 namespace fs = std::filesystem;
@@ -78,7 +79,7 @@ nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int thr
           {"batch_size", o.batch_size}, {"lr", o.lr},
           {"optimizer", "Adam"},       {"limit", o.limit},
           {"threads_per_rank", threads}, {"seed", o.seed},
-          {"data_dir", o.data_dir},    {"storage", o.storage},
+          {"data_dir", o.data_dir},    {"bucket_cap_mb", o.bucket_cap_mb},    {"storage", o.storage},
           {"name", o.name}};
 }
 
@@ -91,6 +92,7 @@ void FashionMnistOptions::validate() const {
   TY_CHECK(lr > 0, "--lr must be > 0, got ", lr, ".");
   TY_CHECK(limit == -1 || limit >= 1, "--limit must be >= 1 (or omitted for all images), got ",
            limit, ".");
+  TY_CHECK(bucket_cap_mb > 0, "--bucket-cap-mb must be > 0, got ", bucket_cap_mb, ".");
   TY_CHECK(threads >= 0, "--threads must be >= 0 (0: cores / workers), got ", threads, ".");
   TY_CHECK(!storage.empty(), "--storage must name a directory.");
   TY_CHECK(!name.empty() && name.find('/') == std::string::npos,
@@ -126,8 +128,10 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
 
   torch::manual_seed(options.seed);
   auto model = models::resnet18(/*in_channels=*/1, /*num_classes=*/10);
-  ddp::DistributedDataParallel ddp(model, dist->process_group());
-  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr));
+  ddp::DistributedDataParallel ddp(
+      model, dist->process_group(),
+      ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(options.bucket_cap_mb * (1 << 20))});
+  optim::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr));
 
   data::DistributedSampler sampler({.dataset_size = train_set.size(), .num_replicas = world,
                                     .rank = rank, .shuffle = true, .seed = options.seed});
@@ -146,16 +150,35 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     data::BatchLoader loader(sampler.indices(), make_batch, {.batch_size = options.batch_size});
     ProgressBar bar(progress, epoch, loader.num_batches());
     std::int64_t step = 0;
+    // Seconds per phase over the epoch, for the debug summary.
+    double t_data = 0, t_forward = 0, t_backward = 0, t_optimizer = 0, t_comm = 0;
+    auto lap = Clock::now();
+    auto take = [&lap](double& into) {
+      auto now = Clock::now();
+      into += std::chrono::duration<double>(now - lap).count();
+      lap = now;
+    };
     while (auto batch = loader.next()) {
+      take(t_data);
       optimizer.zero_grad();
       auto loss = torch::cross_entropy_loss(ddp.forward(batch->inputs), batch->targets);
+      take(t_forward);
       loss.backward();
+      take(t_backward);
+      t_comm += ddp.reducer().last_step_stats().exposed_comm_ms / 1e3;
       optimizer.step();
+      take(t_optimizer);
       samples_seen += batch->inputs.size(0);
       ++step;
       if (progress && (step % 5 == 0 || step == loader.num_batches()))
         bar.update(step, loss.item<double>());
+      lap = Clock::now();
     }
+    if (step > 0)
+      log->debug("epoch {}: per step {:.1f} ms data wait, {:.1f} ms forward, {:.1f} ms backward "
+                 "(of which {:.1f} ms waiting for all-reduces), {:.1f} ms optimizer",
+                 epoch, 1e3 * t_data / step, 1e3 * t_forward / step, 1e3 * t_backward / step,
+                 1e3 * t_comm / step, 1e3 * t_optimizer / step);
     const double epoch_time = seconds_since(epoch_start);
     train_time += epoch_time;
     std::printf("[Epoch %d | CPU%d: Process rank %d | Batchsize: %lld | Steps: %lld | Total epoch "

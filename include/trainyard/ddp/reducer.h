@@ -73,6 +73,8 @@ class DdpReducer {
   void build_buckets();
   void broadcast_from_rank0(const std::vector<torch::Tensor>& tensors);
   void verify_layout_across_ranks();
+  torch::Tensor bucket_view(std::size_t param_index) const;  // the parameter's slot, its shape
+  void stage_gradient(std::size_t param_index);              // local gradient -> its slot
   void launch_ready_buckets(bool from_hook);
   void finalize_backward();
   void reset_backward_state();

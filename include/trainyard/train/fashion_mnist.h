@@ -18,6 +18,7 @@ struct FashionMnistOptions {
   std::int64_t limit = -1;  // use the first `limit` training images; -1: all 60,000
   int threads = 0;          // intra-op threads per rank; 0: cores / ranks on this node
   std::uint64_t seed = 0;
+  double bucket_cap_mb = 25;  // DdpOptions::bucket_size_bytes in MiB
   std::string data_dir;  // empty: Debian's /usr/share/datasets/fashion-mnist
   bool progress = true;  // a progress bar on rank 0 when the output is a terminal
 

@@ -1,0 +1,21 @@
+// FusedAdam: torch::optim::Adam with the update of each parameter done in one pass over memory.
+// LibTorch's Adam runs about eight tensor operations per parameter, each a full read and write of
+// a tensor as large as the model; on a CPU that is memory-bound work. FusedAdam reads the
+// parameter, its gradient and both moments once and writes them once, with the same arithmetic,
+// options and per-parameter state (AdamParamState), so checkpoints move freely between the two.
+#pragma once
+
+#include <torch/optim/adam.h>
+
+namespace trainyard::optim {
+
+class FusedAdam : public torch::optim::Adam {
+ public:
+  using torch::optim::Adam::Adam;
+
+  // One Adam step. Dense float32 CPU parameters take the fused path; for any other parameter
+  // (another dtype or device, a sparse gradient) the whole step falls back to Adam::step.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+}  // namespace trainyard::optim
