@@ -313,3 +313,36 @@ TEST(Ddp, RejectsRanksWithDifferentModels) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Ddp, ADeadPeerIsAnErrorWithinTheTimeoutNotAHang) {
+  torch::set_num_threads(1);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp), make_model(ModelKind::kMlp)};
+  std::string message;
+  std::chrono::duration<double> waited{};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto pg = trainyard::make_gloo_group(store, rank, 2,
+                                           trainyard::InitOptions{.timeout = std::chrono::seconds(2)});
+      DistributedDataParallel ddp(models[rank], pg);
+      if (rank == 1) return;  // this rank "dies": its group goes away before the backward
+      ddp.reducer().prepare_forward();
+      auto start = std::chrono::steady_clock::now();
+      try {
+        forward(ModelKind::kMlp, *models[rank], torch::randn({4, 10})).sum().backward();
+      } catch (const std::exception& e) {
+        message = e.what();
+      }
+      waited = std::chrono::steady_clock::now() - start;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(message.find("rank 0/2"), std::string::npos) << message;
+  EXPECT_NE(message.find("HINT"), std::string::npos) << message;
+  EXPECT_LT(waited.count(), 10.0) << "bounded by the 2 s collective timeout";
+}
+
+}  // namespace
