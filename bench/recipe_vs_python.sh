@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# recipe_vs_python.sh — training throughput of trainyard's FashionMNIST recipe against the Python
+# PyTorch peer (bench/python/fashion_mnist_ddp.py, Debian's torch 1.13) on the same machine, the
+# same data subset and the same hyper-parameters, measured side by side in one invocation.
+#
+# What it measures: train_samples_per_s from each run's result JSON (samples trained by all ranks
+# / the slowest rank's training time; no startup, no evaluation), the test accuracy, and the ratio
+# of the medians, trainyard / python. Runs alternate (trainyard, python, trainyard, python, ...) so
+# that drift on the machine hits both alike. Absolute numbers move with the machine's load: read
+# the ratio, and the "busy%" column (how busy the CPUs were in the second before each run).
+#
+#   bench/recipe_vs_python.sh                      # 2 ranks x 1 thread, --limit 6000, 1 epoch
+#   bench/recipe_vs_python.sh --repeats 3 --limit 12000
+#   BENCH_LIMIT=512 bench/recipe_vs_python.sh      # every flag has a BENCH_* variable
+#
+# It runs, per repeat:
+#   build/trainyard train fashion-mnist --workers R --threads T --epochs E --batch-size B --lr LR \
+#       --limit N --seed S --storage TMP --name trainyard-I --no-progress
+#   build/trainyard run --nproc-per-node R -- /usr/bin/python3 bench/python/fashion_mnist_ddp.py \
+#       --threads T --epochs E --batch-size B --lr LR --limit N --seed S --out TMP/python-I.json
+#
+# Flags (environment variable, default):
+#   --ranks R        BENCH_RANKS       2     ranks (processes) per implementation
+#   --threads T      BENCH_THREADS     1     intra-op threads per rank
+#   --limit N        BENCH_LIMIT       6000  first N training images
+#   --epochs E       BENCH_EPOCHS      1
+#   --batch-size B   BENCH_BATCH_SIZE  128   per rank
+#   --lr LR          BENCH_LR          0.001 Adam learning rate
+#   --seed S         BENCH_SEED        0
+#   --repeats K      BENCH_REPEATS     1     pairs of runs
+#   --trainyard P    BENCH_TRAINYARD   build/trainyard (of this checkout)
+#   --python P       BENCH_PYTHON      /usr/bin/python3 (must have torch + torchvision)
+#   --json FILE      BENCH_JSON        also write the runs and the ratio as JSON to FILE
+#   --keep                             keep the temporary folder (logs, result JSON) and print it
+#   --verbose                          show the runs' output as they go
+# No network is used; all files go to a temporary folder removed on exit.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RANKS=${BENCH_RANKS:-2}
+THREADS=${BENCH_THREADS:-1}
+LIMIT=${BENCH_LIMIT:-6000}
+EPOCHS=${BENCH_EPOCHS:-1}
+BATCH_SIZE=${BENCH_BATCH_SIZE:-128}
+LR=${BENCH_LR:-0.001}
+SEED=${BENCH_SEED:-0}
+REPEATS=${BENCH_REPEATS:-1}
+TRAINYARD=${BENCH_TRAINYARD:-$ROOT/build/trainyard}
+PYTHON=${BENCH_PYTHON:-/usr/bin/python3}
+JSON_OUT=${BENCH_JSON:-}
+KEEP=0
+VERBOSE=0
+PEER=$ROOT/bench/python/fashion_mnist_ddp.py
+
+die() { echo "recipe_vs_python.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+
+while (($#)); do
+  case $1 in
+    --ranks) RANKS=${2:?}; shift 2 ;;
+    --threads) THREADS=${2:?}; shift 2 ;;
+    --limit) LIMIT=${2:?}; shift 2 ;;
+    --epochs) EPOCHS=${2:?}; shift 2 ;;
+    --batch-size) BATCH_SIZE=${2:?}; shift 2 ;;
+    --lr) LR=${2:?}; shift 2 ;;
+    --seed) SEED=${2:?}; shift 2 ;;
+    --repeats) REPEATS=${2:?}; shift 2 ;;
+    --trainyard) TRAINYARD=${2:?}; shift 2 ;;
+    --python) PYTHON=${2:?}; shift 2 ;;
+    --json) JSON_OUT=${2:?}; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --verbose) VERBOSE=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+for v in RANKS THREADS LIMIT EPOCHS BATCH_SIZE REPEATS; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
+done
+[[ $SEED =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
+[[ -x $TRAINYARD ]] || die "$TRAINYARD is missing or not executable: build the project first (cmake --build build)."
+[[ -f $PEER ]] || die "the Python peer $PEER is missing."
+[[ -x $PYTHON ]] || die "$PYTHON not found: the Python peer needs Debian's python3 with python3-torch and python3-torchvision."
+"$PYTHON" -c 'import torch, torchvision, numpy' 2>/dev/null ||
+  die "$PYTHON cannot import torch, torchvision and numpy: install python3-torch and python3-torchvision (apt-get install python3-torch python3-torchvision), or point --python at an interpreter that has them."
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/recipe_vs_python.XXXXXX")
+cleanup() { if ((KEEP)); then echo "kept: $TMP" >&2; else rm -rf "$TMP"; fi; }
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+RUNS=$TMP/runs.tsv
+: >"$RUNS"
+
+# cpu_busy: percent of all cores busy over the next second (others' work, before a run starts).
+cpu_busy() {
+  local a b
+  a=$(head -n 1 /proc/stat); sleep 1; b=$(head -n 1 /proc/stat)
+  awk -v a="$a" -v b="$b" 'BEGIN {
+    n = split(a, x, " "); split(b, y, " "); total = 0
+    for (k = 2; k <= n; k++) total += y[k] - x[k]
+    idle = (y[5] - x[5]) + (y[6] - x[6])
+    printf "%.0f", (total > 0 ? 100 * (total - idle) / total : 0) }'
+}
+
+# run_one IMPL I LOG RESULT_JSON -- COMMAND...: runs it, appends a row to $RUNS.
+run_one() {
+  local impl=$1 i=$2 log=$3 result=$4; shift 5
+  local busy; busy=$(cpu_busy)
+  printf '  run %d/%d %-9s ... ' "$i" "$REPEATS" "$impl" >&2
+  local rc=0
+  if ((VERBOSE)); then
+    echo >&2
+    "$@" 2>&1 | tee "$log" >&2 || rc=$?  # pipefail: the command's failure counts
+  else
+    "$@" >"$log" 2>&1 || rc=$?
+  fi
+  if ((rc != 0)) || [[ ! -s $result ]]; then
+    echo "FAILED (exit $rc)" >&2
+    echo "---- last lines of its output ($*) ----" >&2
+    tail -n 30 "$log" >&2
+    die "the $impl run failed; no result at $result"
+  fi
+  "$PYTHON" - "$impl" "$i" "$busy" "$result" "$RANKS" >>"$RUNS" <<'EOF'
+import json, sys
+impl, i, busy, path, ranks = sys.argv[1:]
+r = json.load(open(path))
+if int(r["world_size"]) != int(ranks):
+    sys.exit(f"{path}: world_size {r['world_size']}, expected {ranks}")
+print("\t".join(str(x) for x in (impl, i, busy, r["train_samples_per_s"], r["train_time_s"],
+                                  r["accuracy"], r["loss"])))
+EOF
+  tail -n 1 "$RUNS" | awk -F'\t' '{printf "%.1f samples/s, accuracy %.4f\n", $4, $6}' >&2
+}
+
+echo "FashionMNIST ResNet18: trainyard recipe vs Python PyTorch DDP peer" >&2
+echo "  $RANKS rank(s) x $THREADS thread(s), limit $LIMIT, $EPOCHS epoch(s), batch $BATCH_SIZE/rank, lr $LR, seed $SEED, $REPEATS repeat(s)" >&2
+BUSY=$(cpu_busy)
+if ((BUSY > 10)); then
+  echo "  warning: the CPUs are ${BUSY}% busy before starting; other work on the machine skews the numbers" >&2
+fi
+
+for ((i = 1; i <= REPEATS; i++)); do
+  run_one trainyard "$i" "$TMP/trainyard-$i.log" "$TMP/trainyard-$i/result.json" -- \
+    "$TRAINYARD" train fashion-mnist --workers "$RANKS" --threads "$THREADS" --epochs "$EPOCHS" \
+    --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
+    --storage "$TMP" --name "trainyard-$i" --no-progress
+  run_one python "$i" "$TMP/python-$i.log" "$TMP/python-$i.json" -- \
+    "$TRAINYARD" run --nproc-per-node "$RANKS" -- "$PYTHON" "$PEER" --threads "$THREADS" \
+    --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
+    --out "$TMP/python-$i.json"
+done
+
+"$PYTHON" - "$RUNS" "$JSON_OUT" "$RANKS" "$THREADS" "$LIMIT" "$EPOCHS" "$BATCH_SIZE" "$LR" "$SEED" <<'EOF'
+import json, statistics, sys
+runs_path, json_out, ranks, threads, limit, epochs, batch, lr, seed = sys.argv[1:]
+rows = []
+for line in open(runs_path):
+    impl, i, busy, sps, t, acc, loss = line.rstrip("\n").split("\t")
+    rows.append(dict(impl=impl, run=int(i), busy_percent_before=float(busy), samples_per_s=float(sps),
+                     train_time_s=float(t), accuracy=float(acc), loss=float(loss)))
+print(f"{'run':>3}  {'impl':<9}  {'samples/s':>9}  {'train_s':>8}  {'accuracy':>8}  {'loss':>7}  {'busy%':>5}")
+for r in rows:
+    print(f"{r['run']:>3}  {r['impl']:<9}  {r['samples_per_s']:>9.1f}  {r['train_time_s']:>8.2f}  "
+          f"{r['accuracy']:>8.4f}  {r['loss']:>7.4f}  {r['busy_percent_before']:>5.0f}")
+med = {impl: statistics.median(r["samples_per_s"] for r in rows if r["impl"] == impl)
+       for impl in ("trainyard", "python")}
+acc = {impl: statistics.median(r["accuracy"] for r in rows if r["impl"] == impl)
+       for impl in ("trainyard", "python")}
+ratio = med["trainyard"] / med["python"]
+print(f"median samples/s: trainyard {med['trainyard']:.1f}, python {med['python']:.1f}; "
+      f"median accuracy: trainyard {acc['trainyard']:.4f}, python {acc['python']:.4f}")
+print(f"ratio trainyard/python samples/s: {ratio:.2f}x")
+if json_out:
+    with open(json_out, "w") as f:
+        json.dump({"benchmark": "recipe_vs_python", "ranks": int(ranks), "threads": int(threads),
+                   "limit": int(limit), "epochs": int(epochs), "batch_size": int(batch),
+                   "lr": float(lr), "seed": int(seed), "runs": rows,
+                   "median_samples_per_s": med, "median_accuracy": acc,
+                   "ratio_trainyard_over_python": ratio}, f, indent=2)
+        f.write("\n")
+EOF

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# scaling.sh — scaling efficiency of trainyard's FashionMNIST recipe from 1 rank to 2 ranks on
+# this machine: the same per-rank batch (128), the same threads per rank (1), the same --limit
+# (6000 images, so one rank takes twice the steps of each of two), measured side by side in one
+# invocation, the runs alternating (1 rank, 2 ranks, 1 rank, 2 ranks, ...).
+#
+#   efficiency = samples/s(2 ranks) / (2 x samples/s(1 rank))     (medians over --repeats)
+#
+# samples/s is train_samples_per_s from each run's result JSON (samples trained by all ranks / the
+# slowest rank's training time; no startup, no evaluation). With --python the Python PyTorch DDP
+# peer (bench/python/fashion_mnist_ddp.py, Debian's torch 1.13) is measured the same way, for
+# reference. Absolute numbers move with the machine's load: the "busy%" column says how busy the
+# CPUs were in the second before each run started.
+#
+#   bench/scaling.sh                          # trainyard, 1 vs 2 ranks x 1 thread, --limit 6000
+#   bench/scaling.sh --python --repeats 3     # and the Python peer alike
+#   BENCH_LIMIT=512 bench/scaling.sh          # every flag has a BENCH_* variable
+#
+# It runs, per repeat, for W in 1 2:
+#   build/trainyard train fashion-mnist --workers W --threads T --epochs E --batch-size B --lr LR \
+#       --limit N --seed S --storage TMP --name trainyard-wW-I --no-progress
+# and with --python, for W in 1 2:
+#   build/trainyard run --nproc-per-node W -- /usr/bin/python3 bench/python/fashion_mnist_ddp.py \
+#       --threads T --epochs E --batch-size B --lr LR --limit N --seed S --out TMP/python-wW-I.json
+#
+# Flags (environment variable, default):
+#   --ranks R        BENCH_RANKS       2     the larger world size (compared with 1 rank)
+#   --threads T      BENCH_THREADS     1     intra-op threads per rank
+#   --limit N        BENCH_LIMIT       6000  first N training images
+#   --epochs E       BENCH_EPOCHS      1
+#   --batch-size B   BENCH_BATCH_SIZE  128   per rank
+#   --lr LR          BENCH_LR          0.001 Adam learning rate
+#   --seed S         BENCH_SEED        0
+#   --repeats K      BENCH_REPEATS     1
+#   --python         BENCH_WITH_PYTHON=1     also measure the Python peer
+#   --trainyard P    BENCH_TRAINYARD   build/trainyard (of this checkout)
+#   --python-bin P   BENCH_PYTHON      /usr/bin/python3 (must have torch + torchvision)
+#   --json FILE      BENCH_JSON        also write the runs and the efficiencies as JSON to FILE
+#   --keep                             keep the temporary folder (logs, result JSON) and print it
+#   --verbose                          show the runs' output as they go
+# No network is used; all files go to a temporary folder removed on exit.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RANKS=${BENCH_RANKS:-2}
+THREADS=${BENCH_THREADS:-1}
+LIMIT=${BENCH_LIMIT:-6000}
+EPOCHS=${BENCH_EPOCHS:-1}
+BATCH_SIZE=${BENCH_BATCH_SIZE:-128}
+LR=${BENCH_LR:-0.001}
+SEED=${BENCH_SEED:-0}
+REPEATS=${BENCH_REPEATS:-1}
+WITH_PYTHON=${BENCH_WITH_PYTHON:-0}
+TRAINYARD=${BENCH_TRAINYARD:-$ROOT/build/trainyard}
+PYTHON=${BENCH_PYTHON:-/usr/bin/python3}
+JSON_OUT=${BENCH_JSON:-}
+KEEP=0
+VERBOSE=0
+PEER=$ROOT/bench/python/fashion_mnist_ddp.py
+
+die() { echo "scaling.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+
+while (($#)); do
+  case $1 in
+    --ranks) RANKS=${2:?}; shift 2 ;;
+    --threads) THREADS=${2:?}; shift 2 ;;
+    --limit) LIMIT=${2:?}; shift 2 ;;
+    --epochs) EPOCHS=${2:?}; shift 2 ;;
+    --batch-size) BATCH_SIZE=${2:?}; shift 2 ;;
+    --lr) LR=${2:?}; shift 2 ;;
+    --seed) SEED=${2:?}; shift 2 ;;
+    --repeats) REPEATS=${2:?}; shift 2 ;;
+    --python) WITH_PYTHON=1; shift ;;
+    --trainyard) TRAINYARD=${2:?}; shift 2 ;;
+    --python-bin) PYTHON=${2:?}; shift 2 ;;
+    --json) JSON_OUT=${2:?}; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --verbose) VERBOSE=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+for v in RANKS THREADS LIMIT EPOCHS BATCH_SIZE REPEATS; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
+done
+((RANKS >= 2)) || die "--ranks must be >= 2 (it is compared with 1 rank), got $RANKS"
+[[ $SEED =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
+[[ $WITH_PYTHON == 0 || $WITH_PYTHON == 1 ]] || die "BENCH_WITH_PYTHON must be 0 or 1"
+[[ -x $TRAINYARD ]] || die "$TRAINYARD is missing or not executable: build the project first (cmake --build build)."
+# Python parses the results, so it is needed with or without --python.
+[[ -x $PYTHON ]] || die "$PYTHON not found: Debian's python3 (with python3-torch and python3-torchvision for --python) is needed."
+if ((WITH_PYTHON)); then
+  [[ -f $PEER ]] || die "the Python peer $PEER is missing."
+  "$PYTHON" -c 'import torch, torchvision, numpy' 2>/dev/null ||
+    die "$PYTHON cannot import torch, torchvision and numpy: install python3-torch and python3-torchvision (apt-get install python3-torch python3-torchvision), or point --python-bin at an interpreter that has them."
+fi
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/scaling.XXXXXX")
+cleanup() { if ((KEEP)); then echo "kept: $TMP" >&2; else rm -rf "$TMP"; fi; }
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+RUNS=$TMP/runs.tsv
+: >"$RUNS"
+
+# cpu_busy: percent of all cores busy over the next second (others' work, before a run starts).
+cpu_busy() {
+  local a b
+  a=$(head -n 1 /proc/stat); sleep 1; b=$(head -n 1 /proc/stat)
+  awk -v a="$a" -v b="$b" 'BEGIN {
+    n = split(a, x, " "); split(b, y, " "); total = 0
+    for (k = 2; k <= n; k++) total += y[k] - x[k]
+    idle = (y[5] - x[5]) + (y[6] - x[6])
+    printf "%.0f", (total > 0 ? 100 * (total - idle) / total : 0) }'
+}
+
+# run_one IMPL WORLD I LOG RESULT_JSON -- COMMAND...: runs it, appends a row to $RUNS.
+run_one() {
+  local impl=$1 world=$2 i=$3 log=$4 result=$5; shift 6
+  local busy; busy=$(cpu_busy)
+  printf '  run %d/%d %-9s %d rank(s) ... ' "$i" "$REPEATS" "$impl" "$world" >&2
+  local rc=0
+  if ((VERBOSE)); then
+    echo >&2
+    "$@" 2>&1 | tee "$log" >&2 || rc=$?  # pipefail: the command's failure counts
+  else
+    "$@" >"$log" 2>&1 || rc=$?
+  fi
+  if ((rc != 0)) || [[ ! -s $result ]]; then
+    echo "FAILED (exit $rc)" >&2
+    echo "---- last lines of its output ($*) ----" >&2
+    tail -n 30 "$log" >&2
+    die "the $impl run on $world rank(s) failed; no result at $result"
+  fi
+  "$PYTHON" - "$impl" "$world" "$i" "$busy" "$result" >>"$RUNS" <<'EOF'
+import json, sys
+impl, world, i, busy, path = sys.argv[1:]
+r = json.load(open(path))
+if int(r["world_size"]) != int(world):
+    sys.exit(f"{path}: world_size {r['world_size']}, expected {world}")
+print("\t".join(str(x) for x in (impl, world, i, busy, r["train_samples_per_s"],
+                                  r["train_time_s"], r["accuracy"])))
+EOF
+  tail -n 1 "$RUNS" | awk -F'\t' '{printf "%.1f samples/s, accuracy %.4f\n", $5, $7}' >&2
+}
+
+run_trainyard() {  # WORLD I
+  local name="trainyard-w$1-$2"
+  run_one trainyard "$1" "$2" "$TMP/$name.log" "$TMP/$name/result.json" -- \
+    "$TRAINYARD" train fashion-mnist --workers "$1" --threads "$THREADS" --epochs "$EPOCHS" \
+    --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
+    --storage "$TMP" --name "$name" --no-progress
+}
+
+run_python() {  # WORLD I
+  local name="python-w$1-$2"
+  run_one python "$1" "$2" "$TMP/$name.log" "$TMP/$name.json" -- \
+    "$TRAINYARD" run --nproc-per-node "$1" -- "$PYTHON" "$PEER" --threads "$THREADS" \
+    --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
+    --out "$TMP/$name.json"
+}
+
+echo "FashionMNIST ResNet18: scaling from 1 to $RANKS rank(s)" >&2
+echo "  $THREADS thread(s)/rank, limit $LIMIT, $EPOCHS epoch(s), batch $BATCH_SIZE/rank, lr $LR, seed $SEED, $REPEATS repeat(s)$( ((WITH_PYTHON)) && echo ', with the Python peer')" >&2
+if (( RANKS * THREADS > $(nproc) )); then
+  echo "  note: $RANKS ranks x $THREADS thread(s) oversubscribes this machine's $(nproc) cores" >&2
+fi
+BUSY=$(cpu_busy)
+if ((BUSY > 10)); then
+  echo "  warning: the CPUs are ${BUSY}% busy before starting; other work on the machine skews the numbers" >&2
+fi
+
+for ((i = 1; i <= REPEATS; i++)); do
+  run_trainyard 1 "$i"
+  run_trainyard "$RANKS" "$i"
+  if ((WITH_PYTHON)); then
+    run_python 1 "$i"
+    run_python "$RANKS" "$i"
+  fi
+done
+
+"$PYTHON" - "$RUNS" "$JSON_OUT" "$RANKS" "$THREADS" "$LIMIT" "$EPOCHS" "$BATCH_SIZE" "$LR" "$SEED" <<'EOF'
+import json, statistics, sys
+runs_path, json_out, ranks, threads, limit, epochs, batch, lr, seed = sys.argv[1:]
+ranks = int(ranks)
+rows = []
+for line in open(runs_path):
+    impl, world, i, busy, sps, t, acc = line.rstrip("\n").split("\t")
+    rows.append(dict(impl=impl, world_size=int(world), run=int(i), busy_percent_before=float(busy),
+                     samples_per_s=float(sps), train_time_s=float(t), accuracy=float(acc)))
+print(f"{'run':>3}  {'impl':<9}  {'ranks':>5}  {'samples/s':>9}  {'train_s':>8}  {'accuracy':>8}  {'busy%':>5}")
+for r in rows:
+    print(f"{r['run']:>3}  {r['impl']:<9}  {r['world_size']:>5}  {r['samples_per_s']:>9.1f}  "
+          f"{r['train_time_s']:>8.2f}  {r['accuracy']:>8.4f}  {r['busy_percent_before']:>5.0f}")
+summary = {}
+for impl in ("trainyard", "python"):
+    mine = [r for r in rows if r["impl"] == impl]
+    if not mine:
+        continue
+    one = statistics.median(r["samples_per_s"] for r in mine if r["world_size"] == 1)
+    many = statistics.median(r["samples_per_s"] for r in mine if r["world_size"] == ranks)
+    eff = many / (ranks * one)
+    summary[impl] = {"samples_per_s_1": one, f"samples_per_s_{ranks}": many, "efficiency": eff}
+    print(f"{impl}: 1 rank {one:.1f} samples/s, {ranks} ranks {many:.1f} samples/s; "
+          f"scaling efficiency {many:.1f} / ({ranks} x {one:.1f}) = {eff:.2f} ({eff * 100:.0f}%)")
+if json_out:
+    with open(json_out, "w") as f:
+        json.dump({"benchmark": "scaling", "ranks": ranks, "threads": int(threads),
+                   "limit": int(limit), "epochs": int(epochs), "batch_size": int(batch),
+                   "lr": float(lr), "seed": int(seed), "runs": rows, "summary": summary},
+                  f, indent=2)
+        f.write("\n")
+EOF
