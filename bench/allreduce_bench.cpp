@@ -1,4 +1,5 @@
-// All-reduce bus bandwidth sweep over the Gloo process group, printed as nccl-tests prints it:
+// All-reduce bus bandwidth sweep over the process group init() builds (shared memory on one
+// host, Gloo otherwise; TRAINYARD_SHM=0 forces Gloo), printed as nccl-tests prints it:
 // algbw = size / time, busbw = algbw * 2(n-1)/n. Run as the ranks of a job:
 //   build/trainyard run --nproc-per-node 2 -- build/bench/allreduce_bench [--min-bytes 1024]
 //       [--max-bytes 268435456] [--warmup 3] [--seconds-per-size 1.0]
@@ -28,11 +29,16 @@ Args parse(int argc, char** argv) {
     std::string flag = argv[i];
     TY_CHECK(i + 1 < argc, "flag ", flag, " needs a value");
     const char* v = argv[++i];
-    if (flag == "--min-bytes") a.min_bytes = std::atoll(v);
-    else if (flag == "--max-bytes") a.max_bytes = std::atoll(v);
-    else if (flag == "--warmup") a.warmup = std::atoi(v);
-    else if (flag == "--seconds-per-size") a.seconds_per_size = std::atof(v);
-    else TY_CHECK(false, "unknown flag ", flag, "; see the usage at the top of allreduce_bench.cpp");
+    if (flag == "--min-bytes")
+      a.min_bytes = std::atoll(v);
+    else if (flag == "--max-bytes")
+      a.max_bytes = std::atoll(v);
+    else if (flag == "--warmup")
+      a.warmup = std::atoi(v);
+    else if (flag == "--seconds-per-size")
+      a.seconds_per_size = std::atof(v);
+    else
+      TY_CHECK(false, "unknown flag ", flag, "; see the usage at the top of allreduce_bench.cpp");
   }
   TY_CHECK(a.min_bytes >= 4 && a.max_bytes >= a.min_bytes, "need 4 <= --min-bytes <= --max-bytes");
   return a;
@@ -55,11 +61,11 @@ int main(int argc, char** argv) try {
   const int n = dist->world_size();
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   if (dist->rank() == 0) {
-    std::printf("# allreduce, Gloo, %d ranks\n", n);
+    std::printf("# allreduce, %s, %d ranks\n", pg.getBackendName().c_str(), n);
     std::printf("# %12s %12s %6s %6s %10s %8s %8s\n", "size", "count", "type", "redop", "time",
                 "algbw", "busbw");
-    std::printf("# %12s %12s %6s %6s %10s %8s %8s\n", "(B)", "(elements)", "", "", "(us)",
-                "(GB/s)", "(GB/s)");
+    std::printf("# %12s %12s %6s %6s %10s %8s %8s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
+                "(GB/s)");
   }
   double busbw_sum = 0;
   int sizes = 0;

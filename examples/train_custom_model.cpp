@@ -16,14 +16,16 @@
 // Any torch::nn::Module works; this one is a small convolutional network.
 struct NetImpl : torch::nn::Module {
   NetImpl() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+    conv1 =
+        register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)));
+    conv2 =
+        register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
     fc = register_module("fc", torch::nn::Linear(32 * 7 * 7, 10));
   }
-  torch::Tensor forward(torch::Tensor x) {                 // (B, 1, 28, 28)
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);       // (B, 16, 14, 14)
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);       // (B, 32, 7, 7)
-    return fc(x.flatten(1));                               // (B, 10)
+  torch::Tensor forward(torch::Tensor x) {            // (B, 1, 28, 28)
+    x = torch::max_pool2d(torch::relu(conv1(x)), 2);  // (B, 16, 14, 14)
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);  // (B, 32, 7, 7)
+    return fc(x.flatten(1));                          // (B, 10)
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::Linear fc{nullptr};
@@ -46,20 +48,18 @@ int main(int argc, char** argv) try {
   // 3. Data: each rank reads its own disjoint slice, reshuffled every epoch.
   namespace data = trainyard::data;
   auto train = data::load_fashion_mnist(data::kFashionMnistDir, data::Split::kTrain, limit);
-  data::DistributedSampler sampler({.dataset_size = train.size(),
-                                    .num_replicas = dist->world_size(),
-                                    .rank = dist->rank()});
+  data::DistributedSampler sampler(
+      {.dataset_size = train.size(), .num_replicas = dist->world_size(), .rank = dist->rank()});
 
   // 4. Train: the loop is the same as in a single process.
   for (int epoch = 0; epoch < epochs; ++epoch) {
     sampler.set_epoch(epoch);
-    data::BatchLoader loader(
-        sampler.indices(),
-        [&](const std::vector<std::int64_t>& idx) {
-          auto [x, y] = data::fashion_mnist_batch(train, idx);
-          return data::Batch{x, y};
-        },
-        {.batch_size = 64});
+    data::BatchLoader loader(sampler.indices(),
+                             [&](const std::vector<std::int64_t>& idx) {
+                               auto [x, y] = data::fashion_mnist_batch(train, idx);
+                               return data::Batch{x, y};
+                             },
+                             {.batch_size = 64});
     double loss_sum = 0;
     std::int64_t steps = 0;
     while (auto batch = loader.next()) {

@@ -28,17 +28,29 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o) {
   launch.nproc_per_node = o.workers;
   launch.run_id = o.name;
   launch.extra_env = {{kParentEnv, "1"}};
-  launch.command = {elastic::self_executable(), "train", "fashion-mnist",
-                    "--workers", std::to_string(o.workers),
-                    "--epochs", std::to_string(o.epochs),
-                    "--batch-size", std::to_string(o.batch_size),
-                    "--lr", exact(o.lr),
-                    "--storage", o.storage,
-                    "--name", o.name,
-                    "--limit", std::to_string(o.limit),
-                    "--threads", std::to_string(o.threads),
-                    "--seed", std::to_string(o.seed),
-                    "--bucket-cap-mb", exact(o.bucket_cap_mb)};
+  launch.command = {elastic::self_executable(),
+                    "train",
+                    "fashion-mnist",
+                    "--workers",
+                    std::to_string(o.workers),
+                    "--epochs",
+                    std::to_string(o.epochs),
+                    "--batch-size",
+                    std::to_string(o.batch_size),
+                    "--lr",
+                    exact(o.lr),
+                    "--storage",
+                    o.storage,
+                    "--name",
+                    o.name,
+                    "--limit",
+                    std::to_string(o.limit),
+                    "--threads",
+                    std::to_string(o.threads),
+                    "--seed",
+                    std::to_string(o.seed),
+                    "--bucket-cap-mb",
+                    exact(o.bucket_cap_mb)};
   if (!o.data_dir.empty()) {
     launch.command.push_back("--data-dir");
     launch.command.push_back(o.data_dir);
@@ -48,9 +60,9 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o) {
   if (!result.succeeded) return result.exit_code();
   train::print_training_result(
       (std::filesystem::path(o.storage) / o.name / "result.json").string());
-  const auto total = std::chrono::duration_cast<std::chrono::seconds>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+  const auto total =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
+          .count();
   std::printf("\nTotal running time: %lldmin %llds\n", static_cast<long long>(total / 60),
               static_cast<long long>(total % 60));
   return 0;
@@ -94,7 +106,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
     }
     auto result = train::run_fashion_mnist_rank(o);
     const bool parent_prints = std::getenv(kParentEnv) != nullptr;
-    if (parent_prints || std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) != "0") {
+    if (parent_prints || std::getenv("RANK") == nullptr ||
+        std::string(std::getenv("RANK")) != "0") {
       exit_code = 0;
       return;
     }

@@ -57,14 +57,17 @@ std::string concat(const Args&... args) {
   (out << ... << args);
   return out.str();
 }
-[[noreturn]] void throw_assert(const char* expr, const char* file, int line, const std::string& msg);
+[[noreturn]] void throw_assert(const char* expr,
+                               const char* file,
+                               int line,
+                               const std::string& msg);
 }  // namespace detail
 
 }  // namespace trainyard
 
 // Throws ErrorType with the message pieces concatenated, when cond is false.
-#define TY_CHECK_T(ErrorType, cond, ...)                          \
-  do {                                                            \
+#define TY_CHECK_T(ErrorType, cond, ...)                                    \
+  do {                                                                      \
     if (!(cond)) throw ErrorType(::trainyard::detail::concat(__VA_ARGS__)); \
   } while (0)
 
@@ -81,9 +84,9 @@ std::string concat(const Args&... args) {
   } while (0)
 
 // An internal invariant: failing it is a bug in trainyard, not bad input.
-#define TY_ASSERT(cond, ...)                                                       \
-  do {                                                                             \
-    if (!(cond))                                                                   \
-      ::trainyard::detail::throw_assert(#cond, __FILE__, __LINE__,                 \
-                                        ::trainyard::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
+#define TY_ASSERT(cond, ...)                                                                      \
+  do {                                                                                            \
+    if (!(cond))                                                                                  \
+      ::trainyard::detail::throw_assert(                                                          \
+          #cond, __FILE__, __LINE__, ::trainyard::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

@@ -17,8 +17,8 @@ long parse_int(const std::string& name, const std::string& text, long lo, long h
   errno = 0;
   char* end = nullptr;
   long v = std::strtol(text.c_str(), &end, 10);
-  TY_CHECK(!text.empty() && end != nullptr && *end == '\0' && errno == 0,
-           "Environment variable ", name, "='", text, "' is not an integer.", kHint);
+  TY_CHECK(!text.empty() && end != nullptr && *end == '\0' && errno == 0, "Environment variable ",
+           name, "='", text, "' is not an integer.", kHint);
   TY_CHECK(v >= lo && v <= hi, "Environment variable ", name, "=", v, " is out of range [", lo,
            ", ", hi, "].", kHint);
   return v;
@@ -55,15 +55,16 @@ DistEnv parse_dist_env(const EnvLookup& env) {
   DistEnv e;
   e.world_size = static_cast<int>(parse_int("WORLD_SIZE", require(env, "WORLD_SIZE"), 1, kMaxInt));
   e.rank = static_cast<int>(parse_int("RANK", require(env, "RANK"), 0, e.world_size - 1));
-  e.local_world_size = static_cast<int>(
-      optional_int(env, "LOCAL_WORLD_SIZE", e.world_size, 1, e.world_size));
+  e.local_world_size =
+      static_cast<int>(optional_int(env, "LOCAL_WORLD_SIZE", e.world_size, 1, e.world_size));
   e.local_rank = static_cast<int>(
       optional_int(env, "LOCAL_RANK", e.rank % e.local_world_size, 0, e.local_world_size - 1));
   e.group_rank = static_cast<int>(optional_int(env, "GROUP_RANK", 0, 0, kMaxInt));
   e.master_addr = require(env, "MASTER_ADDR");
   e.master_port =
       static_cast<std::uint16_t>(parse_int("MASTER_PORT", require(env, "MASTER_PORT"), 1, 65535));
-  e.restart_count = static_cast<int>(optional_int(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxInt));
+  e.restart_count =
+      static_cast<int>(optional_int(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxInt));
   e.run_id = env("TORCHELASTIC_RUN_ID").value_or("");
   auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("");
   e.use_agent_store = agent_store == "True" || agent_store == "true" || agent_store == "1";

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 
+#include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -94,8 +95,16 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
                                       " could not form the Gloo process group through ",
                                       env.master_addr, ":", env.master_port, ": ", e.what()));
   }
-  log->debug("process group ready: master {}:{}, timeout {} ms", env.master_addr, env.master_port,
-             options.timeout.count());
+  const char* shm_env = std::getenv("TRAINYARD_SHM");
+  const bool shm_allowed = shm_env == nullptr || std::string(shm_env) != "0";
+  if (options.shared_memory && shm_allowed && env.world_size > 1 &&
+      env.local_world_size == env.world_size) {
+    pg = make_local_group(store, env.rank, env.world_size, pg,
+                          ShmOptions{.timeout = options.timeout,
+                                     .name = "init-" + std::to_string(env.restart_count)});
+  }
+  log->debug("{} process group ready: master {}:{}, timeout {} ms", pg->getBackendName(),
+             env.master_addr, env.master_port, options.timeout.count());
   return std::make_shared<Distributed>(env, std::move(store), std::move(pg));
 }
 

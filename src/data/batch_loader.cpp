@@ -4,7 +4,9 @@
 
 namespace trainyard::data {
 
-BatchLoader::BatchLoader(std::vector<std::int64_t> indices, MakeBatch make_batch, LoaderOptions options)
+BatchLoader::BatchLoader(std::vector<std::int64_t> indices,
+                         MakeBatch make_batch,
+                         LoaderOptions options)
     : indices_(std::move(indices)), make_batch_(std::move(make_batch)), options_(options) {
   TY_CHECK(options_.batch_size >= 1, "LoaderOptions.batch_size must be >= 1, got ",
            options_.batch_size, ".");
@@ -29,7 +31,8 @@ void BatchLoader::produce() {
   for (std::int64_t b = 0; b < num_batches_; ++b) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [&] { return stop_ || static_cast<int>(ready_.size()) < options_.prefetch; });
+      changed_.wait(lock,
+                    [&] { return stop_ || static_cast<int>(ready_.size()) < options_.prefetch; });
       if (stop_) return;
     }
     const auto begin = b * options_.batch_size;

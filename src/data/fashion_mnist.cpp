@@ -27,11 +27,12 @@ FashionMnist load_fashion_mnist(const std::string& dir, Split split, std::int64_
   return out;
 }
 
-std::pair<torch::Tensor, torch::Tensor> fashion_mnist_batch(const FashionMnist& data,
-                                                            const std::vector<std::int64_t>& indices) {
+std::pair<torch::Tensor, torch::Tensor> fashion_mnist_batch(
+    const FashionMnist& data, const std::vector<std::int64_t>& indices) {
   auto idx = torch::tensor(indices, torch::kInt64);
   // (B, 1, 28, 28): (x / 255 - 0.5) / 0.5 = x / 127.5 - 1
-  auto images = data.images.index_select(0, idx).unsqueeze(1).to(torch::kFloat32).div_(127.5).sub_(1.0);
+  auto images =
+      data.images.index_select(0, idx).unsqueeze(1).to(torch::kFloat32).div_(127.5).sub_(1.0);
   auto labels = data.labels.index_select(0, idx);
   return {images, labels};
 }

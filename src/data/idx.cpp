@@ -57,8 +57,8 @@ torch::Tensor read_idx_ubyte(const std::string& path, int expected_dims) {
   TY_CHECK_T(CorruptDataError, magic[2] == kTypeUnsignedByte, "IDX file ", path,
              " holds element type 0x", std::hex, int(magic[2]), std::dec,
              "; only unsigned bytes (0x08) are supported.");
-  TY_CHECK_T(CorruptDataError, magic[3] == expected_dims, "IDX file ", path, " has ",
-             int(magic[3]), " dimensions where ", expected_dims, " were expected.");
+  TY_CHECK_T(CorruptDataError, magic[3] == expected_dims, "IDX file ", path, " has ", int(magic[3]),
+             " dimensions where ", expected_dims, " were expected.");
 
   std::vector<std::int64_t> sizes(expected_dims);
   std::int64_t numel = 1;

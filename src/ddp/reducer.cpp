@@ -29,9 +29,9 @@ namespace trainyard::ddp {
 // tensor only costs the copy again: stage_gradient() notices and the next finalize re-views.
 
 struct DdpReducer::Bucket {
-  torch::Tensor flat;                // (numel,) gradients laid out back to back
-  std::vector<std::size_t> params;   // indices into params_
-  std::size_t pending = 0;           // gradients still missing in this backward
+  torch::Tensor flat;               // (numel,) gradients laid out back to back
+  std::vector<std::size_t> params;  // indices into params_
+  std::size_t pending = 0;          // gradients still missing in this backward
   c10::intrusive_ptr<c10d::Work> work;
 };
 
@@ -83,8 +83,7 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
   TY_CHECK(module_ != nullptr, "DistributedDataParallel needs a module, got null.");
   TY_CHECK(pg_, "DistributedDataParallel needs a process group, got null.");
   TY_CHECK(options_.bucket_size_bytes > 0, "DdpOptions.bucket_size_bytes must be > 0.");
-  TY_CHECK(options_.first_bucket_size_bytes > 0,
-           "DdpOptions.first_bucket_size_bytes must be > 0.");
+  TY_CHECK(options_.first_bucket_size_bytes > 0, "DdpOptions.first_bucket_size_bytes must be > 0.");
   rank_ = pg_->getRank();
   world_size_ = pg_->getSize();
 
@@ -114,9 +113,9 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
   }
   ready_.assign(params_.size(), false);
 
-  logger("ddp")->info("DistributedDataParallel: {} parameters in {} buckets (cap {} MiB), world size {}",
-                      params_.size(), buckets_.size(), options_.bucket_size_bytes >> 20,
-                      world_size_);
+  logger("ddp")->info(
+      "DistributedDataParallel: {} parameters in {} buckets (cap {} MiB), world size {}",
+      params_.size(), buckets_.size(), options_.bucket_size_bytes >> 20, world_size_);
 }
 
 DdpReducer::~DdpReducer() {
@@ -320,9 +319,9 @@ void DdpReducer::finalize_backward() {
                         .exposed_comm_ms = std::chrono::duration<double, std::milli>(
                                                std::chrono::steady_clock::now() - wait_start)
                                                .count()};
-  logger("ddp")->debug("backward: {} of {} buckets launched from hooks, {:.1f} ms waiting at the end",
-                       stats_.buckets_launched_in_backward, stats_.bucket_count,
-                       stats_.exposed_comm_ms);
+  logger("ddp")->debug(
+      "backward: {} of {} buckets launched from hooks, {:.1f} ms waiting at the end",
+      stats_.buckets_launched_in_backward, stats_.bucket_count, stats_.exposed_comm_ms);
   reset_backward_state();
 }
 

@@ -19,9 +19,9 @@ BasicBlockImpl::BasicBlockImpl(int in_planes, int planes, int stride) {
   conv2 = register_module("conv2", conv(planes, planes, 3, 1, 1));
   bn2 = register_module("bn2", nn::BatchNorm2d(planes));
   if (stride != 1 || in_planes != planes * kExpansion) {
-    downsample = register_module(
-        "downsample",
-        nn::Sequential(conv(in_planes, planes * kExpansion, 1, stride, 0), nn::BatchNorm2d(planes)));
+    downsample = register_module("downsample",
+                                 nn::Sequential(conv(in_planes, planes * kExpansion, 1, stride, 0),
+                                                nn::BatchNorm2d(planes)));
   }
 }
 
@@ -77,8 +77,8 @@ torch::Tensor ResNetImpl::forward(torch::Tensor x) {
 }
 
 ResNet resnet18(int in_channels, int num_classes) {
-  ResNet model(ResNetOptions{.layers = {2, 2, 2, 2}, .in_channels = in_channels,
-                             .num_classes = num_classes});
+  ResNet model(ResNetOptions{
+      .layers = {2, 2, 2, 2}, .in_channels = in_channels, .num_classes = num_classes});
   model->conv1->reset_parameters();
   return model;
 }

@@ -26,8 +26,14 @@ struct Coefficients {
 // The element-wise update, in the order LibTorch's Adam performs it:
 //   g += wd * p;  m = m * b1 + g * (1 - b1);  v = v * b2 + (1 - b2) * g * g
 //   p += -step_size * m / (sqrt(v) / sqrt(bc2) + eps)      (v -> max(v_max, v) with amsgrad)
-void update(float* p, const float* grad, float* m, float* v, float* v_max, int64_t begin,
-            int64_t end, const Coefficients& c) {
+void update(float* p,
+            const float* grad,
+            float* m,
+            float* v,
+            float* v_max,
+            int64_t begin,
+            int64_t end,
+            const Coefficients& c) {
   for (int64_t i = begin; i < end; ++i) {
     float g = grad[i];
     if (c.weight_decay != 0.0f) g = g + p[i] * c.weight_decay;
@@ -79,15 +85,16 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       const double beta2 = std::get<1>(options.betas());
       const double bias_correction1 = 1 - std::pow(beta1, state.step());
       const double bias_correction2 = 1 - std::pow(beta2, state.step());
-      const Coefficients c{.beta1 = static_cast<float>(beta1),
-                           .beta2 = static_cast<float>(beta2),
-                           .one_minus_beta1 = static_cast<float>(1 - beta1),
-                           .one_minus_beta2 = static_cast<float>(1 - beta2),
-                           .inv_sqrt_bias_correction2 = static_cast<float>(1 / std::sqrt(bias_correction2)),
-                           .step_size = static_cast<float>(options.lr() / bias_correction1),
-                           .eps = static_cast<float>(options.eps()),
-                           .weight_decay = static_cast<float>(options.weight_decay()),
-                           .amsgrad = options.amsgrad()};
+      const Coefficients c{
+          .beta1 = static_cast<float>(beta1),
+          .beta2 = static_cast<float>(beta2),
+          .one_minus_beta1 = static_cast<float>(1 - beta1),
+          .one_minus_beta2 = static_cast<float>(1 - beta2),
+          .inv_sqrt_bias_correction2 = static_cast<float>(1 / std::sqrt(bias_correction2)),
+          .step_size = static_cast<float>(options.lr() / bias_correction1),
+          .eps = static_cast<float>(options.eps()),
+          .weight_decay = static_cast<float>(options.weight_decay()),
+          .amsgrad = options.amsgrad()};
       float* param = p.data_ptr<float>();
       const float* grad = p.grad().data_ptr<float>();
       float* m = state.exp_avg().data_ptr<float>();

@@ -1,8 +1,8 @@
 #include "trainyard/train/fashion_mnist.h"
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -74,13 +74,13 @@ void write_json_atomically(const fs::path& path, const nlohmann::json& value) {
 }
 
 nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int threads) {
-  return {{"recipe", "fashion-mnist"}, {"model", "resnet18 (1-channel 7x7 conv1, 10 classes)"},
-          {"world_size", world_size},  {"epochs", o.epochs},
-          {"batch_size", o.batch_size}, {"lr", o.lr},
-          {"optimizer", "Adam"},       {"limit", o.limit},
+  return {{"recipe", "fashion-mnist"},   {"model", "resnet18 (1-channel 7x7 conv1, 10 classes)"},
+          {"world_size", world_size},    {"epochs", o.epochs},
+          {"batch_size", o.batch_size},  {"lr", o.lr},
+          {"optimizer", "Adam"},         {"limit", o.limit},
           {"threads_per_rank", threads}, {"seed", o.seed},
-          {"data_dir", o.data_dir},    {"bucket_cap_mb", o.bucket_cap_mb},    {"storage", o.storage},
-          {"name", o.name}};
+          {"data_dir", o.data_dir},      {"bucket_cap_mb", o.bucket_cap_mb},
+          {"storage", o.storage},        {"name", o.name}};
 }
 
 }  // namespace
@@ -128,13 +128,16 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
 
   torch::manual_seed(options.seed);
   auto model = models::resnet18(/*in_channels=*/1, /*num_classes=*/10);
-  ddp::DistributedDataParallel ddp(
-      model, dist->process_group(),
-      ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(options.bucket_cap_mb * (1 << 20))});
+  ddp::DistributedDataParallel ddp(model, dist->process_group(),
+                                   ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(
+                                                       options.bucket_cap_mb * (1 << 20))});
   optim::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr));
 
-  data::DistributedSampler sampler({.dataset_size = train_set.size(), .num_replicas = world,
-                                    .rank = rank, .shuffle = true, .seed = options.seed});
+  data::DistributedSampler sampler({.dataset_size = train_set.size(),
+                                    .num_replicas = world,
+                                    .rank = rank,
+                                    .shuffle = true,
+                                    .seed = options.seed});
   auto make_batch = [&train_set](const std::vector<std::int64_t>& idx) {
     auto [x, y] = data::fashion_mnist_batch(train_set, idx);
     return data::Batch{x, y};
@@ -175,16 +178,18 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
       lap = Clock::now();
     }
     if (step > 0)
-      log->debug("epoch {}: per step {:.1f} ms data wait, {:.1f} ms forward, {:.1f} ms backward "
-                 "(of which {:.1f} ms waiting for all-reduces), {:.1f} ms optimizer",
-                 epoch, 1e3 * t_data / step, 1e3 * t_forward / step, 1e3 * t_backward / step,
-                 1e3 * t_comm / step, 1e3 * t_optimizer / step);
+      log->debug(
+          "epoch {}: per step {:.1f} ms data wait, {:.1f} ms forward, {:.1f} ms backward "
+          "(of which {:.1f} ms waiting for all-reduces), {:.1f} ms optimizer",
+          epoch, 1e3 * t_data / step, 1e3 * t_forward / step, 1e3 * t_backward / step,
+          1e3 * t_comm / step, 1e3 * t_optimizer / step);
     const double epoch_time = seconds_since(epoch_start);
     train_time += epoch_time;
-    std::printf("[Epoch %d | CPU%d: Process rank %d | Batchsize: %lld | Steps: %lld | Total epoch "
-                "time: %.4f]\n",
-                epoch, dist->local_rank(), rank, static_cast<long long>(options.batch_size),
-                static_cast<long long>(step), epoch_time);
+    std::printf(
+        "[Epoch %d | CPU%d: Process rank %d | Batchsize: %lld | Steps: %lld | Total epoch "
+        "time: %.4f]\n",
+        epoch, dist->local_rank(), rank, static_cast<long long>(options.batch_size),
+        static_cast<long long>(step), epoch_time);
     std::fflush(stdout);
   }
 
@@ -209,8 +214,8 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     }
   }
   // (4,): loss sum, correct, count, samples trained; summed over ranks.
-  auto totals = torch::tensor({loss_sum, correct, count, static_cast<double>(samples_seen)},
-                              torch::kFloat64);
+  auto totals =
+      torch::tensor({loss_sum, correct, count, static_cast<double>(samples_seen)}, torch::kFloat64);
   if (world > 1) {
     std::vector<torch::Tensor> v{totals};
     dist->process_group()->allreduce(v)->wait();
@@ -283,8 +288,8 @@ void print_training_result(const std::string& result_json_path) {
   const std::size_t inner = 2 + 21 + 1 + value_width;  // the box's width inside its borders
   std::string rule;
   for (std::size_t i = 0; i < inner; ++i) rule += "─";
-  std::printf("╭%s╮\n│ %-*s│\n├%s┤\n", rule.c_str(), static_cast<int>(inner - 1),
-              "Training result", rule.c_str());
+  std::printf("╭%s╮\n│ %-*s│\n├%s┤\n", rule.c_str(), static_cast<int>(inner - 1), "Training result",
+              rule.c_str());
   for (const auto& [key, value] : rows)
     std::printf("│ %-21s %*s │\n", key.c_str(), static_cast<int>(value_width), value.c_str());
   std::printf("╰%s╯\n", rule.c_str());

@@ -24,7 +24,7 @@ TEST(Recipe, TwoWorkersOneEpochLearnAndWriteResults) {
   // Per-epoch lines in the seed's shape from both ranks: 6,000 / 2 ranks / 128 = 24 steps.
   for (const char* rank : {"0", "1"}) {
     const std::string line = std::string("[Epoch 0 | CPU") + rank + ": Process rank " + rank +
-                              " | Batchsize: 128 | Steps: 24 | Total epoch time: ";
+                             " | Batchsize: 128 | Steps: 24 | Total epoch time: ";
     EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
   }
   EXPECT_NE(r.out.find("Training result"), std::string::npos) << r.out;
@@ -66,8 +66,8 @@ TEST(Recipe, MissingDataNamesTheFileAndThePackage) {
 
 TEST(Recipe, RejectsBadFlagsBeforeStartingRanks) {
   TempDir dir;
-  auto r = run_program({TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--epochs", "0", "--storage",
-                        dir.str()});
+  auto r = run_program(
+      {TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--epochs", "0", "--storage", dir.str()});
   EXPECT_FALSE(r.status.success());
   EXPECT_NE(r.err.find("--epochs must be >= 1, got 0"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("Launching"), std::string::npos) << "no ranks for a bad flag: " << r.err;

@@ -103,7 +103,8 @@ TEST(Idx, NamesAMissingFileAndThePackage) {
     read_idx_ubyte("/nonexistent/train-images-idx3-ubyte.gz", 3);
     FAIL() << "expected Error";
   } catch (const trainyard::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/train-images-idx3-ubyte.gz"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/train-images-idx3-ubyte.gz"),
+              std::string::npos);
     EXPECT_NE(std::string(e.what()).find("dataset-fashion-mnist"), std::string::npos);
   }
 }
@@ -134,15 +135,21 @@ TEST_P(Sampler, DisjointCompleteAndDeterministic) {
   std::multiset<int64_t> seen;
   std::vector<std::vector<int64_t>> per_rank;
   for (int r = 0; r < c.replicas; ++r) {
-    DistributedSampler s({.dataset_size = c.n, .num_replicas = c.replicas, .rank = r, .seed = 7,
+    DistributedSampler s({.dataset_size = c.n,
+                          .num_replicas = c.replicas,
+                          .rank = r,
+                          .seed = 7,
                           .drop_last = c.drop_last});
     s.set_epoch(3);
     auto idx = s.indices();
     EXPECT_EQ(static_cast<int64_t>(idx.size()), s.num_samples());
     seen.insert(idx.begin(), idx.end());
     per_rank.push_back(idx);
-    DistributedSampler again({.dataset_size = c.n, .num_replicas = c.replicas, .rank = r,
-                              .seed = 7, .drop_last = c.drop_last});
+    DistributedSampler again({.dataset_size = c.n,
+                              .num_replicas = c.replicas,
+                              .rank = r,
+                              .seed = 7,
+                              .drop_last = c.drop_last});
     again.set_epoch(3);
     EXPECT_EQ(again.indices(), idx) << "same (seed, epoch) must give the same order";
     again.set_epoch(4);
@@ -161,10 +168,14 @@ TEST_P(Sampler, DisjointCompleteAndDeterministic) {
   for (auto i : distinct) EXPECT_TRUE(i >= 0 && i < c.n);
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, Sampler,
-                         ::testing::Values(SamplerCase{100, 2, false}, SamplerCase{101, 2, false},
-                                           SamplerCase{101, 3, false}, SamplerCase{10, 4, false},
-                                           SamplerCase{101, 3, true}, SamplerCase{60000, 2, false}));
+INSTANTIATE_TEST_SUITE_P(Sizes,
+                         Sampler,
+                         ::testing::Values(SamplerCase{100, 2, false},
+                                           SamplerCase{101, 2, false},
+                                           SamplerCase{101, 3, false},
+                                           SamplerCase{10, 4, false},
+                                           SamplerCase{101, 3, true},
+                                           SamplerCase{60000, 2, false}));
 
 TEST(SamplerOrder, MatchesPyTorchsPermutation) {
   // torch.randperm(10, generator=torch.Generator().manual_seed(5 + 2)) in PyTorch 1.13.

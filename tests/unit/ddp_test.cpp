@@ -1,13 +1,14 @@
 // DistributedDataParallel equivalence: W ranks (threads over an in-memory store, real Gloo
 // groups) with batch B each must end where one process with batch W*B ends.
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <functional>
 #include <thread>
 
 #include "trainyard/comm/process_group.h"
+#include "trainyard/comm/shm_process_group.h"
 #include "trainyard/ddp/distributed_data_parallel.h"
 #include "trainyard/error.h"
 
@@ -25,9 +26,7 @@ struct Mlp : nn::Module {
     fc2 = register_module("fc2", nn::Linear(32, 32));
     fc3 = register_module("fc3", nn::Linear(32, 4));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
-  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
   nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
@@ -38,9 +37,7 @@ struct BnNet : nn::Module {
     bn = register_module("bn", nn::BatchNorm2d(4));
     fc = register_module("fc", nn::Linear(4 * 6 * 6, 4));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    return fc(torch::relu(bn(conv(x))).flatten(1));
-  }
+  torch::Tensor forward(torch::Tensor x) { return fc(torch::relu(bn(conv(x))).flatten(1)); }
   nn::Conv2d conv{nullptr};
   nn::BatchNorm2d bn{nullptr};
   nn::Linear fc{nullptr};
@@ -68,18 +65,24 @@ enum class ModelKind { kMlp, kBatchNorm, kUnused };
 std::shared_ptr<nn::Module> make_model(ModelKind kind) {
   torch::manual_seed(1234);
   switch (kind) {
-    case ModelKind::kMlp: return std::make_shared<Mlp>();
-    case ModelKind::kBatchNorm: return std::make_shared<BnNet>();
-    case ModelKind::kUnused: return std::make_shared<UnusedNet>();
+    case ModelKind::kMlp:
+      return std::make_shared<Mlp>();
+    case ModelKind::kBatchNorm:
+      return std::make_shared<BnNet>();
+    case ModelKind::kUnused:
+      return std::make_shared<UnusedNet>();
   }
   return nullptr;
 }
 
 torch::Tensor forward(ModelKind kind, nn::Module& m, const torch::Tensor& x) {
   switch (kind) {
-    case ModelKind::kMlp: return static_cast<Mlp&>(m).forward(x);
-    case ModelKind::kBatchNorm: return static_cast<BnNet&>(m).forward(x);
-    case ModelKind::kUnused: return static_cast<UnusedNet&>(m).forward(x);
+    case ModelKind::kMlp:
+      return static_cast<Mlp&>(m).forward(x);
+    case ModelKind::kBatchNorm:
+      return static_cast<BnNet&>(m).forward(x);
+    case ModelKind::kUnused:
+      return static_cast<UnusedNet&>(m).forward(x);
   }
   return {};
 }
@@ -88,15 +91,20 @@ torch::Tensor forward(ModelKind kind, nn::Module& m, const torch::Tensor& x) {
 struct Data {
   std::vector<torch::Tensor> x, y;
   int world, micro;
-  const torch::Tensor& input(int step, int m, int r) const { return x[(step * micro + m) * world + r]; }
-  const torch::Tensor& target(int step, int m, int r) const { return y[(step * micro + m) * world + r]; }
+  const torch::Tensor& input(int step, int m, int r) const {
+    return x[(step * micro + m) * world + r];
+  }
+  const torch::Tensor& target(int step, int m, int r) const {
+    return y[(step * micro + m) * world + r];
+  }
 };
 
 Data make_data(ModelKind kind, int world, int micro) {
   torch::manual_seed(99);
   Data d{{}, {}, world, micro};
   for (int i = 0; i < kSteps * micro * world; ++i) {
-    auto x = kind == ModelKind::kBatchNorm ? torch::randn({kBatch, 1, 6, 6}) : torch::randn({kBatch, 10});
+    auto x = kind == ModelKind::kBatchNorm ? torch::randn({kBatch, 1, 6, 6})
+                                           : torch::randn({kBatch, 10});
     if (kind == ModelKind::kUnused) x[0][0] = (i % world == 0) ? 1.0f : -1.0f;  // aux on rank 0
     d.x.push_back(x);
     d.y.push_back(torch::randint(0, 4, {kBatch}, torch::kInt64));
@@ -129,7 +137,8 @@ std::vector<torch::Tensor> train_reference(ModelKind kind, const Data& d) {
           auto params = model->parameters().size();
           for (size_t i = 0; i < bufs.size(); ++i) bufs[i].copy_(buffers_before[params + i]);
         }
-        auto loss = torch::cross_entropy_loss(forward(kind, *model, d.input(s, m, r)), d.target(s, m, r));
+        auto loss =
+            torch::cross_entropy_loss(forward(kind, *model, d.input(s, m, r)), d.target(s, m, r));
         (loss / (d.world * d.micro)).backward();
       }
     }
@@ -138,16 +147,23 @@ std::vector<torch::Tensor> train_reference(ModelKind kind, const Data& d) {
   return state_of(*model);
 }
 
-// Runs fn(rank, group) on `world` threads with a Gloo group each over one HashStore.
-void run_ranks(int world, const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn) {
+// Runs fn(rank, group) on `world` threads with a Gloo group each over one HashStore, wrapped in
+// a shared-memory group when `shm`.
+void run_ranks(int world,
+               const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
+               bool shm = false) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto pg = trainyard::make_gloo_group(
+        c10::intrusive_ptr<c10d::ProcessGroup> pg = trainyard::make_gloo_group(
             store, r, world, trainyard::InitOptions{.timeout = std::chrono::seconds(20)});
+        if (shm) {
+          pg = c10::make_intrusive<trainyard::ShmProcessGroup>(
+              store, r, world, pg, trainyard::ShmOptions{.chunk_bytes = 4096, .name = "ddp"});
+        }
         fn(r, pg);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -168,13 +184,15 @@ double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
 struct Case {
   ModelKind kind;
   int world;
-  int micro;  // micro-steps per optimizer step; > 1 uses no_sync for all but the last
+  int micro;         // micro-steps per optimizer step; > 1 uses no_sync for all but the last
+  bool shm = false;  // gradients all-reduced through shared memory instead of Gloo
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   static const char* const kNames[] = {"Mlp", "BatchNorm", "Unused"};
   return std::string(kNames[static_cast<int>(info.param.kind)]) + "_world" +
-         std::to_string(info.param.world) + "_micro" + std::to_string(info.param.micro);
+         std::to_string(info.param.world) + "_micro" + std::to_string(info.param.micro) +
+         (info.param.shm ? "_shm" : "");
 }
 
 class DdpEquivalence : public ::testing::TestWithParam<Case> {};
@@ -189,34 +207,38 @@ TEST_P(DdpEquivalence, MatchesOneProcessWithTheWholeBatch) {
   std::vector<trainyard::ddp::DdpStepStats> stats(c.world);
   std::vector<std::shared_ptr<nn::Module>> models;
   for (int r = 0; r < c.world; ++r) models.push_back(make_model(c.kind));
-  run_ranks(c.world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
-    auto& model = models[rank];
-    model->train();
-    DistributedDataParallel ddp(model, pg,
-                                DdpOptions{.bucket_size_bytes = 2048,
-                                           .first_bucket_size_bytes = 512,
-                                           .find_unused_parameters = c.kind == ModelKind::kUnused});
-    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-    for (int s = 0; s < kSteps; ++s) {
-      opt.zero_grad();
-      for (int m = 0; m < c.micro; ++m) {
-        auto step = [&] {
-          ddp.reducer().prepare_forward();
-          auto out = forward(c.kind, *model, data.input(s, m, rank));
-          (torch::cross_entropy_loss(out, data.target(s, m, rank)) / c.micro).backward();
-        };
-        if (m + 1 < c.micro) {
-          auto guard = ddp.no_sync();
-          step();
-        } else {
-          step();
+  run_ranks(
+      c.world,
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+        auto& model = models[rank];
+        model->train();
+        DistributedDataParallel ddp(
+            model, pg,
+            DdpOptions{.bucket_size_bytes = 2048,
+                       .first_bucket_size_bytes = 512,
+                       .find_unused_parameters = c.kind == ModelKind::kUnused});
+        torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+        for (int s = 0; s < kSteps; ++s) {
+          opt.zero_grad();
+          for (int m = 0; m < c.micro; ++m) {
+            auto step = [&] {
+              ddp.reducer().prepare_forward();
+              auto out = forward(c.kind, *model, data.input(s, m, rank));
+              (torch::cross_entropy_loss(out, data.target(s, m, rank)) / c.micro).backward();
+            };
+            if (m + 1 < c.micro) {
+              auto guard = ddp.no_sync();
+              step();
+            } else {
+              step();
+            }
+          }
+          opt.step();
         }
-      }
-      opt.step();
-    }
-    got[rank] = state_of(*model);
-    stats[rank] = ddp.reducer().last_step_stats();
-  });
+        got[rank] = state_of(*model);
+        stats[rank] = ddp.reducer().last_step_stats();
+      },
+      c.shm);
 
   const auto num_params = models[0]->parameters().size();
   for (int r = 0; r < c.world; ++r) {
@@ -234,21 +256,28 @@ TEST_P(DdpEquivalence, MatchesOneProcessWithTheWholeBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models,
-    DdpEquivalence,
-    ::testing::Values(Case{ModelKind::kMlp, 2, 1}, Case{ModelKind::kMlp, 3, 1},
-                      Case{ModelKind::kMlp, 2, 3}, Case{ModelKind::kBatchNorm, 2, 1},
-                      Case{ModelKind::kBatchNorm, 3, 2}, Case{ModelKind::kUnused, 2, 1},
-                      Case{ModelKind::kUnused, 2, 2}),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(Models,
+                         DdpEquivalence,
+                         ::testing::Values(Case{ModelKind::kMlp, 2, 1},
+                                           Case{ModelKind::kMlp, 3, 1},
+                                           Case{ModelKind::kMlp, 2, 3},
+                                           Case{ModelKind::kBatchNorm, 2, 1},
+                                           Case{ModelKind::kBatchNorm, 3, 2},
+                                           Case{ModelKind::kUnused, 2, 1},
+                                           Case{ModelKind::kUnused, 2, 2},
+                                           Case{ModelKind::kMlp, 3, 2, true},
+                                           Case{ModelKind::kBatchNorm, 2, 1, true},
+                                           Case{ModelKind::kUnused, 3, 1, true}),
+                         case_name);
 
 TEST(Ddp, LaunchesBucketsWhileBackwardStillRuns) {
   torch::set_num_threads(1);
   std::vector<trainyard::ddp::DdpStepStats> stats(2);
-  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp), make_model(ModelKind::kMlp)};
+  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp),
+                                                  make_model(ModelKind::kMlp)};
   run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
-    DistributedDataParallel ddp(models[rank], pg, DdpOptions{.bucket_size_bytes = 1, .first_bucket_size_bytes = 1});
+    DistributedDataParallel ddp(models[rank], pg,
+                                DdpOptions{.bucket_size_bytes = 1, .first_bucket_size_bytes = 1});
     ddp.reducer().prepare_forward();
     auto out = forward(ModelKind::kMlp, *models[rank], torch::randn({4, 10}));
     out.sum().backward();
@@ -265,7 +294,8 @@ TEST(Ddp, LaunchesBucketsWhileBackwardStillRuns) {
 TEST(Ddp, NamesParametersWithoutGradient) {
   torch::set_num_threads(1);
   std::vector<std::string> messages(2);
-  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kUnused), make_model(ModelKind::kUnused)};
+  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kUnused),
+                                                  make_model(ModelKind::kUnused)};
   run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     DistributedDataParallel ddp(models[rank], pg);  // find_unused_parameters = false
     ddp.reducer().prepare_forward();
@@ -301,7 +331,8 @@ TEST(Ddp, BroadcastsRankZeroStateAtConstruction) {
 TEST(Ddp, RejectsRanksWithDifferentModels) {
   torch::set_num_threads(1);
   std::vector<std::string> messages(2);
-  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp), make_model(ModelKind::kBatchNorm)};
+  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp),
+                                                  make_model(ModelKind::kBatchNorm)};
   run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     try {
       DistributedDataParallel ddp(models[rank], pg);
@@ -309,7 +340,8 @@ TEST(Ddp, RejectsRanksWithDifferentModels) {
       messages[rank] = e.what();
     }
   });
-  for (const auto& m : messages) EXPECT_NE(m.find("ranks hold different models"), std::string::npos) << m;
+  for (const auto& m : messages)
+    EXPECT_NE(m.find("ranks hold different models"), std::string::npos) << m;
 }
 
 }  // namespace
@@ -319,14 +351,15 @@ namespace {
 TEST(Ddp, ADeadPeerIsAnErrorWithinTheTimeoutNotAHang) {
   torch::set_num_threads(1);
   auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp), make_model(ModelKind::kMlp)};
+  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp),
+                                                  make_model(ModelKind::kMlp)};
   std::string message;
   std::chrono::duration<double> waited{};
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      auto pg = trainyard::make_gloo_group(store, rank, 2,
-                                           trainyard::InitOptions{.timeout = std::chrono::seconds(2)});
+      auto pg = trainyard::make_gloo_group(
+          store, rank, 2, trainyard::InitOptions{.timeout = std::chrono::seconds(2)});
       DistributedDataParallel ddp(models[rank], pg);
       if (rank == 1) return;  // this rank "dies": its group goes away before the backward
       ddp.reducer().prepare_forward();

@@ -17,11 +17,15 @@ trainyard::EnvLookup env_of(std::map<std::string, std::string> vars) {
   };
 }
 
-const std::map<std::string, std::string> kFull = {
-    {"RANK", "3"},          {"WORLD_SIZE", "4"},    {"LOCAL_RANK", "1"},
-    {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.1.2.3"},
-    {"MASTER_PORT", "29501"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
-    {"TORCHELASTIC_RUN_ID", "job7"}};
+const std::map<std::string, std::string> kFull = {{"RANK", "3"},
+                                                  {"WORLD_SIZE", "4"},
+                                                  {"LOCAL_RANK", "1"},
+                                                  {"LOCAL_WORLD_SIZE", "2"},
+                                                  {"GROUP_RANK", "1"},
+                                                  {"MASTER_ADDR", "10.1.2.3"},
+                                                  {"MASTER_PORT", "29501"},
+                                                  {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                                  {"TORCHELASTIC_RUN_ID", "job7"}};
 
 TEST(DistEnv, ParsesTheContract) {
   auto e = parse_dist_env(env_of(kFull));
@@ -65,8 +69,8 @@ TEST(DistEnv, NamesTheMissingOrBadVariable) {
 }
 
 TEST(DistEnv, DefaultsLocalValues) {
-  auto e = parse_dist_env(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
-                                  {"MASTER_PORT", "1234"}}));
+  auto e = parse_dist_env(
+      env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1234"}}));
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.local_world_size, 2);
 }

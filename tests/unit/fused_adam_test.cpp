@@ -49,8 +49,10 @@ TEST_P(FusedAdamMatches, LibTorchAdam) {
   EXPECT_EQ(state.step(), 20);
 }
 
-INSTANTIATE_TEST_SUITE_P(Options, FusedAdamMatches,
-                         ::testing::Values(AdamCase{0.0, false}, AdamCase{0.01, false},
+INSTANTIATE_TEST_SUITE_P(Options,
+                         FusedAdamMatches,
+                         ::testing::Values(AdamCase{0.0, false},
+                                           AdamCase{0.01, false},
                                            AdamCase{0.0, true}));
 
 TEST(FusedAdam, FallsBackForOtherDtypes) {

@@ -18,8 +18,8 @@ struct DistEnv {
   int group_rank = 0;  // the node's rank among nodes (torchrun GROUP_RANK)
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 29500;
-  int restart_count = 0;       // TORCHELASTIC_RESTART_COUNT
-  std::string run_id;          // TORCHELASTIC_RUN_ID
+  int restart_count = 0;         // TORCHELASTIC_RESTART_COUNT
+  std::string run_id;            // TORCHELASTIC_RUN_ID
   bool use_agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE: the agent hosts the TCPStore
 };
 

@@ -17,11 +17,15 @@ namespace trainyard {
 struct InitOptions {
   // Bound on every collective and store wait; a peer silent for longer fails the operation.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // Address Gloo binds to. Empty: $GLOO_SOCKET_IFNAME's interface if set, else $TRAINYARD_BIND_ADDR,
-  // else 127.0.0.1 when MASTER_ADDR is a loopback address, else this host's name.
+  // Address Gloo binds to. Empty: $GLOO_SOCKET_IFNAME's interface if set, else
+  // $TRAINYARD_BIND_ADDR, else 127.0.0.1 when MASTER_ADDR is a loopback address, else this host's
+  // name.
   std::string bind_address;
   // Gloo threads per process group (each runs collectives off the caller's thread).
   int gloo_threads = 2;
+  // When every rank is on this host, all-reduce and broadcast dense CPU tensors through shared
+  // memory (ShmProcessGroup) instead of loopback sockets. TRAINYARD_SHM=0 turns it off too.
+  bool shared_memory = true;
 };
 
 // One rank's membership of a job: who it is, the store, and the process group.
@@ -58,10 +62,11 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
 
 // A Gloo process group over an existing store: for tests that run ranks as threads over a
 // c10d::HashStore, and for agents that own the store.
-c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                       int rank,
-                                                       int world_size,
-                                                       const InitOptions& options = {},
-                                                       const std::string& master_addr = "127.0.0.1");
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int rank,
+    int world_size,
+    const InitOptions& options = {},
+    const std::string& master_addr = "127.0.0.1");
 
 }  // namespace trainyard

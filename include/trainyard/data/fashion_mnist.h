@@ -25,7 +25,7 @@ FashionMnist load_fashion_mnist(const std::string& dir, Split split, std::int64_
 
 // The batch for `indices`: images as (B, 1, 28, 28) float normalised with mean 0.5 and std 0.5
 // (torchvision's ToTensor then Normalize((0.5,), (0.5,))), labels as (B,) int64.
-std::pair<torch::Tensor, torch::Tensor> fashion_mnist_batch(const FashionMnist& data,
-                                                            const std::vector<std::int64_t>& indices);
+std::pair<torch::Tensor, torch::Tensor> fashion_mnist_batch(
+    const FashionMnist& data, const std::vector<std::int64_t>& indices);
 
 }  // namespace trainyard::data

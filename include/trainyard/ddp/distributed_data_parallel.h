@@ -22,8 +22,8 @@ class DistributedDataParallel {
                           c10::intrusive_ptr<c10d::ProcessGroup> process_group,
                           DdpOptions options = {})
       : module_(std::move(module)),
-        reducer_(std::make_unique<DdpReducer>(module_ptr(module_), std::move(process_group),
-                                              options)) {}
+        reducer_(
+            std::make_unique<DdpReducer>(module_ptr(module_), std::move(process_group), options)) {}
 
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
@@ -35,7 +35,8 @@ class DistributedDataParallel {
   // backward after it all-reduces the accumulated gradients.
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DdpReducer& reducer) : reducer_(reducer), previous_(reducer.require_sync()) {
+    explicit NoSyncGuard(DdpReducer& reducer)
+        : reducer_(reducer), previous_(reducer.require_sync()) {
       reducer_.set_require_sync(false);
     }
     ~NoSyncGuard() { reducer_.set_require_sync(previous_); }

@@ -4,8 +4,8 @@
 // place when backward() returns. See Note [Bucket order] in reducer.cpp.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstddef>
 #include <memory>

@@ -9,7 +9,7 @@
 namespace trainyard::train {
 
 struct FashionMnistOptions {
-  int workers = 2;                // ranks started when the recipe launches itself
+  int workers = 2;  // ranks started when the recipe launches itself
   int epochs = 10;
   std::int64_t batch_size = 128;  // per rank
   double lr = 1e-3;
@@ -19,8 +19,8 @@ struct FashionMnistOptions {
   int threads = 0;          // intra-op threads per rank; 0: cores / ranks on this node
   std::uint64_t seed = 0;
   double bucket_cap_mb = 25;  // DdpOptions::bucket_size_bytes in MiB
-  std::string data_dir;  // empty: Debian's /usr/share/datasets/fashion-mnist
-  bool progress = true;  // a progress bar on rank 0 when the output is a terminal
+  std::string data_dir;       // empty: Debian's /usr/share/datasets/fashion-mnist
+  bool progress = true;       // a progress bar on rank 0 when the output is a terminal
 
   // Throws InvalidArgumentError naming the first bad field.
   void validate() const;
@@ -30,8 +30,8 @@ struct FashionMnistResult {
   double loss = 0;      // mean cross-entropy on the test set
   double accuracy = 0;  // on the test set
   double time_total_s = 0;
-  double train_time_s = 0;           // training epochs only, without evaluation
-  double train_samples_per_s = 0;    // all ranks together
+  double train_time_s = 0;         // training epochs only, without evaluation
+  double train_samples_per_s = 0;  // all ranks together
   int world_size = 1;
   std::string checkpoint_dir_name;
   std::string run_dir;

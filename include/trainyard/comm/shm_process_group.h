@@ -1,0 +1,93 @@
+// ShmProcessGroup: a c10d::ProcessGroup for ranks that share one host. All-reduces and broadcasts
+// of dense CPU tensors go through a shared-memory segment (memcpy and an in-place reduction, no
+// sockets, no kernel copies); every other collective is forwarded to an inner group (Gloo).
+// See Note [Shared-memory all-reduce] in shm_process_group.cpp.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace trainyard {
+
+struct ShmOptions {
+  static constexpr std::size_t kDefaultChunkBytes = 4u << 20;
+  // Bytes each rank stages per step; the segment holds 2 x world_size chunks.
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  // Bound on every wait for a peer; a dead peer is noticed sooner by its pid.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Distinguishes groups made over the same store; equal on every rank of one group.
+  std::string name = "default";
+};
+
+class ShmProcessGroup : public c10d::ProcessGroup {
+ public:
+  // Collective over the store: rank 0 creates the segment, the others map it. Throws Error when
+  // the segment cannot be set up on some rank (see make_local_group for a fallback).
+  ShmProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                  int rank,
+                  int size,
+                  c10::intrusive_ptr<c10d::ProcessGroup> inner,
+                  ShmOptions options = {});
+  ~ShmProcessGroup() override;
+
+  const std::string getBackendName() const override { return "trainyard-shm"; }
+
+  // Through shared memory: one dense CPU tensor of float, double, int32 or int64 with SUM, MIN or
+  // MAX (all-reduce), or any dtype (broadcast). Anything else goes to the inner group.
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+
+  // Forwarded to the inner group.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output,
+                                               at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors,
+                                      int dst_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors,
+                                      int src_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  const c10::intrusive_ptr<c10d::ProcessGroup>& inner() const { return inner_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+};
+
+// A group for ranks on one host: a ShmProcessGroup over `inner` when every rank can map the
+// shared segment (same host, /dev/shm usable), else `inner` itself, with a log line saying why.
+c10::intrusive_ptr<c10d::ProcessGroup> make_local_group(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int rank,
+    int size,
+    c10::intrusive_ptr<c10d::ProcessGroup> inner,
+    ShmOptions options = {});
+
+}  // namespace trainyard

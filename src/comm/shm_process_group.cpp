@@ -1,0 +1,439 @@
+#include "trainyard/comm/shm_process_group.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+
+namespace trainyard {
+
+// Note [Shared-memory all-reduce]
+// The segment holds a header (one barrier counter and one pid per rank) and two banks of
+// world_size chunk-sized slots. A tensor is processed chunk by chunk, the banks alternating:
+//   1. each rank copies its chunk into its own slot;                  barrier
+//   2. rank r reduces part r (a 1/W slice) of every slot into its own slot's part r;   barrier
+//   3. each rank copies part p of slot p, for every p, back into its tensor.
+// No barrier is needed after step 3: a bank is written again two chunks later, and every rank
+// passes the next chunk's barriers only after all ranks finished step 3 here. Broadcast is
+// steps 1 (root only) and 3 (from the root's slot). A barrier is a per-rank counter in shared
+// memory: a rank stores its new generation and wakes futex waiters; waiting spins briefly, then
+// sleeps on the futex in short slices, checking the deadline and whether the peer still lives.
+
+namespace {
+
+constexpr int kMaxRanks = 64;
+constexpr std::uint32_t kMagic = 0x7459534d;  // "tYSM"
+constexpr int kSpins = 2000;
+constexpr auto kSlice = std::chrono::milliseconds(50);
+
+struct alignas(64) Counter {
+  std::atomic<std::uint32_t> value;
+};
+
+struct Header {
+  std::uint32_t magic;
+  std::uint32_t world_size;
+  std::uint64_t chunk_bytes;
+  Counter arrived[kMaxRanks];
+  std::int32_t pids[kMaxRanks];
+};
+constexpr std::size_t kHeaderBytes = (sizeof(Header) + 4095) / 4096 * 4096;
+
+std::uint32_t* futex_word(Counter& c) {
+  return reinterpret_cast<std::uint32_t*>(&c.value);
+}
+
+void futex_wake_all(Counter& c) {
+  ::syscall(SYS_futex, futex_word(c), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void futex_wait(Counter& c, std::uint32_t seen, std::chrono::milliseconds slice) {
+  timespec ts{.tv_sec = 0, .tv_nsec = static_cast<long>(slice.count()) * 1000000L};
+  ::syscall(SYS_futex, futex_word(c), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+std::string pid_namespace() {
+  char buf[64] = {};
+  ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
+std::string store_get_string(c10d::Store& store, const std::string& key) {
+  auto v = store.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+void store_set_string(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
+}
+
+template <typename T>
+void reduce_into(T* dst, const T* src, std::size_t n, c10d::ReduceOp::RedOpType op) {
+  switch (op) {
+    case c10d::ReduceOp::SUM:
+      for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+      break;
+    case c10d::ReduceOp::MIN:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      break;
+    case c10d::ReduceOp::MAX:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      break;
+    default:
+      TY_ASSERT(false, "unsupported reduce op reached the shared-memory path");
+  }
+}
+
+class ShmWork : public c10d::Work {
+ public:
+  ShmWork(at::Tensor tensor, c10d::OpType type)
+      : c10d::Work(-1, type, nullptr, std::vector<at::Tensor>{tensor}),
+        tensor_(std::move(tensor)) {}
+  void complete(std::exception_ptr error) { finish(std::move(error)); }
+  std::vector<at::Tensor> result() override { return {tensor_}; }
+
+ private:
+  at::Tensor tensor_;
+};
+
+}  // namespace
+
+struct ShmProcessGroup::Impl {
+  struct Job {
+    bool broadcast = false;
+    at::Tensor tensor;
+    c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
+    int root = 0;
+    c10::intrusive_ptr<ShmWork> work;
+  };
+
+  int rank = 0;
+  int world = 1;
+  ShmOptions options;
+  std::string segment_name;
+  void* base = nullptr;
+  std::size_t mapped_bytes = 0;
+  Header* header = nullptr;
+  bool check_pids = false;
+  std::uint32_t generation = 0;   // comm thread only
+  std::uint64_t chunk_count = 0;  // comm thread only
+  std::string broken;             // comm thread only: why the group stopped working
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Job> jobs;   // guarded by mutex
+  bool stopping = false;  // guarded by mutex
+  std::thread worker;
+
+  char* slot(int bank_rank) const {
+    const std::size_t bank = static_cast<std::size_t>(chunk_count % 2);
+    return static_cast<char*>(base) + kHeaderBytes +
+           (bank * world + static_cast<std::size_t>(bank_rank)) * options.chunk_bytes;
+  }
+
+  void barrier() {
+    const std::uint32_t gen = ++generation;
+    header->arrived[rank].value.store(gen, std::memory_order_release);
+    futex_wake_all(header->arrived[rank]);
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == rank) continue;
+      auto& counter = header->arrived[peer];
+      for (int spins = 0;; ++spins) {
+        const std::uint32_t seen = counter.value.load(std::memory_order_acquire);
+        if (static_cast<std::int32_t>(seen - gen) >= 0) break;
+        if (spins < kSpins) continue;
+        futex_wait(counter, seen, kSlice);
+        if (check_pids && ::kill(header->pids[peer], 0) != 0 && errno == ESRCH)
+          throw NetworkError(detail::concat(
+              "Rank ", rank, "/", world, ": rank ", peer, " (pid ", header->pids[peer],
+              ") exited during a shared-memory collective. HINT: its own log names the cause."));
+        if (std::chrono::steady_clock::now() > deadline)
+          throw TimeoutError(detail::concat(
+              "Rank ", rank, "/", world, ": rank ", peer,
+              " did not reach a shared-memory collective within ", options.timeout.count(),
+              " ms. HINT: a rank is stuck or issued collectives in another order."));
+      }
+    }
+  }
+
+  void run_allreduce(const Job& job) {
+    const std::size_t elem = job.tensor.element_size();
+    const std::size_t bytes = job.tensor.numel() * elem;
+    auto* data = static_cast<char*>(job.tensor.data_ptr());
+    for (std::size_t off = 0; off < bytes; off += options.chunk_bytes, ++chunk_count) {
+      const std::size_t n = std::min(options.chunk_bytes, bytes - off);
+      std::memcpy(slot(rank), data + off, n);
+      barrier();
+      const std::size_t elems = n / elem;
+      const std::size_t part = (elems + world - 1) / world;
+      const std::size_t begin = std::min(elems, part * rank);
+      const std::size_t count = std::min(elems, begin + part) - begin;
+      for (int peer = 0; peer < world; ++peer) {
+        if (peer == rank || count == 0) continue;
+        AT_DISPATCH_SWITCH(
+            job.tensor.scalar_type(), "shm_allreduce", AT_DISPATCH_CASE(at::kFloat, [&] {
+              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
+                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
+            }) AT_DISPATCH_CASE(at::kDouble, [&] {
+              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
+                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
+            }) AT_DISPATCH_CASE(at::kInt, [&] {
+              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
+                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
+            }) AT_DISPATCH_CASE(at::kLong, [&] {
+              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
+                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
+            }));
+      }
+      barrier();
+      for (int p = 0; p < world; ++p) {
+        const std::size_t pb = std::min(elems, part * p);
+        const std::size_t pc = std::min(elems, pb + part) - pb;
+        if (pc > 0) std::memcpy(data + off + pb * elem, slot(p) + pb * elem, pc * elem);
+      }
+    }
+  }
+
+  void run_broadcast(const Job& job) {
+    const std::size_t bytes = job.tensor.numel() * job.tensor.element_size();
+    auto* data = static_cast<char*>(job.tensor.data_ptr());
+    for (std::size_t off = 0; off < bytes; off += options.chunk_bytes, ++chunk_count) {
+      const std::size_t n = std::min(options.chunk_bytes, bytes - off);
+      if (rank == job.root) std::memcpy(slot(job.root), data + off, n);
+      barrier();
+      if (rank != job.root) std::memcpy(data + off, slot(job.root), n);
+    }
+  }
+
+  void serve() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return stopping || !jobs.empty(); });
+        if (jobs.empty()) return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        if (!broken.empty()) throw NetworkError(broken);
+        job.broadcast ? run_broadcast(job) : run_allreduce(job);
+      } catch (const std::exception& e) {
+        if (broken.empty()) broken = e.what();
+        error = std::current_exception();
+      }
+      job.work->complete(error);
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type) {
+    job.work = c10::make_intrusive<ShmWork>(job.tensor, type);
+    auto work = job.work;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      jobs.push_back(std::move(job));
+    }
+    changed.notify_one();
+    return work;
+  }
+};
+
+ShmProcessGroup::ShmProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                 int rank,
+                                 int size,
+                                 c10::intrusive_ptr<c10d::ProcessGroup> inner,
+                                 ShmOptions options)
+    : c10d::ProcessGroup(rank, size), impl_(std::make_unique<Impl>()), inner_(std::move(inner)) {
+  TY_CHECK(size >= 1 && size <= kMaxRanks, "ShmProcessGroup supports 1 to ", kMaxRanks,
+           " ranks, got ", size, ".");
+  TY_CHECK(options.chunk_bytes >= 4096 && options.chunk_bytes % 64 == 0,
+           "ShmOptions.chunk_bytes must be a multiple of 64 and >= 4096, got ", options.chunk_bytes,
+           ".");
+  auto& s = *impl_;
+  s.rank = rank;
+  s.world = size;
+  s.options = options;
+  s.mapped_bytes = kHeaderBytes + 2 * static_cast<std::size_t>(size) * options.chunk_bytes;
+  const std::string prefix = "trainyard/shm/" + options.name + "/";
+
+  // Rank 0 creates the segment and publishes its name; everyone maps it and reports.
+  std::string failure;
+  int fd = -1;
+  if (rank == 0) {
+    std::random_device rd;
+    s.segment_name = detail::concat("/trainyard-", ::getpid(), "-", std::hex, rd(), rd());
+    fd = ::shm_open(s.segment_name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(s.mapped_bytes)) != 0)
+      failure =
+          detail::concat("cannot create ", s.segment_name, " in /dev/shm: ", std::strerror(errno));
+    store_set_string(*store, prefix + "segment", failure.empty() ? s.segment_name : "");
+  } else {
+    s.segment_name = store_get_string(*store, prefix + "segment");
+    if (s.segment_name.empty())
+      failure = "rank 0 could not create the segment";
+    else
+      fd = ::shm_open(s.segment_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (failure.empty() && fd < 0)
+      failure = detail::concat("cannot open ", s.segment_name, ": ", std::strerror(errno),
+                               " (is this rank on another host?)");
+  }
+  if (failure.empty()) {
+    s.base = ::mmap(nullptr, s.mapped_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (s.base == MAP_FAILED) {
+      s.base = nullptr;
+      failure = detail::concat("cannot map ", s.segment_name, ": ", std::strerror(errno));
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  if (s.base != nullptr) {
+    s.header = static_cast<Header*>(s.base);
+    s.header->pids[rank] = ::getpid();
+  }
+  store_set_string(*store, prefix + "ok/" + std::to_string(rank),
+                   failure.empty() ? "1" + pid_namespace() : "0" + failure);
+
+  std::string first_failure;
+  s.check_pids = true;
+  const std::string mine = "1" + pid_namespace();
+  for (int r = 0; r < size; ++r) {
+    auto v = store_get_string(*store, prefix + "ok/" + std::to_string(r));
+    if (v.empty() || v[0] != '1') {
+      if (first_failure.empty()) first_failure = detail::concat("rank ", r, ": ", v.substr(1));
+    } else if (v != mine) {
+      s.check_pids = false;  // another pid namespace: pids say nothing about liveness here
+    }
+  }
+  if (rank == 0 && !s.segment_name.empty()) ::shm_unlink(s.segment_name.c_str());
+  if (!first_failure.empty()) {
+    if (s.base != nullptr) ::munmap(s.base, s.mapped_bytes);
+    throw Error("Shared-memory process group unavailable: " + first_failure);
+  }
+  s.worker = std::thread([&s] { s.serve(); });
+}
+
+ShmProcessGroup::~ShmProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->changed.notify_all();
+  if (impl_->worker.joinable()) impl_->worker.join();
+  if (impl_->base != nullptr) ::munmap(impl_->base, impl_->mapped_bytes);
+}
+
+namespace {
+bool shm_eligible(const std::vector<at::Tensor>& tensors) {
+  if (tensors.size() != 1) return false;
+  const auto& t = tensors[0];
+  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
+         !t.is_complex() && t.element_size() <= 8;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  const auto op = opts.reduceOp.op_;
+  const bool supported_op =
+      op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::MAX;
+  if (!shm_eligible(tensors) || !supported_op) return inner_->allreduce(tensors, opts);
+  const auto dtype = tensors[0].scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kInt && dtype != at::kLong)
+    return inner_->allreduce(tensors, opts);
+  return impl_->enqueue(Impl::Job{.tensor = tensors[0], .op = op}, c10d::OpType::ALLREDUCE);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  if (!shm_eligible(tensors) || opts.rootTensor != 0) return inner_->broadcast(tensors, opts);
+  TY_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "broadcast root ", opts.rootRank,
+           " is outside [0, ", getSize(), ").");
+  return impl_->enqueue(
+      Impl::Job{.broadcast = true, .tensor = tensors[0], .root = static_cast<int>(opts.rootRank)},
+      c10d::OpType::BROADCAST);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return inner_->allreduce_coalesced(tensors, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  return inner_->reduce(tensors, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return inner_->allgather(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::gather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  return inner_->gather(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  return inner_->scatter(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce_scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return inner_->reduce_scatter(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::alltoall_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes,
+    const c10d::AllToAllOptions& opts) {
+  return inner_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::send(std::vector<at::Tensor>& tensors,
+                                                     int dst_rank,
+                                                     int tag) {
+  return inner_->send(tensors, dst_rank, tag);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recv(std::vector<at::Tensor>& tensors,
+                                                     int src_rank,
+                                                     int tag) {
+  return inner_->recv(tensors, src_rank, tag);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::barrier(const c10d::BarrierOptions& opts) {
+  return inner_->barrier(opts);
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_local_group(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int rank,
+    int size,
+    c10::intrusive_ptr<c10d::ProcessGroup> inner,
+    ShmOptions options) {
+  try {
+    return c10::make_intrusive<ShmProcessGroup>(store, rank, size, inner, std::move(options));
+  } catch (const Error& e) {
+    logger("comm")->warn("{}; using Gloo for every collective.", e.what());
+    return inner;
+  }
+}
+
+}  // namespace trainyard
