@@ -75,7 +75,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
   train->require_subcommand(1);
 
   static train::FashionMnistOptions o;  // CLI11 binds flags to storage that outlives parsing
-  bool no_progress = false;
+  static bool no_progress = false;      // bound like `o`: read after this function returns
   auto* fm = train->add_subcommand(
       "fashion-mnist",
       "ResNet18 on FashionMNIST with DistributedDataParallel (the seed's Ray Train job). Run bare "
@@ -97,7 +97,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
   fm->add_option("--data-dir", o.data_dir, "Folder with the FashionMNIST IDX files")
       ->default_str("/usr/share/datasets/fashion-mnist");
   fm->add_flag("--no-progress", no_progress, "Never draw a progress bar");
-  fm->callback([&exit_code, &no_progress] {
+  fm->callback([&exit_code] {
     o.progress = !no_progress;
     o.validate();
     if (!dist_env_present()) {

@@ -1,6 +1,7 @@
 #include "trainyard/comm/process_group.h"
 
 #include <arpa/inet.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -83,6 +84,12 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
         ":", env.master_port, " within ", options.timeout.count(), " ms: ", e.what(),
         " HINT: check MASTER_ADDR/MASTER_PORT, that rank 0 is running, and that the port is "
         "free on the master host."));
+  }
+
+  if (env.use_agent_store) {
+    // The agent's store lives across restarts: keep each attempt's keys apart, as torchrun does.
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(env.restart_count), store);
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg;

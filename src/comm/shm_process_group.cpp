@@ -4,6 +4,7 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -98,6 +99,26 @@ void reduce_into(T* dst, const T* src, std::size_t n, c10d::ReduceOp::RedOpType 
   }
 }
 
+// Reduces elements [begin, begin + count) of every rank's slot into `rank`'s own slot. AVG sums,
+// then scales the part by 1 / world while it is still in cache.
+template <typename T>
+void reduce_part(char* const* slots,
+                 int world,
+                 int rank,
+                 std::size_t begin,
+                 std::size_t count,
+                 c10d::ReduceOp::RedOpType op) {
+  T* dst = reinterpret_cast<T*>(slots[rank]) + begin;
+  const auto combine = op == c10d::ReduceOp::AVG ? c10d::ReduceOp::SUM : op;
+  for (int peer = 0; peer < world; ++peer)
+    if (peer != rank)
+      reduce_into(dst, reinterpret_cast<const T*>(slots[peer]) + begin, count, combine);
+  if (op == c10d::ReduceOp::AVG) {
+    const T scale = T(1) / static_cast<T>(world);
+    for (std::size_t i = 0; i < count; ++i) dst[i] *= scale;
+  }
+}
+
 class ShmWork : public c10d::Work {
  public:
   ShmWork(at::Tensor tensor, c10d::OpType type)
@@ -113,8 +134,9 @@ class ShmWork : public c10d::Work {
 }  // namespace
 
 struct ShmProcessGroup::Impl {
+  enum class Kind { kAllreduce, kBroadcast, kBarrier };
   struct Job {
-    bool broadcast = false;
+    Kind kind = Kind::kAllreduce;
     at::Tensor tensor;
     c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
     int root = 0;
@@ -129,9 +151,11 @@ struct ShmProcessGroup::Impl {
   std::size_t mapped_bytes = 0;
   Header* header = nullptr;
   bool check_pids = false;
-  std::uint32_t generation = 0;   // comm thread only
-  std::uint64_t chunk_count = 0;  // comm thread only
-  std::string broken;             // comm thread only: why the group stopped working
+  std::uint32_t generation = 0;           // comm thread only
+  std::uint64_t chunk_count = 0;          // comm thread only
+  std::string broken;                     // comm thread only: why the group stopped working
+  std::atomic<bool> stop_waiting{false};  // set by the destructor: abandon a barrier
+  c10d::ProcessGroup* inner = nullptr;    // the owning group's inner group; outlives Impl
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -158,6 +182,11 @@ struct ShmProcessGroup::Impl {
         if (static_cast<std::int32_t>(seen - gen) >= 0) break;
         if (spins < kSpins) continue;
         futex_wait(counter, seen, kSlice);
+        if (stop_waiting.load(std::memory_order_relaxed))
+          throw Error(detail::concat("Rank ", rank, "/", world,
+                                     ": the shared-memory process group was destroyed while a "
+                                     "collective waited for rank ",
+                                     peer, "."));
         if (check_pids && ::kill(header->pids[peer], 0) != 0 && errno == ESRCH)
           throw NetworkError(detail::concat(
               "Rank ", rank, "/", world, ": rank ", peer, " (pid ", header->pids[peer],
@@ -183,22 +212,25 @@ struct ShmProcessGroup::Impl {
       const std::size_t part = (elems + world - 1) / world;
       const std::size_t begin = std::min(elems, part * rank);
       const std::size_t count = std::min(elems, begin + part) - begin;
-      for (int peer = 0; peer < world; ++peer) {
-        if (peer == rank || count == 0) continue;
-        AT_DISPATCH_SWITCH(
-            job.tensor.scalar_type(), "shm_allreduce", AT_DISPATCH_CASE(at::kFloat, [&] {
-              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
-                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
-            }) AT_DISPATCH_CASE(at::kDouble, [&] {
-              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
-                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
-            }) AT_DISPATCH_CASE(at::kInt, [&] {
-              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
-                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
-            }) AT_DISPATCH_CASE(at::kLong, [&] {
-              reduce_into(reinterpret_cast<scalar_t*>(slot(rank)) + begin,
-                          reinterpret_cast<const scalar_t*>(slot(peer)) + begin, count, job.op);
-            }));
+      if (count > 0) {
+        char* slots[kMaxRanks];
+        for (int p = 0; p < world; ++p) slots[p] = slot(p);
+        switch (job.tensor.scalar_type()) {
+          case at::kFloat:
+            reduce_part<float>(slots, world, rank, begin, count, job.op);
+            break;
+          case at::kDouble:
+            reduce_part<double>(slots, world, rank, begin, count, job.op);
+            break;
+          case at::kInt:
+            reduce_part<std::int32_t>(slots, world, rank, begin, count, job.op);
+            break;
+          case at::kLong:
+            reduce_part<std::int64_t>(slots, world, rank, begin, count, job.op);
+            break;
+          default:
+            TY_ASSERT(false, "dtype ", job.tensor.scalar_type(), " reached the shared-memory path");
+        }
       }
       barrier();
       for (int p = 0; p < world; ++p) {
@@ -228,14 +260,33 @@ struct ShmProcessGroup::Impl {
         changed.wait(lock, [&] { return stopping || !jobs.empty(); });
         if (jobs.empty()) return;
         job = std::move(jobs.front());
+        if (stopping && broken.empty())
+          broken = detail::concat("Rank ", rank, "/", world,
+                                  ": the shared-memory process group was destroyed with this "
+                                  "collective still queued.");
         jobs.pop_front();
       }
       std::exception_ptr error;
       try {
         if (!broken.empty()) throw NetworkError(broken);
-        job.broadcast ? run_broadcast(job) : run_allreduce(job);
+        switch (job.kind) {
+          case Kind::kAllreduce:
+            run_allreduce(job);
+            break;
+          case Kind::kBroadcast:
+            run_broadcast(job);
+            break;
+          case Kind::kBarrier:
+            // Orders after every queued shared-memory collective, then after Gloo's.
+            barrier();
+            inner->barrier()->wait();
+            break;
+        }
       } catch (const std::exception& e) {
         if (broken.empty()) broken = e.what();
+        error = std::current_exception();
+      } catch (...) {
+        if (broken.empty()) broken = "unknown error in a shared-memory collective";
         error = std::current_exception();
       }
       job.work->complete(error);
@@ -269,60 +320,100 @@ ShmProcessGroup::ShmProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
   s.rank = rank;
   s.world = size;
   s.options = options;
+  s.inner = inner_.get();
   s.mapped_bytes = kHeaderBytes + 2 * static_cast<std::size_t>(size) * options.chunk_bytes;
-  const std::string prefix = "trainyard/shm/" + options.name + "/";
+  // Each rank counts the groups it made with this name; ranks make groups in the same order, so
+  // the count names this group's keys alike everywhere and never reuses an old group's keys.
+  const std::string base_key = "trainyard/shm/" + options.name + "/";
+  const auto instance = store->add(base_key + "instances/" + std::to_string(rank), 1);
+  const std::string prefix = base_key + std::to_string(instance) + "/";
 
   // Rank 0 creates the segment and publishes its name; everyone maps it and reports.
   std::string failure;
   int fd = -1;
-  if (rank == 0) {
-    std::random_device rd;
-    s.segment_name = detail::concat("/trainyard-", ::getpid(), "-", std::hex, rd(), rd());
-    fd = ::shm_open(s.segment_name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(s.mapped_bytes)) != 0)
-      failure =
-          detail::concat("cannot create ", s.segment_name, " in /dev/shm: ", std::strerror(errno));
-    store_set_string(*store, prefix + "segment", failure.empty() ? s.segment_name : "");
-  } else {
-    s.segment_name = store_get_string(*store, prefix + "segment");
-    if (s.segment_name.empty())
-      failure = "rank 0 could not create the segment";
-    else
-      fd = ::shm_open(s.segment_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (failure.empty() && fd < 0)
-      failure = detail::concat("cannot open ", s.segment_name, ": ", std::strerror(errno),
-                               " (is this rank on another host?)");
-  }
-  if (failure.empty()) {
+  bool created = false;
+  auto fail = [&](const std::string& what) {
+    if (failure.empty()) failure = what;
+  };
+  auto map_segment = [&] {
     s.base = ::mmap(nullptr, s.mapped_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (s.base == MAP_FAILED) {
       s.base = nullptr;
-      failure = detail::concat("cannot map ", s.segment_name, ": ", std::strerror(errno));
+      fail(detail::concat("cannot map ", s.segment_name, ": ", std::strerror(errno)));
+    } else {
+      s.header = static_cast<Header*>(s.base);
     }
-  }
-  if (fd >= 0) ::close(fd);
-  if (s.base != nullptr) {
-    s.header = static_cast<Header*>(s.base);
-    s.header->pids[rank] = ::getpid();
-  }
-  store_set_string(*store, prefix + "ok/" + std::to_string(rank),
-                   failure.empty() ? "1" + pid_namespace() : "0" + failure);
+  };
+  try {
+    if (rank == 0) {
+      std::random_device rd;
+      s.segment_name = detail::concat("/trainyard-", ::getpid(), "-", std::hex, rd(), rd());
+      fd = ::shm_open(s.segment_name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      created = fd >= 0;
+      if (fd < 0)
+        fail(detail::concat("cannot create ", s.segment_name, ": ", std::strerror(errno)));
+      // Reserve the pages now: a sparse segment on a full /dev/shm would SIGBUS mid-collective.
+      const int rc = fd >= 0 ? ::posix_fallocate(fd, 0, static_cast<off_t>(s.mapped_bytes)) : 0;
+      if (rc != 0)
+        fail(detail::concat("cannot reserve ", s.mapped_bytes >> 20, " MiB in /dev/shm: ",
+                            std::strerror(rc), " (a small /dev/shm, as in a container?)"));
+      if (failure.empty()) map_segment();
+      if (s.header != nullptr) {
+        s.header->world_size = static_cast<std::uint32_t>(size);
+        s.header->chunk_bytes = options.chunk_bytes;
+        s.header->magic = kMagic;
+      }
+      // The store's round trip orders these header writes before the other ranks' reads.
+      store_set_string(*store, prefix + "segment", failure.empty() ? s.segment_name : "");
+    } else {
+      s.segment_name = store_get_string(*store, prefix + "segment");
+      if (s.segment_name.empty()) fail("rank 0 could not create the segment");
+      if (failure.empty()) fd = ::shm_open(s.segment_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+      if (failure.empty() && fd < 0)
+        fail(detail::concat("cannot open ", s.segment_name, ": ", std::strerror(errno),
+                            " (is this rank on another host?)"));
+      struct stat st {};
+      if (failure.empty() &&
+          (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != s.mapped_bytes))
+        fail(detail::concat("segment ", s.segment_name, " holds ", st.st_size, " bytes, expected ",
+                            s.mapped_bytes, " (ranks disagree on world size or chunk_bytes)"));
+      if (failure.empty()) map_segment();
+      if (s.header != nullptr &&
+          (s.header->magic != kMagic || s.header->world_size != static_cast<std::uint32_t>(size) ||
+           s.header->chunk_bytes != options.chunk_bytes))
+        fail(detail::concat("segment ", s.segment_name, " was made for ", s.header->world_size,
+                            " ranks and ", s.header->chunk_bytes,
+                            "-byte chunks; this rank expects ", size, " and ",
+                            options.chunk_bytes));
+    }
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+    if (s.header != nullptr) s.header->pids[rank] = ::getpid();
+    store_set_string(*store, prefix + "ok/" + std::to_string(rank),
+                     failure.empty() ? "1" + pid_namespace() : "0" + failure);
 
-  std::string first_failure;
-  s.check_pids = true;
-  const std::string mine = "1" + pid_namespace();
-  for (int r = 0; r < size; ++r) {
-    auto v = store_get_string(*store, prefix + "ok/" + std::to_string(r));
-    if (v.empty() || v[0] != '1') {
-      if (first_failure.empty()) first_failure = detail::concat("rank ", r, ": ", v.substr(1));
-    } else if (v != mine) {
-      s.check_pids = false;  // another pid namespace: pids say nothing about liveness here
+    std::string first_failure;
+    s.check_pids = true;
+    const std::string mine = "1" + pid_namespace();
+    for (int r = 0; r < size; ++r) {
+      auto v = store_get_string(*store, prefix + "ok/" + std::to_string(r));
+      if (v.empty() || v[0] != '1') {
+        if (first_failure.empty()) first_failure = detail::concat("rank ", r, ": ", v.substr(1));
+      } else if (v != mine) {
+        s.check_pids = false;  // another pid namespace: pids say nothing about liveness here
+      }
     }
-  }
-  if (rank == 0 && !s.segment_name.empty()) ::shm_unlink(s.segment_name.c_str());
-  if (!first_failure.empty()) {
+    if (created) ::shm_unlink(s.segment_name.c_str());  // every rank has it mapped, or failed
+    created = false;
+    if (!first_failure.empty())
+      throw Error("Shared-memory process group unavailable: " + first_failure);
+  } catch (...) {
+    // Nothing outlives a failed constructor: no descriptor, no mapping, no name in /dev/shm.
+    if (fd >= 0) ::close(fd);
+    if (created) ::shm_unlink(s.segment_name.c_str());
     if (s.base != nullptr) ::munmap(s.base, s.mapped_bytes);
-    throw Error("Shared-memory process group unavailable: " + first_failure);
+    s.base = nullptr;
+    throw;
   }
   s.worker = std::thread([&s] { s.serve(); });
 }
@@ -332,6 +423,7 @@ ShmProcessGroup::~ShmProcessGroup() {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     impl_->stopping = true;
   }
+  impl_->stop_waiting = true;  // a barrier in progress gives up; queued jobs fail fast
   impl_->changed.notify_all();
   if (impl_->worker.joinable()) impl_->worker.join();
   if (impl_->base != nullptr) ::munmap(impl_->base, impl_->mapped_bytes);
@@ -349,12 +441,13 @@ bool shm_eligible(const std::vector<at::Tensor>& tensors) {
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   const auto op = opts.reduceOp.op_;
-  const bool supported_op =
-      op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MIN || op == c10d::ReduceOp::MAX;
-  if (!shm_eligible(tensors) || !supported_op) return inner_->allreduce(tensors, opts);
+  if (!shm_eligible(tensors)) return inner_->allreduce(tensors, opts);
   const auto dtype = tensors[0].scalar_type();
-  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kInt && dtype != at::kLong)
-    return inner_->allreduce(tensors, opts);
+  const bool floating = dtype == at::kFloat || dtype == at::kDouble;
+  const bool supported = (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::MIN ||
+                          op == c10d::ReduceOp::MAX || (op == c10d::ReduceOp::AVG && floating)) &&
+                         (floating || dtype == at::kInt || dtype == at::kLong);
+  if (!supported) return inner_->allreduce(tensors, opts);
   return impl_->enqueue(Impl::Job{.tensor = tensors[0], .op = op}, c10d::OpType::ALLREDUCE);
 }
 
@@ -363,9 +456,10 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::broadcast(std::vector<at::Tensor
   if (!shm_eligible(tensors) || opts.rootTensor != 0) return inner_->broadcast(tensors, opts);
   TY_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "broadcast root ", opts.rootRank,
            " is outside [0, ", getSize(), ").");
-  return impl_->enqueue(
-      Impl::Job{.broadcast = true, .tensor = tensors[0], .root = static_cast<int>(opts.rootRank)},
-      c10d::OpType::BROADCAST);
+  return impl_->enqueue(Impl::Job{.kind = Impl::Kind::kBroadcast,
+                                  .tensor = tensors[0],
+                                  .root = static_cast<int>(opts.rootRank)},
+                        c10d::OpType::BROADCAST);
 }
 
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce_coalesced(
@@ -418,8 +512,31 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recv(std::vector<at::Tensor>& te
                                                      int tag) {
   return inner_->recv(tensors, src_rank, tag);
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::barrier(const c10d::BarrierOptions& opts) {
-  return inner_->barrier(opts);
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::barrier(const c10d::BarrierOptions& /*opts*/) {
+  return impl_->enqueue(Impl::Job{.kind = Impl::Kind::kBarrier, .tensor = at::empty({0})},
+                        c10d::OpType::BARRIER);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return inner_->_allgather_base(output, input, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return inner_->allgather_coalesced(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::alltoall(std::vector<at::Tensor>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::AllToAllOptions& opts) {
+  return inner_->alltoall(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
+  return inner_->recvAnysource(tensors, tag);
+}
+void ShmProcessGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  inner_->monitoredBarrier(opts, wait_all_ranks);
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_local_group(

@@ -11,6 +11,7 @@ namespace trainyard::data {
 namespace {
 
 constexpr std::uint8_t kTypeUnsignedByte = 0x08;
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 36;  // 64 GiB of bytes
 
 struct GzCloser {
   void operator()(gzFile f) const { gzclose(f); }
@@ -68,6 +69,9 @@ torch::Tensor read_idx_ubyte(const std::string& path, int expected_dims) {
     TY_CHECK_T(CorruptDataError, got == sizeof be, "IDX file ", path,
                " is truncated: it ends inside the header.");
     sizes[d] = (std::int64_t(be[0]) << 24) | (be[1] << 16) | (be[2] << 8) | be[3];
+    TY_CHECK_T(CorruptDataError, sizes[d] > 0 && numel <= kMaxElements / sizes[d], "IDX file ",
+               path, " has an implausible header: dimension ", d, " is ", sizes[d], " (at most ",
+               kMaxElements, " elements in all are accepted).");
     numel *= sizes[d];
   }
   auto out = torch::empty(sizes, torch::kUInt8);

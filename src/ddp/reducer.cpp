@@ -8,6 +8,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -82,10 +83,14 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
     : module_(std::move(module)), pg_(std::move(process_group)), options_(options) {
   TY_CHECK(module_ != nullptr, "DistributedDataParallel needs a module, got null.");
   TY_CHECK(pg_, "DistributedDataParallel needs a process group, got null.");
-  TY_CHECK(options_.bucket_size_bytes > 0, "DdpOptions.bucket_size_bytes must be > 0.");
-  TY_CHECK(options_.first_bucket_size_bytes > 0, "DdpOptions.first_bucket_size_bytes must be > 0.");
+  TY_CHECK(options_.bucket_size_bytes > 0, "DdpOptions.bucket_size_bytes must be > 0, got ",
+           options_.bucket_size_bytes, ".");
+  TY_CHECK(options_.first_bucket_size_bytes > 0,
+           "DdpOptions.first_bucket_size_bytes must be > 0, got ", options_.first_bucket_size_bytes,
+           ".");
   rank_ = pg_->getRank();
   world_size_ = pg_->getSize();
+  average_in_collective_ = dynamic_cast<ShmProcessGroup*>(pg_.get()) != nullptr;
 
   for (auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
@@ -204,12 +209,33 @@ std::vector<std::string> DdpReducer::bucket_parameter_names(int index) const {
 }
 
 void DdpReducer::prepare_forward() {
-  sync_this_backward_ = require_sync_;
-  if (options_.broadcast_buffers && world_size_ > 1 && module_->is_training()) {
-    torch::NoGradGuard no_grad;
-    auto buffers = module_->buffers(/*recurse=*/true);
-    broadcast_from_rank0(buffers);
+  if (backward_started_) {
+    // The last backward failed before its end-of-backward callback ran (the engine drops queued
+    // callbacks of a failed graph): settle what it launched and start clean.
+    logger("ddp")->warn("the previous backward pass did not finish; discarding its all-reduces");
+    abandon_backward();
   }
+  sync_this_backward_ = require_sync_;
+  if (options_.broadcast_buffers && world_size_ > 1 && module_->is_training()) sync_buffers();
+}
+
+void DdpReducer::sync_buffers() {
+  if (world_size_ == 1) return;
+  torch::NoGradGuard no_grad;
+  broadcast_from_rank0(module_->buffers(/*recurse=*/true));
+}
+
+void DdpReducer::abandon_backward() {
+  // Launched all-reduces still write into the buckets (the gradients): wait them out first.
+  for (auto& b : buckets_) {
+    if (!b->work) continue;
+    try {
+      b->work->wait();
+    } catch (const std::exception&) {
+      // The error was or will be reported by the backward that launched it.
+    }
+  }
+  reset_backward_state();
 }
 
 void DdpReducer::on_gradient_ready(std::size_t index) {
@@ -253,9 +279,14 @@ void DdpReducer::launch_ready_buckets(bool from_hook) {
   // See Note [Bucket order].
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_]->pending == 0) {
     auto& b = *buckets_[next_bucket_];
-    b.flat.div_(world_size_);
     std::vector<torch::Tensor> tensors{b.flat};
-    b.work = pg_->allreduce(tensors);
+    c10d::AllreduceOptions opts;
+    if (average_in_collective_ && b.flat.is_floating_point() && b.flat.element_size() >= 4) {
+      opts.reduceOp = c10d::ReduceOp::AVG;  // scaled inside the reduction pass
+    } else {
+      b.flat.div_(world_size_);  // Gloo has no AVG (nor the shm group below float32)
+    }
+    b.work = pg_->allreduce(tensors, opts);
     if (from_hook) ++launched_in_backward_;
     ++next_bucket_;
   }
@@ -269,7 +300,7 @@ void DdpReducer::finalize_backward() {
   if (!missing.empty() && !options_.find_unused_parameters) {
     std::vector<std::string> names;
     for (auto i : missing) names.push_back(param_names_[i]);
-    reset_backward_state();
+    abandon_backward();
     throw Error(detail::concat(
         "DistributedDataParallel on rank ", rank_, "/", world_size_, ": ", missing.size(),
         " parameter(s) received no gradient in this backward pass: ", join_names(names),
@@ -302,7 +333,7 @@ void DdpReducer::finalize_backward() {
     for (auto& b : buckets_) wait_or_throw(b->work, "a gradient all-reduce", rank_, world_size_);
     if (used_work) wait_or_throw(used_work, "the unused-parameter all-reduce", rank_, world_size_);
   } catch (...) {
-    reset_backward_state();
+    abandon_backward();
     throw;
   }
 

@@ -1,7 +1,11 @@
 #include "trainyard/train/fashion_mnist.h"
 
+#include <fcntl.h>
 #include <torch/torch.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -65,11 +69,15 @@ bool interactive_output() {
 void write_json_atomically(const fs::path& path, const nlohmann::json& value) {
   auto tmp = path;
   tmp += ".tmp";
-  {
-    std::ofstream out(tmp);
-    TY_CHECK_T(Error, out.good(), "Cannot write ", tmp.string(), ".");
-    out << value.dump(2) << "\n";
-  }
+  const std::string text = value.dump(2) + "\n";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TY_CHECK_T(Error, fd >= 0, "Cannot write ", tmp.string(), ": ", std::strerror(errno), ".");
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                  ::fsync(fd) == 0;
+  const int saved_errno = errno;
+  ::close(fd);
+  TY_CHECK_T(Error, ok, "Cannot write ", tmp.string(), ": ", std::strerror(saved_errno),
+             ". HINT: is the storage full?");
   fs::rename(tmp, path);
 }
 
@@ -92,7 +100,9 @@ void FashionMnistOptions::validate() const {
   TY_CHECK(lr > 0, "--lr must be > 0, got ", lr, ".");
   TY_CHECK(limit == -1 || limit >= 1, "--limit must be >= 1 (or omitted for all images), got ",
            limit, ".");
-  TY_CHECK(bucket_cap_mb > 0, "--bucket-cap-mb must be > 0, got ", bucket_cap_mb, ".");
+  TY_CHECK(bucket_cap_mb >= 1.0 / 1024 && bucket_cap_mb <= 64 * 1024,
+           "--bucket-cap-mb must be between 1 KiB (0.0009765625) and 65536 MiB, got ",
+           bucket_cap_mb, ".");
   TY_CHECK(threads >= 0, "--threads must be >= 0 (0: cores / workers), got ", threads, ".");
   TY_CHECK(!storage.empty(), "--storage must name a directory.");
   TY_CHECK(!name.empty() && name.find('/') == std::string::npos,
@@ -195,6 +205,8 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
 
   // Evaluation: rank r takes test images r, r+W, ...; sums are all-reduced, so every image
   // counts exactly once.
+  // Every rank evaluates rank 0's BatchNorm statistics, the ones the checkpoint holds.
+  ddp.reducer().sync_buffers();
   model->eval();
   double loss_sum = 0;
   double correct = 0;

@@ -2,13 +2,12 @@
 // groups) with batch B each must end where one process with batch W*B ends.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <functional>
 #include <thread>
 
+#include "thread_ranks.h"
 #include "trainyard/comm/process_group.h"
-#include "trainyard/comm/shm_process_group.h"
 #include "trainyard/ddp/distributed_data_parallel.h"
 #include "trainyard/error.h"
 
@@ -147,32 +146,10 @@ std::vector<torch::Tensor> train_reference(ModelKind kind, const Data& d) {
   return state_of(*model);
 }
 
-// Runs fn(rank, group) on `world` threads with a Gloo group each over one HashStore, wrapped in
-// a shared-memory group when `shm`.
 void run_ranks(int world,
                const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
                bool shm = false) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        c10::intrusive_ptr<c10d::ProcessGroup> pg = trainyard::make_gloo_group(
-            store, r, world, trainyard::InitOptions{.timeout = std::chrono::seconds(20)});
-        if (shm) {
-          pg = c10::make_intrusive<trainyard::ShmProcessGroup>(
-              store, r, world, pg, trainyard::ShmOptions{.chunk_bytes = 4096, .name = "ddp"});
-        }
-        fn(r, pg);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  trainyard::testing::run_thread_ranks(world, fn, {.shm = shm});
 }
 
 double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
@@ -350,32 +327,72 @@ namespace {
 
 TEST(Ddp, ADeadPeerIsAnErrorWithinTheTimeoutNotAHang) {
   torch::set_num_threads(1);
-  auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp),
                                                   make_model(ModelKind::kMlp)};
   std::string message;
   std::chrono::duration<double> waited{};
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto pg = trainyard::make_gloo_group(
-          store, rank, 2, trainyard::InitOptions{.timeout = std::chrono::seconds(2)});
-      DistributedDataParallel ddp(models[rank], pg);
-      if (rank == 1) return;  // this rank "dies": its group goes away before the backward
-      ddp.reducer().prepare_forward();
-      auto start = std::chrono::steady_clock::now();
-      try {
-        forward(ModelKind::kMlp, *models[rank], torch::randn({4, 10})).sum().backward();
-      } catch (const std::exception& e) {
-        message = e.what();
-      }
-      waited = std::chrono::steady_clock::now() - start;
-    });
-  }
-  for (auto& t : threads) t.join();
+  trainyard::testing::run_thread_ranks(
+      2,
+      [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+        DistributedDataParallel ddp(models[rank], pg);
+        if (rank == 1) return;  // this rank "dies": its group goes away before the backward
+        ddp.reducer().prepare_forward();
+        auto start = std::chrono::steady_clock::now();
+        try {
+          forward(ModelKind::kMlp, *models[rank], torch::randn({4, 10})).sum().backward();
+        } catch (const std::exception& e) {
+          message = e.what();
+        }
+        waited = std::chrono::steady_clock::now() - start;
+      },
+      {.timeout = std::chrono::seconds(2)});
   EXPECT_NE(message.find("rank 0/2"), std::string::npos) << message;
   EXPECT_NE(message.find("HINT"), std::string::npos) << message;
   EXPECT_LT(waited.count(), 10.0) << "bounded by the 2 s collective timeout";
+}
+
+}  // namespace
+
+namespace {
+
+// Passes values through; its backward fails, as user code in a backward pass can.
+struct FailingBackward : torch::autograd::Function<FailingBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    throw std::runtime_error("injected failure in backward");
+  }
+};
+
+TEST(Ddp, RecoversAfterABackwardThatFailedHalfway) {
+  torch::set_num_threads(1);
+  std::vector<std::shared_ptr<nn::Module>> models{make_model(ModelKind::kMlp),
+                                                  make_model(ModelKind::kMlp)};
+  std::vector<torch::Tensor> grads(2);
+  std::vector<std::string> first_errors(2);
+  run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto& m = static_cast<Mlp&>(*models[rank]);
+    DistributedDataParallel ddp(models[rank], pg,
+                                DdpOptions{.bucket_size_bytes = 1, .first_bucket_size_bytes = 1});
+    // fc3's and fc2's gradients land and their buckets launch; then backward fails before fc1.
+    ddp.reducer().prepare_forward();
+    auto h = FailingBackward::apply(torch::relu(m.fc1(torch::randn({4, 10}))));
+    try {
+      m.fc3(torch::relu(m.fc2(h))).sum().backward();
+    } catch (const std::exception& e) {
+      first_errors[rank] = e.what();
+    }
+    // The next step must synchronise normally.
+    for (auto& p : m.parameters()) p.mutable_grad() = torch::Tensor();
+    ddp.reducer().prepare_forward();
+    torch::manual_seed(rank);
+    m.forward(torch::randn({4, 10})).sum().backward();
+    grads[rank] = m.fc1->weight.grad().clone();
+  });
+  for (const auto& e : first_errors) EXPECT_NE(e.find("injected failure"), std::string::npos) << e;
+  EXPECT_TRUE(torch::allclose(grads[0], grads[1])) << "the second step's gradients are averaged";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "thread_ranks.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
@@ -19,28 +20,10 @@ using trainyard::ShmProcessGroup;
 constexpr std::size_t kChunk = 4096;  // tiny chunks: every tensor below spans many of them
 
 void run_ranks(int world,
-               const std::string& name,
                const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
                std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto gloo = trainyard::make_gloo_group(store, r, world, {.timeout = timeout});
-        auto pg = c10::make_intrusive<ShmProcessGroup>(
-            store, r, world, gloo,
-            ShmOptions{.chunk_bytes = kChunk, .timeout = timeout, .name = name});
-        fn(r, pg);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  trainyard::testing::run_thread_ranks(
+      world, fn, {.timeout = timeout, .shm = true, .shm_chunk_bytes = kChunk});
 }
 
 class ShmAllreduce : public ::testing::TestWithParam<int> {};
@@ -48,7 +31,7 @@ class ShmAllreduce : public ::testing::TestWithParam<int> {};
 TEST_P(ShmAllreduce, SumsMinMaxAndBroadcastsOverManyChunks) {
   const int world = GetParam();
   std::vector<std::string> backends(world);
-  run_ranks(world, "ops", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     backends[rank] = pg->getBackendName();
     // 10,007 floats: 40 KB over 4 KB chunks, and a length no world size divides.
     auto x = torch::arange(10007, torch::kFloat32) * (rank + 1);
@@ -56,6 +39,14 @@ TEST_P(ShmAllreduce, SumsMinMaxAndBroadcastsOverManyChunks) {
     pg->allreduce(v)->wait();
     const float factor = world * (world + 1) / 2.0f;
     EXPECT_TRUE(torch::equal(x, torch::arange(10007, torch::kFloat32) * factor)) << "rank " << rank;
+
+    auto avg = torch::full({9001}, static_cast<float>(rank + 1));
+    std::vector<torch::Tensor> av{avg};
+    c10d::AllreduceOptions avg_op;
+    avg_op.reduceOp = c10d::ReduceOp::AVG;
+    pg->allreduce(av, avg_op)->wait();
+    EXPECT_FLOAT_EQ(avg.min().item<float>(), (world + 1) / 2.0f);
+    EXPECT_FLOAT_EQ(avg.max().item<float>(), (world + 1) / 2.0f);
 
     auto y = torch::full({3001}, static_cast<int64_t>(rank * 10), torch::kInt64);
     std::vector<torch::Tensor> w{y};
@@ -99,7 +90,7 @@ TEST_P(ShmAllreduce, SumsMinMaxAndBroadcastsOverManyChunks) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmAllreduce, ::testing::Values(1, 2, 3, 4));
 
 TEST(ShmProcessGroup, ForwardsWhatItDoesNotHandleToTheInnerGroup) {
-  run_ranks(2, "forward", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  run_ranks(2, [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     // Non-contiguous tensors, bfloat16 and allgather go to Gloo; the results must still be right.
     auto t = torch::ones({4, 4}).t() * (rank + 1);
     std::vector<torch::Tensor> v{t};
@@ -117,7 +108,7 @@ TEST(ShmProcessGroup, AMissingPeerIsATimeoutNotAHang) {
   std::string message;
   auto start = std::chrono::steady_clock::now();
   run_ranks(
-      2, "timeout",
+      2,
       [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
         if (rank == 1) return;  // never joins the all-reduce
         auto t = torch::ones({100});

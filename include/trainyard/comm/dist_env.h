@@ -34,8 +34,8 @@ EnvLookup process_env();
 bool dist_env_present(const EnvLookup& env = process_env());
 
 // Parses the contract. Throws InvalidArgumentError naming the first missing or bad variable.
-// RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are required; LOCAL_RANK defaults to RANK,
-// LOCAL_WORLD_SIZE to WORLD_SIZE, GROUP_RANK to 0.
+// RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are required; LOCAL_WORLD_SIZE defaults to
+// WORLD_SIZE, LOCAL_RANK to RANK % LOCAL_WORLD_SIZE, GROUP_RANK to 0.
 DistEnv parse_dist_env(const EnvLookup& env = process_env());
 
 }  // namespace trainyard

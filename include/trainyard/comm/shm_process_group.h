@@ -19,14 +19,16 @@ struct ShmOptions {
   std::size_t chunk_bytes = kDefaultChunkBytes;
   // Bound on every wait for a peer; a dead peer is noticed sooner by its pid.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // Distinguishes groups made over the same store; equal on every rank of one group.
+  // Names this group's keys in the store. Groups made one after another over the same store and
+  // name are told apart by a per-rank count, so ranks must create them in the same order.
   std::string name = "default";
 };
 
 class ShmProcessGroup : public c10d::ProcessGroup {
  public:
-  // Collective over the store: rank 0 creates the segment, the others map it. Throws Error when
-  // the segment cannot be set up on some rank (see make_local_group for a fallback).
+  // Collective over the store: rank 0 creates the segment, the others map it. Throws Error on
+  // every rank when the segment cannot be set up on some rank (make_local_group falls back).
+  // The destructor abandons a collective in progress and fails queued ones.
   ShmProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                   int rank,
                   int size,
@@ -37,7 +39,8 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   const std::string getBackendName() const override { return "trainyard-shm"; }
 
   // Through shared memory: one dense CPU tensor of float, double, int32 or int64 with SUM, MIN or
-  // MAX (all-reduce), or any dtype (broadcast). Anything else goes to the inner group.
+  // MAX, or float/double with AVG (all-reduce); any dtype up to 8 bytes (broadcast). Anything
+  // else goes to the inner group.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -71,7 +74,19 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors,
                                       int src_rank,
                                       int tag) override;
+  // After every queued shared-memory collective, then the inner group's barrier.
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output,
+                                                 at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& inner() const { return inner_; }
 

@@ -44,7 +44,7 @@ class DistributedDataParallel {
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
 
    private:
-    DdpReducer& reducer_;  // outlives the guard: the guard lives in a scope inside the DDP's
+    DdpReducer& reducer_;  // owned by the DistributedDataParallel, which outlives the guard
     bool previous_;
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }

@@ -56,8 +56,13 @@ class DdpReducer {
   // training and decides whether the coming backward synchronises (it does unless inside no_sync).
   void prepare_forward();
 
-  // While false, backward passes accumulate gradients locally without communication.
+  // While false, forward passes prepared from now on lead to backward passes that accumulate
+  // gradients locally without communication (the choice is made in prepare_forward).
   void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
+
+  // Broadcasts the module's buffers from rank 0, e.g. before evaluating, so every rank evaluates
+  // the same model. Blocks; collective.
+  void sync_buffers();
   bool require_sync() const { return require_sync_; }
 
   const DdpStepStats& last_step_stats() const { return stats_; }
@@ -78,12 +83,15 @@ class DdpReducer {
   void launch_ready_buckets(bool from_hook);
   void finalize_backward();
   void reset_backward_state();
+  void abandon_backward();  // waits for launched all-reduces, then resets
 
   std::shared_ptr<torch::nn::Module> module_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   DdpOptions options_;
   int rank_ = 0;
   int world_size_ = 1;
+  // The group averages (AVG) float buckets in its reduction pass; Gloo cannot.
+  bool average_in_collective_ = false;
 
   std::vector<torch::Tensor> params_;  // trainable parameters, registration order
   std::vector<std::string> param_names_;

@@ -1,8 +1,9 @@
 // FusedAdam: torch::optim::Adam with the update of each parameter done in one pass over memory.
 // LibTorch's Adam runs about eight tensor operations per parameter, each a full read and write of
 // a tensor as large as the model; on a CPU that is memory-bound work. FusedAdam reads the
-// parameter, its gradient and both moments once and writes them once, with the same arithmetic,
-// options and per-parameter state (AdamParamState), so checkpoints move freely between the two.
+// parameter, its gradient and both moments once and writes them once, with Adam's formula (equal
+// to float rounding), options and per-parameter state (AdamParamState), so checkpoints move
+// freely between the two.
 #pragma once
 
 #include <torch/optim/adam.h>
