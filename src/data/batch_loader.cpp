@@ -42,7 +42,6 @@ void BatchLoader::produce() {
       Batch batch = make_batch_(slice);
       std::lock_guard<std::mutex> lock(mutex_);
       ready_.push_back(std::move(batch));
-      ++produced_;
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       error_ = std::current_exception();

@@ -53,7 +53,6 @@ class BatchLoader {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Batch> ready_;    // guarded by mutex_
-  std::int64_t produced_ = 0;  // guarded by mutex_
   std::int64_t consumed_ = 0;  // consumer thread only
   bool stop_ = false;          // guarded by mutex_
   std::exception_ptr error_;   // guarded by mutex_

@@ -50,7 +50,6 @@ class DistributedDataParallel {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
 
   M& module() { return module_; }
-  M& operator->() { return module_; }
   DdpReducer& reducer() { return *reducer_; }
 
  private:
