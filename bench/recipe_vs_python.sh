@@ -85,71 +85,17 @@ done
 "$PYTHON" -c 'import torch, torchvision, numpy' 2>/dev/null ||
   die "$PYTHON cannot import torch, torchvision and numpy: install python3-torch and python3-torchvision (apt-get install python3-torch python3-torchvision), or point --python at an interpreter that has them."
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/recipe_vs_python.XXXXXX")
-cleanup() { if ((KEEP)); then echo "kept: $TMP" >&2; else rm -rf "$TMP"; fi; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-RUNS=$TMP/runs.tsv
-: >"$RUNS"
-
-# cpu_busy: percent of all cores busy over the next second (others' work, before a run starts).
-cpu_busy() {
-  local a b
-  a=$(head -n 1 /proc/stat); sleep 1; b=$(head -n 1 /proc/stat)
-  awk -v a="$a" -v b="$b" 'BEGIN {
-    n = split(a, x, " "); split(b, y, " "); total = 0
-    for (k = 2; k <= n; k++) total += y[k] - x[k]
-    idle = (y[5] - x[5]) + (y[6] - x[6])
-    printf "%.0f", (total > 0 ? 100 * (total - idle) / total : 0) }'
-}
-
-# run_one IMPL I LOG RESULT_JSON -- COMMAND...: runs it, appends a row to $RUNS.
-run_one() {
-  local impl=$1 i=$2 log=$3 result=$4; shift 5
-  local busy; busy=$(cpu_busy)
-  printf '  run %d/%d %-9s ... ' "$i" "$REPEATS" "$impl" >&2
-  local rc=0
-  if ((VERBOSE)); then
-    echo >&2
-    "$@" 2>&1 | tee "$log" >&2 || rc=$?  # pipefail: the command's failure counts
-  else
-    "$@" >"$log" 2>&1 || rc=$?
-  fi
-  if ((rc != 0)) || [[ ! -s $result ]]; then
-    echo "FAILED (exit $rc)" >&2
-    echo "---- last lines of its output ($*) ----" >&2
-    tail -n 30 "$log" >&2
-    die "the $impl run failed; no result at $result"
-  fi
-  "$PYTHON" - "$impl" "$i" "$busy" "$result" "$RANKS" >>"$RUNS" <<'EOF'
-import json, sys
-impl, i, busy, path, ranks = sys.argv[1:]
-r = json.load(open(path))
-if int(r["world_size"]) != int(ranks):
-    sys.exit(f"{path}: world_size {r['world_size']}, expected {ranks}")
-print("\t".join(str(x) for x in (impl, i, busy, r["train_samples_per_s"], r["train_time_s"],
-                                  r["accuracy"], r["loss"])))
-EOF
-  tail -n 1 "$RUNS" | awk -F'\t' '{printf "%.1f samples/s, accuracy %.4f\n", $4, $6}' >&2
-}
+BENCH_NAME=recipe_vs_python
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 
 echo "FashionMNIST ResNet18: trainyard recipe vs Python PyTorch DDP peer" >&2
 echo "  $RANKS rank(s) x $THREADS thread(s), limit $LIMIT, $EPOCHS epoch(s), batch $BATCH_SIZE/rank, lr $LR, seed $SEED, $REPEATS repeat(s)" >&2
-BUSY=$(cpu_busy)
-if ((BUSY > 10)); then
-  echo "  warning: the CPUs are ${BUSY}% busy before starting; other work on the machine skews the numbers" >&2
-fi
+warn_if_busy
 
 for ((i = 1; i <= REPEATS; i++)); do
-  run_one trainyard "$i" "$TMP/trainyard-$i.log" "$TMP/trainyard-$i/result.json" -- \
-    "$TRAINYARD" train fashion-mnist --workers "$RANKS" --threads "$THREADS" --epochs "$EPOCHS" \
-    --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
-    --storage "$TMP" --name "trainyard-$i" --no-progress
-  run_one python "$i" "$TMP/python-$i.log" "$TMP/python-$i.json" -- \
-    "$TRAINYARD" run --nproc-per-node "$RANKS" -- "$PYTHON" "$PEER" --threads "$THREADS" \
-    --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
-    --out "$TMP/python-$i.json"
+  run_trainyard "$RANKS" "$i"
+  run_python "$RANKS" "$i"
 done
 
 "$PYTHON" - "$RUNS" "$JSON_OUT" "$RANKS" "$THREADS" "$LIMIT" "$EPOCHS" "$BATCH_SIZE" "$LR" "$SEED" <<'EOF'
@@ -157,7 +103,7 @@ import json, statistics, sys
 runs_path, json_out, ranks, threads, limit, epochs, batch, lr, seed = sys.argv[1:]
 rows = []
 for line in open(runs_path):
-    impl, i, busy, sps, t, acc, loss = line.rstrip("\n").split("\t")
+    impl, _world, i, busy, sps, t, acc, loss = line.rstrip("\n").split("\t")
     rows.append(dict(impl=impl, run=int(i), busy_percent_before=float(busy), samples_per_s=float(sps),
                      train_time_s=float(t), accuracy=float(acc), loss=float(loss)))
 print(f"{'run':>3}  {'impl':<9}  {'samples/s':>9}  {'train_s':>8}  {'accuracy':>8}  {'loss':>7}  {'busy%':>5}")

@@ -97,80 +97,16 @@ if ((WITH_PYTHON)); then
     die "$PYTHON cannot import torch, torchvision and numpy: install python3-torch and python3-torchvision (apt-get install python3-torch python3-torchvision), or point --python-bin at an interpreter that has them."
 fi
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/scaling.XXXXXX")
-cleanup() { if ((KEEP)); then echo "kept: $TMP" >&2; else rm -rf "$TMP"; fi; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-RUNS=$TMP/runs.tsv
-: >"$RUNS"
-
-# cpu_busy: percent of all cores busy over the next second (others' work, before a run starts).
-cpu_busy() {
-  local a b
-  a=$(head -n 1 /proc/stat); sleep 1; b=$(head -n 1 /proc/stat)
-  awk -v a="$a" -v b="$b" 'BEGIN {
-    n = split(a, x, " "); split(b, y, " "); total = 0
-    for (k = 2; k <= n; k++) total += y[k] - x[k]
-    idle = (y[5] - x[5]) + (y[6] - x[6])
-    printf "%.0f", (total > 0 ? 100 * (total - idle) / total : 0) }'
-}
-
-# run_one IMPL WORLD I LOG RESULT_JSON -- COMMAND...: runs it, appends a row to $RUNS.
-run_one() {
-  local impl=$1 world=$2 i=$3 log=$4 result=$5; shift 6
-  local busy; busy=$(cpu_busy)
-  printf '  run %d/%d %-9s %d rank(s) ... ' "$i" "$REPEATS" "$impl" "$world" >&2
-  local rc=0
-  if ((VERBOSE)); then
-    echo >&2
-    "$@" 2>&1 | tee "$log" >&2 || rc=$?  # pipefail: the command's failure counts
-  else
-    "$@" >"$log" 2>&1 || rc=$?
-  fi
-  if ((rc != 0)) || [[ ! -s $result ]]; then
-    echo "FAILED (exit $rc)" >&2
-    echo "---- last lines of its output ($*) ----" >&2
-    tail -n 30 "$log" >&2
-    die "the $impl run on $world rank(s) failed; no result at $result"
-  fi
-  "$PYTHON" - "$impl" "$world" "$i" "$busy" "$result" >>"$RUNS" <<'EOF'
-import json, sys
-impl, world, i, busy, path = sys.argv[1:]
-r = json.load(open(path))
-if int(r["world_size"]) != int(world):
-    sys.exit(f"{path}: world_size {r['world_size']}, expected {world}")
-print("\t".join(str(x) for x in (impl, world, i, busy, r["train_samples_per_s"],
-                                  r["train_time_s"], r["accuracy"])))
-EOF
-  tail -n 1 "$RUNS" | awk -F'\t' '{printf "%.1f samples/s, accuracy %.4f\n", $5, $7}' >&2
-}
-
-run_trainyard() {  # WORLD I
-  local name="trainyard-w$1-$2"
-  run_one trainyard "$1" "$2" "$TMP/$name.log" "$TMP/$name/result.json" -- \
-    "$TRAINYARD" train fashion-mnist --workers "$1" --threads "$THREADS" --epochs "$EPOCHS" \
-    --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
-    --storage "$TMP" --name "$name" --no-progress
-}
-
-run_python() {  # WORLD I
-  local name="python-w$1-$2"
-  run_one python "$1" "$2" "$TMP/$name.log" "$TMP/$name.json" -- \
-    "$TRAINYARD" run --nproc-per-node "$1" -- "$PYTHON" "$PEER" --threads "$THREADS" \
-    --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --lr "$LR" --limit "$LIMIT" --seed "$SEED" \
-    --out "$TMP/$name.json"
-}
+BENCH_NAME=scaling
+# shellcheck source=bench/common.sh
+source "$ROOT/bench/common.sh"
 
 echo "FashionMNIST ResNet18: scaling from 1 to $RANKS rank(s)" >&2
 echo "  $THREADS thread(s)/rank, limit $LIMIT, $EPOCHS epoch(s), batch $BATCH_SIZE/rank, lr $LR, seed $SEED, $REPEATS repeat(s)$( ((WITH_PYTHON)) && echo ', with the Python peer')" >&2
 if (( RANKS * THREADS > $(nproc) )); then
   echo "  note: $RANKS ranks x $THREADS thread(s) oversubscribes this machine's $(nproc) cores" >&2
 fi
-BUSY=$(cpu_busy)
-if ((BUSY > 10)); then
-  echo "  warning: the CPUs are ${BUSY}% busy before starting; other work on the machine skews the numbers" >&2
-fi
+warn_if_busy
 
 for ((i = 1; i <= REPEATS; i++)); do
   run_trainyard 1 "$i"
@@ -187,7 +123,7 @@ runs_path, json_out, ranks, threads, limit, epochs, batch, lr, seed = sys.argv[1
 ranks = int(ranks)
 rows = []
 for line in open(runs_path):
-    impl, world, i, busy, sps, t, acc = line.rstrip("\n").split("\t")
+    impl, world, i, busy, sps, t, acc, _loss = line.rstrip("\n").split("\t")
     rows.append(dict(impl=impl, world_size=int(world), run=int(i), busy_percent_before=float(busy),
                      samples_per_s=float(sps), train_time_s=float(t), accuracy=float(acc)))
 print(f"{'run':>3}  {'impl':<9}  {'ranks':>5}  {'samples/s':>9}  {'train_s':>8}  {'accuracy':>8}  {'busy%':>5}")
