@@ -1,18 +1,82 @@
 # shellcheck shell=bash
-# bench/common.sh: what recipe_vs_python.sh and scaling.sh share, sourced after they parse their
-# flags: a temporary folder ($TMP, removed on exit unless --keep), the CPU-busy probe, and
-# running one training job (trainyard's recipe or the Python peer) whose result JSON becomes a
-# row of $RUNS: impl, world size, repeat, busy% before, samples/s, train s, accuracy, loss.
-# Expects: BENCH_NAME, TRAINYARD, PYTHON, PEER, THREADS, EPOCHS, BATCH_SIZE, LR, LIMIT, SEED,
-# REPEATS, KEEP, VERBOSE and a die() function.
+# shellcheck disable=SC2034  # the variables are read by the scripts that source this file
+# bench/common.sh: what recipe_vs_python.sh and scaling.sh share. Source it first (after setting
+# BENCH_NAME), parse the script's own flags, hand the rest to bench_common_flag, then call
+# bench_validate and bench_start. It provides the defaults below (each from its BENCH_* variable),
+# a temporary folder ($TMP, removed on exit unless --keep), the CPU-busy probe, and running one
+# training job (trainyard's recipe or the Python peer) whose result JSON becomes a row of $RUNS:
+# impl, world size, repeat, busy% before, samples/s, train s, accuracy, loss.
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/${BENCH_NAME}.XXXXXX")
-cleanup() { if ((KEEP)); then echo "kept: $TMP" >&2; else rm -rf "$TMP"; fi; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-RUNS=$TMP/runs.tsv
-: >"$RUNS"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RANKS=${BENCH_RANKS:-2}
+THREADS=${BENCH_THREADS:-1}
+LIMIT=${BENCH_LIMIT:-6000}
+EPOCHS=${BENCH_EPOCHS:-1}
+BATCH_SIZE=${BENCH_BATCH_SIZE:-128}
+LR=${BENCH_LR:-0.001}
+SEED=${BENCH_SEED:-0}
+REPEATS=${BENCH_REPEATS:-1}
+TRAINYARD=${BENCH_TRAINYARD:-$ROOT/build/trainyard}
+PYTHON=${BENCH_PYTHON:-/usr/bin/python3}
+JSON_OUT=${BENCH_JSON:-}
+KEEP=0
+VERBOSE=0
+PEER=$ROOT/bench/python/fashion_mnist_ddp.py
+
+die() { echo "$BENCH_NAME.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+# bench_common_flag ARGS...: consumes one flag every script takes; BENCH_CONSUMED says how many
+# words it used (0: not a common flag).
+bench_common_flag() {
+  BENCH_CONSUMED=2
+  case $1 in
+    --ranks) RANKS=${2:?} ;;
+    --threads) THREADS=${2:?} ;;
+    --limit) LIMIT=${2:?} ;;
+    --epochs) EPOCHS=${2:?} ;;
+    --batch-size) BATCH_SIZE=${2:?} ;;
+    --lr) LR=${2:?} ;;
+    --seed) SEED=${2:?} ;;
+    --repeats) REPEATS=${2:?} ;;
+    --trainyard) TRAINYARD=${2:?} ;;
+    --json) JSON_OUT=${2:?} ;;
+    --keep) KEEP=1; BENCH_CONSUMED=1 ;;
+    --verbose) VERBOSE=1; BENCH_CONSUMED=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) BENCH_CONSUMED=0 ;;
+  esac
+}
+
+# bench_validate: the common values, the trainyard binary, and an interpreter to parse results.
+bench_validate() {
+  local v
+  for v in RANKS THREADS LIMIT EPOCHS BATCH_SIZE REPEATS; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
+  done
+  [[ $SEED =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
+  [[ -x $TRAINYARD ]] || die "$TRAINYARD is missing or not executable: build the project first (cmake --build build)."
+  [[ -x $PYTHON ]] || die "$PYTHON not found: Debian's python3 is needed (with python3-torch and python3-torchvision for the Python peer)."
+}
+
+# bench_require_peer FLAG: the Python peer and an interpreter with torch; FLAG names the option
+# that picks the interpreter, for the message.
+bench_require_peer() {
+  [[ -f $PEER ]] || die "the Python peer $PEER is missing."
+  "$PYTHON" -c 'import torch, torchvision, numpy' 2>/dev/null ||
+    die "$PYTHON cannot import torch, torchvision and numpy: install python3-torch and python3-torchvision (apt-get install python3-torch python3-torchvision), or point $1 at an interpreter that has them."
+}
+
+# bench_start: the temporary folder and the rows file.
+bench_start() {
+  TMP=$(mktemp -d "${TMPDIR:-/tmp}/${BENCH_NAME}.XXXXXX")
+  cleanup() { if ((KEEP)); then echo "kept: $TMP" >&2; else rm -rf "$TMP"; fi; }
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  RUNS=$TMP/runs.tsv
+  : >"$RUNS"
+}
 
 # cpu_busy: percent of all cores busy over the next second (others' work, before a run starts).
 cpu_busy() {

@@ -36,58 +36,23 @@
 # No network is used; all files go to a temporary folder removed on exit.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-RANKS=${BENCH_RANKS:-2}
-THREADS=${BENCH_THREADS:-1}
-LIMIT=${BENCH_LIMIT:-6000}
-EPOCHS=${BENCH_EPOCHS:-1}
-BATCH_SIZE=${BENCH_BATCH_SIZE:-128}
-LR=${BENCH_LR:-0.001}
-SEED=${BENCH_SEED:-0}
-REPEATS=${BENCH_REPEATS:-1}
-TRAINYARD=${BENCH_TRAINYARD:-$ROOT/build/trainyard}
-PYTHON=${BENCH_PYTHON:-/usr/bin/python3}
-JSON_OUT=${BENCH_JSON:-}
-KEEP=0
-VERBOSE=0
-PEER=$ROOT/bench/python/fashion_mnist_ddp.py
-
-die() { echo "recipe_vs_python.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+BENCH_NAME=recipe_vs_python
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 while (($#)); do
   case $1 in
-    --ranks) RANKS=${2:?}; shift 2 ;;
-    --threads) THREADS=${2:?}; shift 2 ;;
-    --limit) LIMIT=${2:?}; shift 2 ;;
-    --epochs) EPOCHS=${2:?}; shift 2 ;;
-    --batch-size) BATCH_SIZE=${2:?}; shift 2 ;;
-    --lr) LR=${2:?}; shift 2 ;;
-    --seed) SEED=${2:?}; shift 2 ;;
-    --repeats) REPEATS=${2:?}; shift 2 ;;
-    --trainyard) TRAINYARD=${2:?}; shift 2 ;;
     --python) PYTHON=${2:?}; shift 2 ;;
-    --json) JSON_OUT=${2:?}; shift 2 ;;
-    --keep) KEEP=1; shift ;;
-    --verbose) VERBOSE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
+    *)
+      bench_common_flag "$@"
+      ((BENCH_CONSUMED > 0)) || die "unknown argument '$1' (see --help)"
+      shift "$BENCH_CONSUMED" ;;
   esac
 done
 
-for v in RANKS THREADS LIMIT EPOCHS BATCH_SIZE REPEATS; do
-  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
-done
-[[ $SEED =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
-[[ -x $TRAINYARD ]] || die "$TRAINYARD is missing or not executable: build the project first (cmake --build build)."
-[[ -f $PEER ]] || die "the Python peer $PEER is missing."
-[[ -x $PYTHON ]] || die "$PYTHON not found: the Python peer needs Debian's python3 with python3-torch and python3-torchvision."
-"$PYTHON" -c 'import torch, torchvision, numpy' 2>/dev/null ||
-  die "$PYTHON cannot import torch, torchvision and numpy: install python3-torch and python3-torchvision (apt-get install python3-torch python3-torchvision), or point --python at an interpreter that has them."
-
-BENCH_NAME=recipe_vs_python
-# shellcheck source=bench/common.sh
-source "$ROOT/bench/common.sh"
+bench_validate
+bench_require_peer --python
+bench_start
 
 echo "FashionMNIST ResNet18: trainyard recipe vs Python PyTorch DDP peer" >&2
 echo "  $RANKS rank(s) x $THREADS thread(s), limit $LIMIT, $EPOCHS epoch(s), batch $BATCH_SIZE/rank, lr $LR, seed $SEED, $REPEATS repeat(s)" >&2
