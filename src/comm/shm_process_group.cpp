@@ -11,6 +11,7 @@
 #include <atomic>
 #include <climits>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -65,6 +66,23 @@ void futex_wake_all(Counter& c) {
 void futex_wait(Counter& c, std::uint32_t seen, std::chrono::milliseconds slice) {
   timespec ts{.tv_sec = 0, .tv_nsec = static_cast<long>(slice.count()) * 1000000L};
   ::syscall(SYS_futex, futex_word(c), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+// False once `pid` has exited: gone (ESRCH), or a zombie its parent has not reaped yet.
+bool process_alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno != ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return true;  // no /proc: trust kill()
+  char state = '?';
+  // The state follows the command name, which is in parentheses and may contain spaces.
+  int c;
+  while ((c = std::fgetc(f)) != EOF && c != ')') {
+  }
+  if (c == ')' && std::fscanf(f, " %c", &state) != 1) state = '?';
+  std::fclose(f);
+  return state != 'Z' && state != 'X';
 }
 
 std::string pid_namespace() {
@@ -187,7 +205,7 @@ struct ShmProcessGroup::Impl {
                                      ": the shared-memory process group was destroyed while a "
                                      "collective waited for rank ",
                                      peer, "."));
-        if (check_pids && ::kill(header->pids[peer], 0) != 0 && errno == ESRCH)
+        if (check_pids && !process_alive(header->pids[peer]))
           throw NetworkError(detail::concat(
               "Rank ", rank, "/", world, ": rank ", peer, " (pid ", header->pids[peer],
               ") exited during a shared-memory collective. HINT: its own log names the cause."));
