@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "trainyard/comm/dist_env.h"
+#include "trainyard/data/fashion_mnist.h"
 #include "trainyard/elastic/launcher.h"
 #include "trainyard/train/fashion_mnist.h"
 
@@ -95,7 +96,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   fm->add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
   fm->add_option("--data-dir", o.data_dir, "Folder with the FashionMNIST IDX files")
-      ->default_str("/usr/share/datasets/fashion-mnist");
+      ->default_str(data::kFashionMnistDir);
   fm->add_flag("--no-progress", no_progress, "Never draw a progress bar");
   fm->callback([&exit_code] {
     o.progress = !no_progress;
@@ -105,13 +106,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
       return;
     }
     auto result = train::run_fashion_mnist_rank(o);
-    const bool parent_prints = std::getenv(kParentEnv) != nullptr;
-    if (parent_prints || std::getenv("RANK") == nullptr ||
-        std::string(std::getenv("RANK")) != "0") {
-      exit_code = 0;
-      return;
-    }
-    train::print_training_result(result.run_dir + "/result.json");
+    // Rank 0 prints the table, unless the bare parent that launched this job prints it.
+    if (parse_dist_env().rank == 0 && std::getenv(kParentEnv) == nullptr)
+      train::print_training_result(result.run_dir + "/result.json");
     exit_code = 0;
   });
 }

@@ -200,14 +200,6 @@ void DdpReducer::build_buckets() {
   }
 }
 
-std::vector<std::string> DdpReducer::bucket_parameter_names(int index) const {
-  TY_CHECK(index >= 0 && index < bucket_count(), "bucket index ", index, " out of range [0, ",
-           bucket_count(), ").");
-  std::vector<std::string> names;
-  for (auto j : buckets_[index]->params) names.push_back(param_names_[j]);
-  return names;
-}
-
 void DdpReducer::prepare_forward() {
   if (backward_started_) {
     // The last backward failed before its end-of-backward callback ran (the engine drops queued

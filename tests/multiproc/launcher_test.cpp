@@ -522,15 +522,28 @@ TEST(LauncherCli, StaticMultiNodeLaunchesThisNodesShare) {
   EXPECT_EQ(read_file(dir.path() / "r3"), "3 1 4 1 29555\n");
 }
 
+// `trainyard run` with two ranks that write their pids to dir/pid<RANK> and sleep.
+Subprocess start_sleeping_ranks(const TempDir& dir) {
+  return Subprocess(
+      SubprocessOptions{.argv = {kCli, "run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
+                                 R"(echo $$ > "$OUTDIR/pid$RANK"; exec sleep 30)"},
+                        .env = {{"OUTDIR", dir.str()}}});
+}
+
+// The ranks' pids, once both files exist (empty when they do not appear within 5 s).
+std::vector<int> rank_pids(const TempDir& dir) {
+  const std::vector<std::filesystem::path> files = {dir.path() / "pid0", dir.path() / "pid1"};
+  std::vector<int> pids;
+  if (!mptest::wait_for_files(files, 5s)) return pids;
+  for (const auto& f : files) pids.push_back(std::stoi(read_file(f)));
+  return pids;
+}
+
 TEST(LauncherCli, SigintStopsTheRanks) {
   TempDir dir;
-  Subprocess cli(SubprocessOptions{.argv = {kCli, "run", "--nproc-per-node", "2", "--", "/bin/sh",
-                                            "-c", R"(echo $$ > "$OUTDIR/pid$RANK"; exec sleep 30)"},
-                                   .env = {{"OUTDIR", dir.str()}}});
-  const std::vector<std::filesystem::path> pid_files = {dir.path() / "pid0", dir.path() / "pid1"};
-  ASSERT_TRUE(mptest::wait_for_files(pid_files, 5s));
-  std::vector<int> pids;
-  for (const auto& f : pid_files) pids.push_back(std::stoi(read_file(f)));
+  Subprocess cli = start_sleeping_ranks(dir);
+  const auto pids = rank_pids(dir);
+  ASSERT_EQ(pids.size(), 2u) << "the ranks did not start";
   ASSERT_EQ(kill(cli.pid(), SIGINT), 0);
   auto r = mptest::collect(cli, 10s);
   ASSERT_FALSE(r.timed_out);
@@ -542,13 +555,9 @@ TEST(LauncherCli, SigintStopsTheRanks) {
 
 TEST(LauncherCli, RanksDieWithTheLauncher) {
   TempDir dir;
-  Subprocess cli(SubprocessOptions{.argv = {kCli, "run", "--nproc-per-node", "2", "--", "/bin/sh",
-                                            "-c", R"(echo $$ > "$OUTDIR/pid$RANK"; exec sleep 30)"},
-                                   .env = {{"OUTDIR", dir.str()}}});
-  const std::vector<std::filesystem::path> pid_files = {dir.path() / "pid0", dir.path() / "pid1"};
-  ASSERT_TRUE(mptest::wait_for_files(pid_files, 5s));
-  std::vector<int> pids;
-  for (const auto& f : pid_files) pids.push_back(std::stoi(read_file(f)));
+  Subprocess cli = start_sleeping_ranks(dir);
+  const auto pids = rank_pids(dir);
+  ASSERT_EQ(pids.size(), 2u) << "the ranks did not start";
   ASSERT_EQ(kill(cli.pid(), SIGKILL), 0);  // no chance to clean up: PR_SET_PDEATHSIG must
   ASSERT_TRUE(cli.wait_for(5s).has_value());
   for (int pid : pids) {

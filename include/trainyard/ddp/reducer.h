@@ -67,8 +67,6 @@ class DdpReducer {
 
   const DdpStepStats& last_step_stats() const { return stats_; }
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
-  // Parameter names of bucket `index`, in the order their gradients are laid out in it.
-  std::vector<std::string> bucket_parameter_names(int index) const;
 
   // Internal: called from the gradient-accumulator hooks and the end-of-backward callback.
   void on_gradient_ready(std::size_t param_index);
