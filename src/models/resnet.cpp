@@ -8,20 +8,23 @@ namespace trainyard::models {
 namespace nn = torch::nn;
 
 namespace {
-nn::Conv2d conv(int in, int out, int kernel, int stride, int padding) {
-  return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(false));
+TapConv2d conv(int in, int out, int kernel, int stride, int padding, double max_live_fraction) {
+  TapConv2d c(nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding).bias(false));
+  c->max_live_fraction = max_live_fraction;
+  return c;
 }
 }  // namespace
 
-BasicBlockImpl::BasicBlockImpl(int in_planes, int planes, int stride) {
-  conv1 = register_module("conv1", conv(in_planes, planes, 3, stride, 1));
+BasicBlockImpl::BasicBlockImpl(int in_planes, int planes, int stride, double max_live_fraction) {
+  const auto tap = max_live_fraction;
+  conv1 = register_module("conv1", conv(in_planes, planes, 3, stride, 1, tap));
   bn1 = register_module("bn1", nn::BatchNorm2d(planes));
-  conv2 = register_module("conv2", conv(planes, planes, 3, 1, 1));
+  conv2 = register_module("conv2", conv(planes, planes, 3, 1, 1, tap));
   bn2 = register_module("bn2", nn::BatchNorm2d(planes));
   if (stride != 1 || in_planes != planes * kExpansion) {
-    downsample = register_module("downsample",
-                                 nn::Sequential(conv(in_planes, planes * kExpansion, 1, stride, 0),
-                                                nn::BatchNorm2d(planes)));
+    downsample = register_module(
+        "downsample", nn::Sequential(conv(in_planes, planes * kExpansion, 1, stride, 0, tap),
+                                     nn::BatchNorm2d(planes)));
   }
 }
 
@@ -40,12 +43,14 @@ ResNetImpl::ResNetImpl(ResNetOptions options) {
   TY_CHECK(options.num_classes >= 1, "ResNetOptions.num_classes must be >= 1, got ",
            options.num_classes, ".");
   int in_planes = 64;
-  conv1 = register_module("conv1", conv(options.in_channels, 64, 7, 2, 3));
+  const auto tap = options.max_live_fraction;
+  TY_CHECK(tap >= 0, "ResNetOptions.max_live_fraction must be >= 0, got ", tap, ".");
+  conv1 = register_module("conv1", conv(options.in_channels, 64, 7, 2, 3, tap));
   bn1 = register_module("bn1", nn::BatchNorm2d(64));
-  layer1 = register_module("layer1", make_layer(in_planes, 64, options.layers[0], 1));
-  layer2 = register_module("layer2", make_layer(in_planes, 128, options.layers[1], 2));
-  layer3 = register_module("layer3", make_layer(in_planes, 256, options.layers[2], 2));
-  layer4 = register_module("layer4", make_layer(in_planes, 512, options.layers[3], 2));
+  layer1 = register_module("layer1", make_layer(in_planes, 64, options.layers[0], 1, tap));
+  layer2 = register_module("layer2", make_layer(in_planes, 128, options.layers[1], 2, tap));
+  layer3 = register_module("layer3", make_layer(in_planes, 256, options.layers[2], 2, tap));
+  layer4 = register_module("layer4", make_layer(in_planes, 512, options.layers[3], 2, tap));
   fc = register_module("fc", nn::Linear(512 * BasicBlockImpl::kExpansion, options.num_classes));
 
   // torchvision: He initialisation (fan_out) for convolutions, BatchNorm to identity.
@@ -60,11 +65,13 @@ ResNetImpl::ResNetImpl(ResNetOptions options) {
   }
 }
 
-nn::Sequential ResNetImpl::make_layer(int& in_planes, int planes, int blocks, int stride) {
+nn::Sequential ResNetImpl::make_layer(
+    int& in_planes, int planes, int blocks, int stride, double max_live_fraction) {
   nn::Sequential layer;
-  layer->push_back(BasicBlock(in_planes, planes, stride));
+  layer->push_back(BasicBlock(in_planes, planes, stride, max_live_fraction));
   in_planes = planes * BasicBlockImpl::kExpansion;
-  for (int i = 1; i < blocks; ++i) layer->push_back(BasicBlock(in_planes, planes, 1));
+  for (int i = 1; i < blocks; ++i)
+    layer->push_back(BasicBlock(in_planes, planes, 1, max_live_fraction));
   return layer;
 }
 
@@ -76,9 +83,11 @@ torch::Tensor ResNetImpl::forward(torch::Tensor x) {
   return fc->forward(x);
 }
 
-ResNet resnet18(int in_channels, int num_classes) {
-  ResNet model(ResNetOptions{
-      .layers = {2, 2, 2, 2}, .in_channels = in_channels, .num_classes = num_classes});
+ResNet resnet18(int in_channels, int num_classes, double max_live_fraction) {
+  ResNet model(ResNetOptions{.layers = {2, 2, 2, 2},
+                             .in_channels = in_channels,
+                             .num_classes = num_classes,
+                             .max_live_fraction = max_live_fraction});
   model->conv1->reset_parameters();
   return model;
 }

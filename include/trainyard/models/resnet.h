@@ -10,6 +10,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "trainyard/models/tap_conv2d.h"
+
 #include <array>
 
 namespace trainyard::models {
@@ -18,15 +20,18 @@ struct ResNetOptions {
   std::array<int, 4> layers = {2, 2, 2, 2};  // BasicBlocks per stage: {2,2,2,2} is ResNet-18
   int in_channels = 3;
   int num_classes = 1000;
+  // Convolutions use the per-tap weight gradient (Note [Per-tap weight gradient]) where at most
+  // this share of (tap, output pixel) pairs reads real pixels; 0 keeps LibTorch's kernel.
+  double max_live_fraction = kMaxLiveFraction;
 };
 
 class BasicBlockImpl : public torch::nn::Module {
  public:
   static constexpr int kExpansion = 1;
-  BasicBlockImpl(int in_planes, int planes, int stride);
+  BasicBlockImpl(int in_planes, int planes, int stride, double max_live_fraction);
   torch::Tensor forward(torch::Tensor x);
 
-  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  TapConv2d conv1{nullptr}, conv2{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
   torch::nn::Sequential downsample{nullptr};  // conv 1x1 + BatchNorm when the shape changes
 };
@@ -38,19 +43,22 @@ class ResNetImpl : public torch::nn::Module {
   // (B, in_channels, H, W) -> (B, num_classes) logits
   torch::Tensor forward(torch::Tensor x);
 
-  torch::nn::Conv2d conv1{nullptr};
+  TapConv2d conv1{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr};
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
   torch::nn::Linear fc{nullptr};
 
  private:
-  torch::nn::Sequential make_layer(int& in_planes, int planes, int blocks, int stride);
+  torch::nn::Sequential make_layer(
+      int& in_planes, int planes, int blocks, int stride, double max_live_fraction);
 };
 TORCH_MODULE(ResNet);
 
 // torchvision's resnet18(num_classes) with the seed's change: conv1 takes `in_channels` channels
 // (7x7, stride 2, padding 3, no bias) and keeps PyTorch's default Conv2d initialisation, as a
 // conv1 replaced after construction does.
-ResNet resnet18(int in_channels = 3, int num_classes = 1000);
+ResNet resnet18(int in_channels = 3,
+                int num_classes = 1000,
+                double max_live_fraction = kMaxLiveFraction);
 
 }  // namespace trainyard::models
