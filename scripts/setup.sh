@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
-# Installs everything trainyard needs to build, test and benchmark on Debian 12.
-# Idempotent: when every package is already present it touches nothing.
+# Installs everything trainyard needs to build, test and benchmark on Debian 12, plus s3rver (an
+# S3-compatible server the S3 checkpoint storage tests run against) from the npm registry.
+# Idempotent: when everything is already present it touches nothing.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread   # LibTorch, Gloo headers, a fast BLAS
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
-  libcurl4-openssl-dev libsqlite3-dev zlib1g-dev
+  libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   dataset-fashion-mnist fortunes                   # data sets
   python3-torch python3-torchvision                # the Python peer for comparisons
+  etcd-server etcd-client                          # etcd for the etcd rendezvous tests
   iproute2 procps
 )
+# Node.js and npm run s3rver. A nodejs package that bundles npm (NodeSource's) provides and
+# conflicts with Debian's npm, so Debian's pair is asked for only when there is no npm at all.
+if ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
+
+# s3rver lives outside the git tree; tests/CMakeLists.txt points the tests at this prefix.
+s3rver_prefix=/opt/trainyard/node
+s3rver_version=3.7.1
+
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,12 +35,21 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo_cmd=()
-[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+# The installed s3rver's version, or nothing; any 3.7.x counts as present.
+installed=$(node -p "require('${s3rver_prefix}/node_modules/s3rver/package.json').version" \
+  2>/dev/null || true)
+if [[ "$installed" == 3.7.* && -x "${s3rver_prefix}/node_modules/.bin/s3rver" ]]; then
+  echo "setup: s3rver ${installed} present in ${s3rver_prefix}"
+else
+  echo "setup: installing s3rver@${s3rver_version} into ${s3rver_prefix}"
+  "${sudo_cmd[@]}" mkdir -p "$s3rver_prefix"
+  "${sudo_cmd[@]}" npm install --prefix "$s3rver_prefix" --no-audit --no-fund \
+    "s3rver@${s3rver_version}"
+fi

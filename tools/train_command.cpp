@@ -3,8 +3,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 
+#include "trainyard/checkpoint/storage.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/data/fashion_mnist.h"
 #include "trainyard/elastic/launcher.h"
@@ -28,6 +28,7 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o) {
   elastic::LaunchOptions launch;
   launch.nproc_per_node = o.workers;
   launch.run_id = o.name;
+  launch.max_restarts = o.max_restarts;
   launch.extra_env = {{kParentEnv, "1"}};
   launch.command = {elastic::self_executable(),
                     "train",
@@ -42,6 +43,10 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o) {
                     exact(o.lr),
                     "--storage",
                     o.storage,
+                    "--checkpoint-every",
+                    std::to_string(o.checkpoint_every),
+                    "--num-to-keep",
+                    std::to_string(o.num_to_keep),
                     "--name",
                     o.name,
                     "--limit",
@@ -59,8 +64,7 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o) {
   if (!o.progress) launch.command.push_back("--no-progress");
   auto result = elastic::launch(launch);
   if (!result.succeeded) return result.exit_code();
-  train::print_training_result(
-      (std::filesystem::path(o.storage) / o.name / "result.json").string());
+  train::print_training_result(checkpoint::join_uri(o.storage, o.name));
   const auto total =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
           .count();
@@ -85,9 +89,21 @@ void add_train_command(CLI::App& app, int& exit_code) {
   fm->add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();
   fm->add_option("--batch-size", o.batch_size, "Batch size per rank")->capture_default_str();
   fm->add_option("--lr", o.lr, "Adam learning rate")->capture_default_str();
-  fm->add_option("--storage", o.storage, "Results directory; the run goes to STORAGE/NAME/")
+  fm->add_option("--storage", o.storage,
+                 "Where runs go: a directory, file:///dir or s3://bucket/prefix; this run is "
+                 "STORAGE/NAME")
       ->capture_default_str();
-  fm->add_option("--name", o.name, "The run's folder under --storage")->capture_default_str();
+  fm->add_option("--name", o.name,
+                 "The run's folder under --storage; a new start resumes its newest checkpoint")
+      ->capture_default_str();
+  fm->add_option("--checkpoint-every", o.checkpoint_every,
+                 "Save a checkpoint every N steps (0: only at the end)")
+      ->capture_default_str();
+  fm->add_option("--num-to-keep", o.num_to_keep, "Keep the newest K checkpoints (0: all)")
+      ->capture_default_str();
+  fm->add_option("--max-restarts", o.max_restarts,
+                 "Run bare: restart the ranks up to N times after a failure")
+      ->capture_default_str();
   fm->add_option("--limit", o.limit, "Use the first N training images (-1: all)")
       ->capture_default_str();
   fm->add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / ranks)")
@@ -108,7 +124,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
     auto result = train::run_fashion_mnist_rank(o);
     // Rank 0 prints the table, unless the bare parent that launched this job prints it.
     if (parse_dist_env().rank == 0 && std::getenv(kParentEnv) == nullptr)
-      train::print_training_result(result.run_dir + "/result.json");
+      train::print_training_result(result.run_uri);
     exit_code = 0;
   });
 }

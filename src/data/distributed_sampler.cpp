@@ -1,5 +1,6 @@
 #include "trainyard/data/distributed_sampler.h"
 
+#include <algorithm>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -25,7 +26,9 @@ DistributedSampler::DistributedSampler(SamplerOptions options) : options_(option
   }
 }
 
-std::vector<std::int64_t> DistributedSampler::indices() const {
+std::vector<std::int64_t> DistributedSampler::indices(std::int64_t start) const {
+  TY_CHECK(start >= 0, "DistributedSampler::indices: start must be >= 0, got ", start, ".");
+  start -= start % options_.num_replicas;
   const auto n = options_.dataset_size;
   std::vector<std::int64_t> all;
   all.reserve(static_cast<std::size_t>(total_size()));
@@ -43,8 +46,8 @@ std::vector<std::int64_t> DistributedSampler::indices() const {
   all.resize(static_cast<std::size_t>(total_size()));
 
   std::vector<std::int64_t> mine;
-  mine.reserve(static_cast<std::size_t>(num_samples_));
-  for (auto i = static_cast<std::size_t>(options_.rank); i < all.size();
+  mine.reserve(static_cast<std::size_t>(std::max<std::int64_t>(0, num_samples_ - start / options_.num_replicas)));
+  for (auto i = static_cast<std::size_t>(start + options_.rank); i < all.size();
        i += static_cast<std::size_t>(options_.num_replicas))
     mine.push_back(all[i]);
   return mine;

@@ -1,6 +1,5 @@
 #include "trainyard/train/fashion_mnist.h"
 
-#include <fcntl.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -10,10 +9,10 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <thread>
 
+#include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/checkpoint/torch_state.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/data/batch_loader.h"
 #include "trainyard/data/distributed_sampler.h"
@@ -25,7 +24,6 @@
 #include "trainyard/optim/fused_adam.h"
 
 namespace trainyard::train {
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -66,20 +64,34 @@ bool interactive_output() {
   return (tty != nullptr && std::string(tty) == "1") || ::isatty(STDOUT_FILENO) == 1;
 }
 
-void write_json_atomically(const fs::path& path, const nlohmann::json& value) {
-  auto tmp = path;
-  tmp += ".tmp";
-  const std::string text = value.dump(2) + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TY_CHECK_T(Error, fd >= 0, "Cannot write ", tmp.string(), ": ", std::strerror(errno), ".");
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                  ::fsync(fd) == 0;
-  const int saved_errno = errno;
-  ::close(fd);
-  TY_CHECK_T(Error, ok, "Cannot write ", tmp.string(), ": ", std::strerror(saved_errno),
-             ". HINT: is the storage full?");
-  fs::rename(tmp, path);
+// Where a run stands; state.json in each checkpoint.
+struct Progress {
+  int epoch = 0;                      // the epoch to run next (or being run)
+  std::int64_t epoch_position = 0;    // sample positions of that epoch done, all ranks together
+  std::int64_t global_step = 0;       // optimizer steps since the run began
+  int world_size = 1;                 // when the checkpoint was taken
+};
+
+nlohmann::json to_json(const Progress& p) {
+  return {{"epoch", p.epoch},
+          {"epoch_position", p.epoch_position},
+          {"global_step", p.global_step},
+          {"world_size", p.world_size}};
 }
+
+Progress progress_from_json(const std::string& text, const std::string& what) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    return Progress{.epoch = j.at("epoch").get<int>(),
+                    .epoch_position = j.at("epoch_position").get<std::int64_t>(),
+                    .global_step = j.at("global_step").get<std::int64_t>(),
+                    .world_size = j.at("world_size").get<int>()};
+  } catch (const std::exception& e) {
+    throw CheckpointCorruptError(detail::concat(what, " is not a valid training state: ", e.what()));
+  }
+}
+
+std::string json_text(const nlohmann::json& value) { return value.dump(2) + "\n"; }
 
 nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int threads) {
   return {{"recipe", "fashion-mnist"},   {"model", "resnet18 (1-channel 7x7 conv1, 10 classes)"},
@@ -88,7 +100,8 @@ nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int thr
           {"optimizer", "Adam"},         {"limit", o.limit},
           {"threads_per_rank", threads}, {"seed", o.seed},
           {"data_dir", o.data_dir},      {"bucket_cap_mb", o.bucket_cap_mb},
-          {"storage", o.storage},        {"name", o.name}};
+          {"storage", o.storage},        {"name", o.name},
+          {"checkpoint_every", o.checkpoint_every}, {"num_to_keep", o.num_to_keep}};
 }
 
 }  // namespace
@@ -104,7 +117,11 @@ void FashionMnistOptions::validate() const {
            "--bucket-cap-mb must be between 1 KiB (0.0009765625) and 65536 MiB, got ",
            bucket_cap_mb, ".");
   TY_CHECK(threads >= 0, "--threads must be >= 0 (0: cores / workers), got ", threads, ".");
-  TY_CHECK(!storage.empty(), "--storage must name a directory.");
+  TY_CHECK(!storage.empty(), "--storage must name a directory, file:///dir or s3://bucket/prefix.");
+  TY_CHECK(checkpoint_every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ",
+           checkpoint_every, ".");
+  TY_CHECK(num_to_keep >= 0, "--num-to-keep must be >= 0 (0: keep all), got ", num_to_keep, ".");
+  TY_CHECK(max_restarts >= 0, "--max-restarts must be >= 0, got ", max_restarts, ".");
   TY_CHECK(!name.empty() && name.find('/') == std::string::npos,
            "--name must be a non-empty folder name without '/', got '", name, "'.");
 }
@@ -115,6 +132,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   auto dist = init();
   const int rank = dist->rank();
   const int world = dist->world_size();
+  const int restart_count = dist->env().restart_count;
   auto log = logger("train");
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -126,22 +144,86 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain, options.limit);
   auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
 
-  const fs::path run_dir = fs::path(options.storage) / options.name;
+  const std::string run_uri = checkpoint::join_uri(options.storage, options.name);
+  checkpoint::Checkpointer checkpointer(run_uri, {.num_to_keep = options.num_to_keep});
   auto resolved = options;
   resolved.data_dir = data_dir;
   const auto config = config_json(resolved, world, threads);
   if (rank == 0) {
-    fs::create_directories(run_dir);
-    write_json_atomically(run_dir / "config.json", config);
+    checkpointer.storage().write("config.json", json_text(config));
     log->info("configuration: {}", config.dump());
   }
 
   torch::manual_seed(options.seed);
   auto model = models::resnet18(/*in_channels=*/1, /*num_classes=*/10);
+
+  // Rank 0 picks the checkpoint to resume from (the newest that verifies) and tells the others,
+  // so that every rank loads the same one even while rank 0 of an earlier attempt is saving.
+  std::optional<checkpoint::LoadedCheckpoint> resume;
+  if (rank == 0) resume = checkpointer.load_latest();
+  auto chosen = torch::tensor({resume ? checkpoint::checkpoint_number(resume->name) : -1},
+                              torch::kInt64);
+  if (world > 1) {
+    std::vector<torch::Tensor> v{chosen};
+    dist->process_group()->broadcast(v)->wait();
+  }
+  if (rank != 0 && chosen.item<std::int64_t>() >= 0) {
+    resume = checkpointer.load(checkpoint::checkpoint_name(chosen.item<std::int64_t>()));
+  }
+  Progress progress{.world_size = world};
+  if (resume) {
+    const auto where = checkpoint::join_uri(run_uri, resume->name);
+    auto file = [&](const std::string& f) -> const std::string& {
+      auto it = resume->checkpoint.files.find(f);
+      TY_CHECK_T(CheckpointCorruptError, it != resume->checkpoint.files.end(), where, " has no ",
+                 f, ".");
+      return it->second;
+    };
+    checkpoint::load_module(*model, file("model.pt"), where + "/model.pt");
+    checkpoint::load_cpu_rng_state(file("rng.pt"), where + "/rng.pt");
+    progress = progress_from_json(file("state.json"), where + "/state.json");
+    if (progress.world_size != world) {
+      log->warn("{} was taken at world size {}; continuing at world size {} from the same sample "
+                "position.", resume->name, progress.world_size, world);
+    }
+  }
+
   ddp::DistributedDataParallel ddp(model, dist->process_group(),
                                    ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(
                                                        options.bucket_cap_mb * (1 << 20))});
   optim::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr));
+  if (resume) {
+    const auto where = checkpoint::join_uri(run_uri, resume->name) + "/optimizer.pt";
+    auto it = resume->checkpoint.files.find("optimizer.pt");
+    TY_CHECK_T(CheckpointCorruptError, it != resume->checkpoint.files.end(), where, " is missing.");
+    checkpoint::load_optimizer(optimizer, it->second, where);
+    if (rank == 0) {
+      std::printf("Resuming from %s at step %lld (epoch %d, %lld samples into it)\n",
+                  resume->name.c_str(), static_cast<long long>(progress.global_step),
+                  progress.epoch, static_cast<long long>(progress.epoch_position));
+      std::fflush(stdout);
+    }
+  }
+  std::string last_checkpoint = resume ? resume->name : "";
+  std::int64_t last_checkpoint_step = resume ? progress.global_step : -1;
+
+  // Rank 0 saves; the others go on to the next step and wait for it in the next all-reduce.
+  auto save_checkpoint = [&] {
+    if (rank != 0) return;
+    const auto t0 = Clock::now();
+    progress.world_size = world;
+    checkpoint::Checkpoint c{.step = progress.global_step};
+    c.files["model.pt"] = checkpoint::module_to_bytes(*model);
+    c.files["optimizer.pt"] = checkpoint::optimizer_to_bytes(optimizer);
+    c.files["rng.pt"] = checkpoint::cpu_rng_state_to_bytes();
+    c.files["state.json"] = json_text(to_json(progress));
+    std::size_t bytes = 0;
+    for (const auto& [f, data] : c.files) bytes += data.size();
+    last_checkpoint = checkpointer.save(c);
+    last_checkpoint_step = progress.global_step;
+    log->info("Saved {} at step {} ({:.1f} MB) in {:.2f} s", last_checkpoint, progress.global_step,
+              bytes / 1e6, seconds_since(t0));
+  };
 
   data::DistributedSampler sampler({.dataset_size = train_set.size(),
                                     .num_replicas = world,
@@ -153,15 +235,19 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     return data::Batch{x, y};
   };
 
-  const bool progress = options.progress && rank == 0 && interactive_output();
+  const bool bar_enabled = options.progress && rank == 0 && interactive_output();
+  const std::string restarts =
+      restart_count > 0 ? detail::concat(" | Restarts: ", restart_count) : std::string();
   double train_time = 0;
-  std::int64_t samples_seen = 0;  // this rank
-  for (int epoch = 0; epoch < options.epochs; ++epoch) {
+  std::int64_t samples_seen = 0;  // this rank, this attempt
+  for (int epoch = progress.epoch; epoch < options.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     sampler.set_epoch(epoch);
     model->train();
-    data::BatchLoader loader(sampler.indices(), make_batch, {.batch_size = options.batch_size});
-    ProgressBar bar(progress, epoch, loader.num_batches());
+    const std::int64_t first_position = epoch == progress.epoch ? progress.epoch_position : 0;
+    data::BatchLoader loader(sampler.indices(first_position), make_batch,
+                             {.batch_size = options.batch_size});
+    ProgressBar bar(bar_enabled, epoch, loader.num_batches());
     std::int64_t step = 0;
     // Seconds per phase over the epoch, for the debug summary.
     double t_data = 0, t_forward = 0, t_backward = 0, t_optimizer = 0, t_comm = 0;
@@ -183,10 +269,29 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
       take(t_optimizer);
       samples_seen += batch->inputs.size(0);
       ++step;
-      if (progress && (step % 5 == 0 || step == loader.num_batches()))
+      ++progress.global_step;
+      if (step == loader.num_batches()) {
+        progress.epoch = epoch + 1;
+        progress.epoch_position = 0;
+      } else {
+        progress.epoch = epoch;
+        progress.epoch_position = first_position - first_position % world +
+                                  step * options.batch_size * world;
+      }
+      if (bar_enabled && (step % 5 == 0 || step == loader.num_batches()))
         bar.update(step, loss.item<double>());
+      if (resume && samples_seen == batch->inputs.size(0)) {
+        log->info("First step after resuming from {} done: step {}, {:.2f} s after this rank started",
+                  resume->name, progress.global_step, seconds_since(start));
+      } else {
+        log->debug("step {} done", progress.global_step);
+      }
+      if (options.checkpoint_every > 0 && progress.global_step % options.checkpoint_every == 0)
+        save_checkpoint();
       lap = Clock::now();
     }
+    progress.epoch = epoch + 1;
+    progress.epoch_position = 0;
     if (step > 0)
       log->debug(
           "epoch {}: per step {:.1f} ms data wait, {:.1f} ms forward, {:.1f} ms backward "
@@ -197,11 +302,12 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     train_time += epoch_time;
     std::printf(
         "[Epoch %d | CPU%d: Process rank %d | Batchsize: %lld | Steps: %lld | Total epoch "
-        "time: %.4f]\n",
+        "time: %.4f%s]\n",
         epoch, dist->local_rank(), rank, static_cast<long long>(options.batch_size),
-        static_cast<long long>(step), epoch_time);
+        static_cast<long long>(step), epoch_time, restarts.c_str());
     std::fflush(stdout);
   }
+  if (last_checkpoint_step != progress.global_step) save_checkpoint();
 
   // Evaluation: rank r takes test images r, r+W, ...; sums are all-reduced, so every image
   // counts exactly once.
@@ -245,15 +351,16 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   result.loss = totals[0].item<double>() / totals[2].item<double>();
   result.accuracy = totals[1].item<double>() / totals[2].item<double>();
   result.train_time_s = slowest.item<double>();
-  result.train_samples_per_s = totals[3].item<double>() / result.train_time_s;
+  result.train_samples_per_s =
+      result.train_time_s > 0 ? totals[3].item<double>() / result.train_time_s : 0;
   result.world_size = world;
-  result.run_dir = run_dir.string();
-  result.checkpoint_dir_name = "checkpoint_000000";
+  result.run_uri = run_uri;
+  result.restart_count = restart_count;
+  result.global_step = progress.global_step;
+  // Rank 0's name; the other ranks learn it from the result file.
+  result.checkpoint_dir_name = last_checkpoint;
 
   if (rank == 0) {
-    const auto checkpoint_dir = run_dir / result.checkpoint_dir_name;
-    fs::create_directories(checkpoint_dir);
-    torch::save(model, (checkpoint_dir / "model.pt").string());
     result.time_total_s = seconds_since(start);
     nlohmann::json out = {{"loss", result.loss},
                           {"accuracy", result.accuracy},
@@ -261,27 +368,30 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
                           {"time_total_s", result.time_total_s},
                           {"training_iteration", 1},
                           {"checkpoint_dir_name", result.checkpoint_dir_name},
+                          {"restart_count", restart_count},
+                          {"global_step", progress.global_step},
                           {"train_time_s", result.train_time_s},
                           {"train_samples_per_s", result.train_samples_per_s},
                           {"world_size", world},
                           {"config", config}};
-    write_json_atomically(run_dir / "result.json", out);
+    checkpointer.storage().write("result.json", json_text(out));
     log->info("test accuracy {:.4f}, loss {:.5f}; {:.1f} training samples/s; results in {}",
-              result.accuracy, result.loss, result.train_samples_per_s, run_dir.string());
+              result.accuracy, result.loss, result.train_samples_per_s, run_uri);
   }
   dist->barrier();
   return result;
 }
 
-void print_training_result(const std::string& result_json_path) {
-  std::ifstream in(result_json_path);
-  TY_CHECK_T(Error, in.good(), "No result at ", result_json_path,
+void print_training_result(const std::string& run_uri) {
+  const auto text = checkpoint::open_storage(run_uri)->read("result.json");
+  const auto path = checkpoint::join_uri(run_uri, "result.json");
+  TY_CHECK_T(Error, text.has_value(), "No result at ", path,
              ": the job did not finish. HINT: the ranks' output above names the cause.");
   nlohmann::json r;
   try {
-    r = nlohmann::json::parse(in);
+    r = nlohmann::json::parse(*text);
   } catch (const std::exception& e) {
-    throw CorruptDataError(detail::concat(result_json_path, " is not valid JSON: ", e.what()));
+    throw CorruptDataError(detail::concat(path, " is not valid JSON: ", e.what()));
   }
   auto fixed = [](double v, int precision) {
     char buf[64];
@@ -293,6 +403,7 @@ void print_training_result(const std::string& result_json_path) {
       {"time_this_iter_s", fixed(r.value("time_this_iter_s", 0.0), 3)},
       {"time_total_s", fixed(r.value("time_total_s", 0.0), 3)},
       {"training_iteration", std::to_string(r.value("training_iteration", 0))},
+      {"restart_count", std::to_string(r.value("restart_count", 0))},
       {"accuracy", fixed(r.value("accuracy", 0.0), 4)},
       {"loss", fixed(r.value("loss", 0.0), 5)}};
   std::size_t value_width = 9;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -185,6 +186,35 @@ TEST(SamplerOrder, MatchesPyTorchsPermutation) {
   s.set_epoch(2);
   auto idx = s.indices();
   for (int i = 0; i < 5; ++i) EXPECT_EQ(idx[i], expected[2 * i + 1].item<int64_t>());
+}
+
+TEST(SamplerResume, TailFromAStartPositionMatchesTheUninterruptedOrder) {
+  // Same world size: resuming after 3 batches of 4 per rank gives exactly the rest of indices().
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler s({.dataset_size = 101, .num_replicas = 3, .rank = r, .seed = 1});
+    s.set_epoch(2);
+    const auto all = s.indices();
+    const auto tail = s.indices(/*start=*/3 * 4 * 3);
+    ASSERT_EQ(tail.size(), all.size() - 12);
+    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), all.begin() + 12));
+  }
+  // Another world size: the ranks split the remaining positions evenly and disjointly; a start
+  // that is not a multiple of the replica count is rounded down.
+  std::multiset<int64_t> rest;
+  std::size_t count = 0;
+  for (int r = 0; r < 2; ++r) {
+    DistributedSampler s({.dataset_size = 100, .num_replicas = 2, .rank = r, .seed = 1});
+    const auto tail = s.indices(/*start=*/33);
+    if (r == 0) count = tail.size();
+    EXPECT_EQ(tail.size(), count);
+    rest.insert(tail.begin(), tail.end());
+  }
+  EXPECT_EQ(rest.size(), 100u - 32u);
+  EXPECT_EQ(std::set<int64_t>(rest.begin(), rest.end()).size(), rest.size());
+  DistributedSampler s({.dataset_size = 10, .num_replicas = 2, .rank = 0});
+  EXPECT_TRUE(s.indices(/*start=*/10).empty());
+  EXPECT_TRUE(s.indices(/*start=*/50).empty());
+  EXPECT_THROW(s.indices(-1), trainyard::InvalidArgumentError);
 }
 
 TEST(SamplerOptionsCheck, RejectsBadRank) {

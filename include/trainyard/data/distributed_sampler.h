@@ -27,7 +27,15 @@ class DistributedSampler {
   std::int64_t epoch() const { return epoch_; }
 
   // This rank's indices for the current epoch, num_samples() of them.
-  std::vector<std::int64_t> indices() const;
+  std::vector<std::int64_t> indices() const { return indices(0); }
+
+  // The rest of this rank's indices for the current epoch after the first `start` positions of
+  // the epoch's padded permutation (all ranks together) were consumed: positions start + rank,
+  // start + rank + num_replicas, ... For resuming mid-epoch: with the same num_replicas and
+  // start = batches done * batch size * num_replicas, this is exactly the tail of indices().
+  // A start that is not a multiple of num_replicas (the world size changed) is rounded down so
+  // that every rank gets the same count; at most num_replicas - 1 samples are seen twice.
+  std::vector<std::int64_t> indices(std::int64_t start) const;
   std::int64_t num_samples() const { return num_samples_; }
   std::int64_t total_size() const { return num_samples_ * options_.num_replicas; }
 

@@ -1,0 +1,48 @@
+// Storage on Amazon S3 or an S3-compatible service, through libcurl with its built-in AWS
+// Signature Version 4 signing (CURLOPT_AWS_SIGV4). Objects are written with one PUT, or as a
+// multipart upload above multipart_threshold; reads are GETs, listing is ListObjectsV2 (paged).
+// Transient failures (connection errors, HTTP 5xx, 429 and S3's SlowDown) are retried with
+// exponential backoff; every request has a connect and a total timeout.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "trainyard/checkpoint/storage.h"
+#include "trainyard/comm/dist_env.h"
+
+namespace trainyard::checkpoint {
+
+struct S3Config {
+  std::string bucket;
+  std::string prefix;  // key prefix inside the bucket, without leading or trailing '/'
+  // Empty: AWS, https://<bucket>.s3.<region>.amazonaws.com (virtual-hosted style). Otherwise an
+  // S3-compatible endpoint such as http://127.0.0.1:4568, addressed path-style
+  // (<endpoint>/<bucket>/<key>).
+  std::string endpoint;
+  std::string region = "us-east-1";
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;                    // temporary credentials; empty when none
+  std::size_t multipart_threshold = 64u << 20;  // objects larger than this use multipart upload
+  std::size_t part_size = 16u << 20;            // >= 5 MiB, as S3 requires (except the last part)
+  int max_attempts = 5;                         // per request, the first try included
+  std::chrono::milliseconds initial_backoff{200};  // doubled after each failed attempt
+  std::chrono::milliseconds connect_timeout{10'000};
+  std::chrono::milliseconds request_timeout{300'000};
+
+  // Bucket and prefix from an s3://bucket/prefix URI; credentials from AWS_ACCESS_KEY_ID,
+  // AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN; region from AWS_REGION, else
+  // AWS_DEFAULT_REGION, else us-east-1; endpoint from AWS_ENDPOINT_URL_S3, else
+  // AWS_ENDPOINT_URL. Throws InvalidArgumentError for a malformed URI or missing credentials,
+  // naming the variable to set.
+  static S3Config from_uri(const std::string& uri, const EnvLookup& env = process_env());
+};
+
+// Validates config (InvalidArgumentError naming the field) without contacting the service. The
+// storage is thread-safe; each call blocks until S3 answered or every attempt failed.
+std::unique_ptr<Storage> make_s3_storage(S3Config config);
+
+}  // namespace trainyard::checkpoint

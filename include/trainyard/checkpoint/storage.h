@@ -1,0 +1,44 @@
+// Where checkpoints live: a flat key -> bytes store with atomic whole-object writes, addressed by
+// a URI. A plain path or file:///dir is a local or shared file system (NFS, FSx, ...);
+// s3://bucket/prefix is Amazon S3 or an S3-compatible service (see s3_storage.h).
+// Keys are relative, '/'-separated paths such as "checkpoint_000004/model.pt".
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trainyard::checkpoint {
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  // Stores `data` under `key`. Readers see either no object, the previous one, or all of `data`;
+  // never a part of it. Throws Error (NetworkError for a remote store) naming the key.
+  virtual void write(const std::string& key, std::string_view data) = 0;
+
+  // The whole object, or nullopt when there is none under `key`.
+  virtual std::optional<std::string> read(const std::string& key) = 0;
+
+  // Every key that starts with `prefix` ("" for all), in lexicographic order. Objects still
+  // being written are not listed.
+  virtual std::vector<std::string> list(const std::string& prefix) = 0;
+
+  // Removes the object under `key`; no error when there is none.
+  virtual void remove(const std::string& key) = 0;
+
+  // The URI this storage was opened with, for messages.
+  virtual std::string uri() const = 0;
+};
+
+// Opens the storage a URI names: "file:///abs/dir", a plain path ("/shared/runs", "results"),
+// or "s3://bucket/prefix". Throws InvalidArgumentError for an unknown scheme or a malformed URI.
+std::unique_ptr<Storage> open_storage(const std::string& uri);
+
+// A URI joined with a relative path: ("s3://b/runs", "job7") -> "s3://b/runs/job7".
+std::string join_uri(const std::string& uri, const std::string& relative);
+
+}  // namespace trainyard::checkpoint
