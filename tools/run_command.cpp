@@ -1,5 +1,8 @@
 #include "run_command.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -13,7 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "trainyard/elastic/c10d_backend.h"
+#include "trainyard/elastic/etcd_backend.h"
 #include "trainyard/elastic/launcher.h"
+#include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -33,6 +39,8 @@ struct RunFlags {
   std::string rdzv_id = "none";
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
+  std::string rdzv_conf;
+  std::string local_addr;
   bool standalone = false;
   int max_restarts = 0;
   std::string log_dir;
@@ -105,14 +113,6 @@ Endpoint parse_endpoint(const std::string& text) {
   return ep;
 }
 
-bool is_this_host(const std::string& host) {
-  if (host == "localhost" || host == "::1" || host == "0.0.0.0" || host.rfind("127.", 0) == 0) {
-    return true;
-  }
-  char name[256] = {};
-  return gethostname(name, sizeof(name) - 1) == 0 && host == name;
-}
-
 // A random run id in UUID4 form, as torchrun --standalone makes one.
 std::string random_run_id() {
   std::random_device device;
@@ -127,6 +127,71 @@ std::string random_run_id() {
                 static_cast<unsigned long long>(lo >> 48),
                 static_cast<unsigned long long>(lo & 0xFFFFFFFFFFFFull));
   return buf;
+}
+
+// The address of this host on the route to `host` (what the other nodes reach this one at):
+// a UDP socket "connected" to it sends nothing, but the kernel picks the source address.
+std::string route_address(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0) {
+    throw NetworkError(detail::concat("Cannot resolve the rendezvous host '", host,
+                                      "'. HINT: check --rdzv-endpoint, or pass --local-addr."));
+  }
+  std::string addr;
+  for (addrinfo* a = found; a != nullptr && addr.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* raw = local.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) addr = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  TY_CHECK_T(NetworkError, !addr.empty(), "No route to the rendezvous host '", host,
+             "'. HINT: check --rdzv-endpoint and the network, or pass --local-addr.");
+  return addr;
+}
+
+// The rendezvous of an elastic (c10d or etcd) run.
+std::shared_ptr<elastic::Rendezvous> make_rendezvous(const RunFlags& f,
+                                                     std::pair<int, int> nodes,
+                                                     const Endpoint& endpoint,
+                                                     const std::string& run_id) {
+  elastic::RendezvousOptions r;
+  r.run_id = run_id;
+  r.min_nodes = nodes.first;
+  r.max_nodes = nodes.second;
+  r.local_world_size = f.nproc_per_node;
+  elastic::apply_rendezvous_conf(f.rdzv_conf, r);
+  const bool etcd = f.rdzv_backend == "etcd";
+  const int port = endpoint.port.value_or(etcd ? 2379 : 29400);
+  r.local_addr = !f.local_addr.empty() ? f.local_addr : route_address(endpoint.host, port);
+  const std::string key = "/trainyard/rdzv/" + run_id + "/state";
+  // Reaching the backend is bounded by the join timeout (and a minute at most per request).
+  const auto timeout = std::min(r.join_timeout, std::chrono::milliseconds(60'000));
+  std::unique_ptr<elastic::RendezvousBackend> backend;
+  if (etcd) {
+    backend = elastic::make_etcd_backend({.endpoint = endpoint.host + ":" + std::to_string(port),
+                                          .key = key,
+                                          .timeout = timeout});
+  } else {
+    backend = elastic::make_c10d_backend({.host = endpoint.host,
+                                          .port = static_cast<std::uint16_t>(port),
+                                          .key = key,
+                                          .timeout = timeout});
+  }
+  return std::make_shared<elastic::Rendezvous>(std::move(backend), r);
 }
 
 // Resolves the flags into the launcher's options, checking what CLI11 cannot check alone.
@@ -150,28 +215,39 @@ elastic::LaunchOptions resolve(const RunFlags& f, const CLI::App& cmd) {
   auto nodes = parse_nnodes(f.nnodes);
   TY_CHECK(nodes.has_value(), "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got '", f.nnodes,
            "'.");
-  TY_CHECK(nodes->first == nodes->second, "--nnodes ", f.nnodes,
-           " asks for an elastic number of nodes; elastic (MIN:MAX) rendezvous arrives with the "
-           "elastic agent. HINT: give a fixed count, e.g. --nnodes 1.");
   o.nnodes = nodes->first;
   std::optional<Endpoint> endpoint;
   if (!f.rdzv_endpoint.empty()) endpoint = parse_endpoint(f.rdzv_endpoint);
+  TY_CHECK(f.rdzv_conf.empty() || f.rdzv_backend != "static",
+           "--rdzv-conf configures the c10d and etcd rendezvous, not static. HINT: add "
+           "--rdzv-backend c10d.");
+  {
+    elastic::RendezvousOptions check;  // reject a bad --rdzv-conf before anything starts
+    elastic::apply_rendezvous_conf(f.rdzv_conf, check);
+  }
 
   std::optional<int> port;
   if (given("--master-port")) port = f.master_port;
   if (f.standalone) {
     // torchrun --standalone: a c10d rendezvous on localhost with a fresh run id, one node.
-    TY_CHECK(o.nnodes == 1, "--standalone runs a single node, but --nnodes is ", f.nnodes,
+    TY_CHECK(nodes->second == 1, "--standalone runs a single node, but --nnodes is ", f.nnodes,
              ". HINT: drop --standalone, or --nnodes.");
     if (!given("--rdzv-id")) o.run_id = random_run_id();
-  } else if (f.rdzv_backend == "c10d") {
-    TY_CHECK(o.nnodes == 1, "--rdzv-backend c10d across ", o.nnodes,
-             " nodes arrives with the elastic agent. HINT: for now run every node with "
-             "--rdzv-backend static --master-addr HOST --master-port PORT --node-rank K.");
-    TY_CHECK(!endpoint || is_this_host(endpoint->host), "--rdzv-endpoint ", f.rdzv_endpoint,
-             ": only a c10d rendezvous on this host is honoured for now; a remote endpoint "
-             "arrives with the elastic agent. HINT: use localhost, or --standalone.");
+  } else if (f.rdzv_backend == "c10d" || f.rdzv_backend == "etcd") {
+    const bool local_only = nodes->second == 1 && !endpoint && f.rdzv_backend == "c10d";
+    if (!local_only) {
+      TY_CHECK(endpoint.has_value(), "--rdzv-backend ", f.rdzv_backend, " with --nnodes ",
+               f.nnodes, " needs --rdzv-endpoint HOST[:PORT], the same on every node (",
+               f.rdzv_backend == "etcd" ? "the etcd server" : "the host whose agent serves the store",
+               ").");
+      TY_CHECK(!given("--node-rank"), "--node-rank is for the static rendezvous; with --rdzv-backend ",
+               f.rdzv_backend, " the rendezvous assigns node ranks. HINT: drop --node-rank.");
+      o.rendezvous = make_rendezvous(f, *nodes, *endpoint, o.run_id);
+    }
   } else {
+    TY_CHECK(nodes->first == nodes->second, "--nnodes ", f.nnodes,
+             " asks for an elastic number of nodes, which needs a dynamic rendezvous. HINT: add "
+             "--rdzv-backend c10d --rdzv-endpoint HOST:PORT (or etcd).");
     // static: the endpoint, when given, is the master (as torchrun's static rendezvous).
     if (endpoint) {
       o.master_addr = endpoint->host;
@@ -179,10 +255,11 @@ elastic::LaunchOptions resolve(const RunFlags& f, const CLI::App& cmd) {
     }
     if (o.nnodes > 1) {
       TY_CHECK((given("--master-addr") || endpoint) && given("--node-rank"), "--nnodes ", o.nnodes,
-               ": multi-node rendezvous arrives with the elastic agent. HINT: for now run every "
-               "node with --rdzv-backend static --master-addr HOST --master-port PORT "
+               " with the static rendezvous needs --master-addr HOST --master-port PORT "
                "--node-rank K (K = 0..",
-               o.nnodes - 1, ").");
+               o.nnodes - 1,
+               ") on every node. HINT: or let the nodes meet with --rdzv-backend c10d "
+               "--rdzv-endpoint HOST:PORT.");
       if (!port) port = kStaticDefaultPort;
       TY_CHECK(*port != 0, "--master-port 0 (pick a free port) cannot work across ", o.nnodes,
                " nodes: each would pick its own. HINT: give every node the same --master-port.");
@@ -191,13 +268,6 @@ elastic::LaunchOptions resolve(const RunFlags& f, const CLI::App& cmd) {
   o.master_port = static_cast<std::uint16_t>(port.value_or(0));
   TY_CHECK(o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " must be less than --nnodes ",
            o.nnodes, ".");
-  if (o.max_restarts > 0) {
-    auto log = logger("launcher");
-    log->warn(
-        "--max-restarts {} is passed to the ranks as TORCHELASTIC_MAX_RESTARTS, but this "
-        "launcher does not restart failed ranks yet; that arrives with the elastic agent.",
-        o.max_restarts);
-  }
   return o;
 }
 
@@ -250,21 +320,29 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->envname("PET_RDZV_ID")
       ->capture_default_str();
   cmd->add_option("--rdzv-backend,--rdzv_backend", flags->rdzv_backend,
-                  "Rendezvous backend: static, or c10d on this host")
+                  "Rendezvous backend: static, c10d (a store served by one agent) or etcd")
       ->envname("PET_RDZV_BACKEND")
       ->check(CLI::Validator(
           [](std::string& value) -> std::string {
-            if (value == "static" || value == "c10d") return {};
+            if (value == "static" || value == "c10d" || value == "etcd") return {};
             return "'" + value +
-                   "' is not supported; trainyard knows 'static' and 'c10d'. HINT: etcd "
-                   "rendezvous is not planned; use c10d.";
+                   "' is not supported; trainyard knows 'static', 'c10d' and 'etcd'. HINT: c10d "
+                   "needs no other service.";
           },
           ""))
-      ->type_name("static|c10d")
+      ->type_name("static|c10d|etcd")
       ->capture_default_str();
   cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", flags->rdzv_endpoint,
-                  "Rendezvous endpoint HOST[:PORT]")
+                  "Rendezvous endpoint HOST[:PORT] (c10d: 29400, etcd: 2379 by default)")
       ->envname("PET_RDZV_ENDPOINT");
+  cmd->add_option("--rdzv-conf,--rdzv_conf", flags->rdzv_conf,
+                  "Rendezvous settings key=value,...: join_timeout, last_call_timeout, "
+                  "keep_alive_interval, keep_alive_max_attempt (seconds)")
+      ->envname("PET_RDZV_CONF");
+  cmd->add_option("--local-addr,--local_addr", flags->local_addr,
+                  "This node's address for the other nodes (default: the one on the route to "
+                  "the rendezvous endpoint)")
+      ->envname("PET_LOCAL_ADDR");
   cmd->add_flag("--standalone", flags->standalone,
                 "Single-node job with a local rendezvous, a free port and a fresh run id")
       ->envname("PET_STANDALONE");
@@ -275,7 +353,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
                            "how many times to restart the ranks, e.g. 3."))
       ->capture_default_str();
   cmd->add_option("--log-dir,--log_dir", flags->log_dir,
-                  "Also write each rank's output to LOG_DIR/RUN_ID/attempt_0/LOCAL_RANK/")
+                  "Also write each rank's output to LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/")
       ->envname("PET_LOG_DIR");
   cmd->add_option("--role", flags->role, "Role name of the ranks (ROLE_NAME)")
       ->capture_default_str();

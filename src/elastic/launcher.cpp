@@ -17,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "elastic/line_forwarder.h"
+#include "trainyard/elastic/rendezvous.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
@@ -138,7 +140,7 @@ void validate(const LaunchOptions& o) {
            "LaunchOptions: nnodes * nproc_per_node = ", o.nnodes, " * ", o.nproc_per_node,
            " is too large a world.");
   TY_CHECK(!o.master_addr.empty(), "LaunchOptions.master_addr is empty.");
-  TY_CHECK(o.master_port != 0 || o.nnodes == 1,
+  TY_CHECK(o.master_port != 0 || o.nnodes == 1 || o.rendezvous,
            "LaunchOptions.master_port 0 (pick a free port) cannot work across nnodes = ", o.nnodes,
            " nodes: each would pick its own. HINT: give every node the same port.");
   TY_CHECK(o.max_restarts >= 0, "LaunchOptions.max_restarts must be >= 0, got ", o.max_restarts,
@@ -231,24 +233,35 @@ struct Rank {
   bool stopped_by_launcher = false;
 };
 
+// Where this node's ranks stand in one round: given by the flags (static) or by the rendezvous.
+struct RoundSpec {
+  int restart_count = 0;
+  int group_rank = 0;
+  int group_world_size = 1;
+  int rank_offset = 0;  // global rank of local rank 0
+  int world_size = 1;
+  std::string master_addr;
+  std::uint16_t master_port = 0;
+};
+
 std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& o,
-                                                          std::uint16_t port,
+                                                          const RoundSpec& round,
                                                           int local_rank) {
-  const int world_size = o.nnodes * o.nproc_per_node;
-  const std::string rank = std::to_string(o.node_rank * o.nproc_per_node + local_rank);
+  const int world_size = round.world_size;
+  const std::string rank = std::to_string(round.rank_offset + local_rank);
   std::vector<std::pair<std::string, std::string>> env = {
       {"RANK", rank},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"WORLD_SIZE", std::to_string(world_size)},
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-      {"GROUP_RANK", std::to_string(o.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"GROUP_RANK", std::to_string(round.group_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(round.group_world_size)},
       {"ROLE_RANK", rank},
       {"ROLE_NAME", o.role},
       {"ROLE_WORLD_SIZE", std::to_string(world_size)},
-      {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", std::to_string(port)},
-      {"TORCHELASTIC_RESTART_COUNT", "0"},
+      {"MASTER_ADDR", round.master_addr},
+      {"MASTER_PORT", std::to_string(round.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(round.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
       {"TORCHELASTIC_RUN_ID", o.run_id},
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
@@ -259,17 +272,25 @@ std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& o
     env.emplace_back("OMP_NUM_THREADS", "1");
   }
   if (isatty(STDOUT_FILENO)) env.emplace_back("TRAINYARD_TTY", "1");
+  // Across nodes, the workers' Gloo sockets bind to the address the other nodes reach.
+  if (o.rendezvous && std::getenv("GLOO_SOCKET_IFNAME") == nullptr &&
+      std::getenv("TRAINYARD_BIND_ADDR") == nullptr) {
+    env.emplace_back("TRAINYARD_BIND_ADDR", o.rendezvous->options().local_addr);
+  }
   env.insert(env.end(), o.extra_env.begin(), o.extra_env.end());
   return env;
 }
 
-Rank start_rank(
-    const LaunchOptions& o, std::uint16_t port, int local_rank, OutputSink* out, OutputSink* err) {
-  const int rank = o.node_rank * o.nproc_per_node + local_rank;
+Rank start_rank(const LaunchOptions& o,
+                const RoundSpec& round,
+                int local_rank,
+                OutputSink* out,
+                OutputSink* err) {
+  const int rank = round.rank_offset + local_rank;
   UniqueFd out_log, err_log;
   if (!o.log_dir.empty()) {
-    auto dir =
-        std::filesystem::path(o.log_dir) / o.run_id / "attempt_0" / std::to_string(local_rank);
+    auto dir = std::filesystem::path(o.log_dir) / o.run_id /
+               detail::concat("attempt_", round.restart_count) / std::to_string(local_rank);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) {
@@ -281,7 +302,7 @@ Rank start_rank(
   }
   const std::string prefix = o.prefix_output ? detail::concat("[rank", rank, "]: ") : "";
   Subprocess process(SubprocessOptions{.argv = o.command,
-                                       .env = rank_env(o, port, local_rank),
+                                       .env = rank_env(o, round, local_rank),
                                        .destructor_term_timeout = o.term_timeout});
   return Rank{.rank = rank,
               .local_rank = local_rank,
@@ -293,6 +314,31 @@ Rank start_rank(
 }
 
 // --- the summary ------------------------------------------------------------------------------
+
+std::string format_list(int first, int count, int step = 1, int value = -1) {
+  std::string out = "[";
+  for (int i = 0; i < count; ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(value >= 0 ? value : first + i * step);
+  }
+  return out + "]";
+}
+
+// What torchrun prints when a round's workers are assigned their ranks.
+std::string format_round(const LaunchOptions& o, const RoundSpec& round) {
+  const int world = round.world_size;
+  const int first = round.rank_offset;
+  const int n = o.nproc_per_node;
+  return fmt::format(
+      "[{}] Rendezvous complete for workers. Result:\n"
+      "  restart_count={}\n  master_addr={}\n  master_port={}\n  group_rank={}\n"
+      "  group_world_size={}\n  local_ranks={}\n  role_ranks={}\n  global_ranks={}\n"
+      "  role_world_sizes={}\n  global_world_sizes={}\n",
+      o.role, round.restart_count, round.master_addr, round.master_port, round.group_rank,
+      round.group_world_size, format_list(0, n),
+      format_list(first, n), format_list(first, n), format_list(0, n, 0, world),
+      format_list(0, n, 0, world));
+}
 
 std::string format_time(std::chrono::system_clock::time_point t) {
   std::time_t tt = std::chrono::system_clock::to_time_t(t);
@@ -366,8 +412,16 @@ std::string format_summary(const LaunchOptions& o,
 // kKillWait. Every wait is bounded by those deadlines.
 class Monitor {
  public:
-  Monitor(std::vector<Rank>& ranks, SignalScope& signals, milliseconds term_timeout)
-      : ranks_(ranks), signals_(signals), term_timeout_(term_timeout) {}
+  // Hooks for the elastic agent: `on_failure` runs once, at the first failure, before the other
+  // ranks are stopped; `should_stop` is asked every kPollInterval while the ranks run and stops
+  // them (without it counting as a failure) when it answers true.
+  struct Hooks {
+    std::function<void()> on_failure;
+    std::function<bool()> should_stop;
+  };
+
+  Monitor(std::vector<Rank>& ranks, SignalScope& signals, milliseconds term_timeout, Hooks hooks)
+      : ranks_(ranks), signals_(signals), term_timeout_(term_timeout), hooks_(std::move(hooks)) {}
 
   void run() {
     while (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return !r.exit; })) {
@@ -375,10 +429,15 @@ class Monitor {
       for (Rank& r : ranks_) {
         if (!r.exit) reap(r);
       }
+      if (phase_ == Phase::kRunning && hooks_.should_stop && hooks_.should_stop()) {
+        stopped_by_hook_ = true;
+        stop();
+      }
       check_deadline();
     }
   }
 
+  bool stopped_by_hook() const { return stopped_by_hook_; }
   int first_failure() const { return first_failure_; }
   int received_signal() const { return received_signal_; }
   std::chrono::system_clock::time_point signal_time() const { return signal_time_; }
@@ -459,6 +518,7 @@ class Monitor {
       log_->error("Rank {} (local rank {}, pid {}) failed with {}; stopping the other ranks.",
                   r.rank, r.local_rank, r.process.pid(), status.to_string());
       first_failure_ = r.local_rank;
+      if (hooks_.on_failure) hooks_.on_failure();
       stop();
     }
   }
@@ -508,6 +568,8 @@ class Monitor {
   std::vector<Rank>& ranks_;  // owned by launch(), which outlives the monitor
   SignalScope& signals_;      // likewise
   const milliseconds term_timeout_;
+  Hooks hooks_;
+  bool stopped_by_hook_ = false;
   Phase phase_ = Phase::kRunning;
   Clock::time_point deadline_;
   int first_failure_ = -1;
@@ -527,32 +589,28 @@ int LaunchResult::exit_code() const {
   return 1;
 }
 
-LaunchResult launch(const LaunchOptions& options) {
-  validate(options);
-  auto log = logger("launcher");
-  SignalScope signals;
-  const std::uint16_t port =
-      options.master_port != 0 ? options.master_port : pick_free_port(options.master_addr);
-  log->info(
-      "Launching {} rank(s) per node on {} node(s), this is node {}; world size {}, "
-      "master {}:{}, run id '{}', role '{}', max restarts {}{}; command: {}",
-      options.nproc_per_node, options.nnodes, options.node_rank,
-      options.nnodes * options.nproc_per_node, options.master_addr, port, options.run_id,
-      options.role, options.max_restarts,
-      options.log_dir.empty() ? "" : ", logs in " + options.log_dir, shell_quote(options.command));
-  if (std::getenv("OMP_NUM_THREADS") == nullptr && options.nproc_per_node > 1) {
-    log->info(
-        "Setting OMP_NUM_THREADS=1 for each rank to avoid overloading the node; set it "
-        "yourself to tune it.");
-  }
+namespace {
 
-  OutputSink out(STDOUT_FILENO, "stdout");
-  OutputSink err(STDERR_FILENO, "stderr");
+// One round of this node's ranks: start them, watch them, collect how they ended.
+struct RoundOutcome {
+  LaunchResult result;
+  bool membership_changed = false;  // stopped because the rendezvous round ended
+  std::chrono::system_clock::time_point signal_time;
+};
+
+RoundOutcome run_round(const LaunchOptions& options,
+                       const RoundSpec& round,
+                       SignalScope& signals,
+                       OutputSink& out,
+                       OutputSink& err,
+                       Monitor::Hooks hooks) {
+  auto log = logger("launcher");
+  err.write(format_round(options, round));
   std::vector<Rank> ranks;
   ranks.reserve(static_cast<std::size_t>(options.nproc_per_node));
   try {
     for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
-      ranks.push_back(start_rank(options, port, local_rank, &out, &err));
+      ranks.push_back(start_rank(options, round, local_rank, &out, &err));
     }
   } catch (const Error&) {
     // Signal every started rank at once; their destructors then reap them.
@@ -563,23 +621,204 @@ LaunchResult launch(const LaunchOptions& options) {
     for (Rank& r : ranks) r.process.send_signal(SIGTERM);
     throw;
   }
-
-  Monitor monitor(ranks, signals, options.term_timeout);
+  Monitor monitor(ranks, signals, options.term_timeout, std::move(hooks));
   monitor.run();
 
-  LaunchResult result;
+  RoundOutcome outcome;
+  auto& result = outcome.result;
+  result.restart_count = round.restart_count;
   for (const Rank& r : ranks) result.exits.push_back(*r.exit);
   result.first_failure = monitor.first_failure();
   result.received_signal = monitor.received_signal();
-  result.succeeded =
-      result.received_signal == 0 && std::none_of(result.exits.begin(), result.exits.end(),
-                                                  [](const RankExit& e) { return e.failed(); });
-  if (result.succeeded) {
-    log->info("All {} rank(s) exited successfully.", ranks.size());
-  } else {
-    err.write(format_summary(options, result, monitor.signal_time()));
+  outcome.membership_changed = monitor.stopped_by_hook() && result.first_failure < 0;
+  result.succeeded = result.received_signal == 0 && !outcome.membership_changed &&
+                     std::none_of(result.exits.begin(), result.exits.end(),
+                                  [](const RankExit& e) { return e.failed(); });
+  outcome.signal_time = monitor.signal_time();
+  if (result.succeeded) log->info("All {} rank(s) exited successfully.", ranks.size());
+  return outcome;
+}
+
+// Static membership: the flags fix the node's place; rounds differ only by restart count.
+LaunchResult launch_static(const LaunchOptions& options,
+                           SignalScope& signals,
+                           OutputSink& out,
+                           OutputSink& err) {
+  auto log = logger("launcher");
+  for (int restart_count = 0;; ++restart_count) {
+    const RoundSpec round{
+        .restart_count = restart_count,
+        .group_rank = options.node_rank,
+        .group_world_size = options.nnodes,
+        .rank_offset = options.node_rank * options.nproc_per_node,
+        .world_size = options.nnodes * options.nproc_per_node,
+        .master_addr = options.master_addr,
+        // A fresh port each round: the previous round's store may linger in TIME_WAIT.
+        .master_port = options.master_port != 0 ? options.master_port
+                                                 : pick_free_port(options.master_addr)};
+    auto outcome = run_round(options, round, signals, out, err, {});
+    auto& result = outcome.result;
+    if (result.succeeded) return result;
+    // A signal to the agent means stop, not retry.
+    if (result.received_signal == 0 && restart_count < options.max_restarts) {
+      log->warn("[{}] Worker group FAILED. {}/{} attempts left; will restart worker group.",
+                options.role, options.max_restarts - restart_count, options.max_restarts);
+      continue;
+    }
+    err.write(format_summary(options, result, outcome.signal_time));
+    return result;
   }
-  return result;
+}
+
+// Elastic membership: every round goes through the rendezvous (Note [Rendezvous state]). A
+// failure of this node's ranks ends the round for all nodes and counts as a restart; a round
+// ended by others (their failure, a node joining or lost) restarts the ranks without counting.
+LaunchResult launch_elastic(const LaunchOptions& options,
+                            SignalScope& signals,
+                            OutputSink& out,
+                            OutputSink& err) {
+  auto log = logger("launcher");
+  Rendezvous& rdzv = *options.rendezvous;
+  const auto pick_port = [&] { return pick_free_port(rdzv.options().local_addr); };
+  int restart_count = 0;
+  while (true) {
+    RendezvousInfo info;
+    try {
+      info = rdzv.next_round(pick_port);
+    } catch (const RendezvousClosedError& e) {
+      log->error("{}", e.what());
+      LaunchResult closed;
+      closed.restart_count = restart_count;
+      return closed;
+    }
+    const RoundSpec round{.restart_count = restart_count,
+                          .group_rank = info.group_rank,
+                          .group_world_size = info.group_world_size,
+                          .rank_offset = info.rank_offset,
+                          .world_size = info.world_size,
+                          .master_addr = info.master_addr,
+                          .master_port = info.master_port};
+    auto next_watch = Clock::now();
+    std::string change;
+    std::string fatal;  // the rendezvous failed or closed while the ranks ran
+    Monitor::Hooks hooks{
+        .on_failure =
+            [&] {
+              try {
+                rdzv.start_next_round("a rank failed on node " + rdzv.options().node_id);
+              } catch (const Error& e) {
+                fatal = e.what();
+              }
+            },
+        .should_stop =
+            [&] {
+              if (Clock::now() < next_watch) return false;
+              next_watch = Clock::now() + std::chrono::milliseconds(500);
+              RoundChange what;
+              try {
+                what = rdzv.watch();
+              } catch (const Error& e) {
+                fatal = e.what();
+                log->error("[{}] Stopping the worker group: {}", options.role, fatal);
+                return true;
+              }
+              switch (what) {
+                case RoundChange::kNone:
+                  return false;
+                case RoundChange::kNewRound:
+                  change = "another node ended the round";
+                  break;
+                case RoundChange::kNodesWaiting:
+                  change = "nodes are waiting to join";
+                  rdzv.start_next_round(change);
+                  break;
+                case RoundChange::kParticipantLost:
+                  change = "a node stopped sending heartbeats";
+                  rdzv.start_next_round(change);
+                  break;
+              }
+              log->warn("[{}] Membership changed ({}); restarting the worker group in a new round.",
+                        options.role, change);
+              return true;
+            }};
+    auto outcome = run_round(options, round, signals, out, err, std::move(hooks));
+    auto& result = outcome.result;
+    if (result.succeeded) {
+      // As torchrun's exit barrier: stay until every node is done, so that an agent serving the
+      // rendezvous store does not pull it from under the others.
+      try {
+        rdzv.mark_done();
+        if (!rdzv.wait_closed(options.exit_barrier_timeout)) {
+          log->warn("Not every node finished within {} s; exiting anyway.",
+                    options.exit_barrier_timeout.count() / 1000.0);
+        }
+      } catch (const NetworkError& e) {
+        // The serving agent left once all were done; this node's work is complete regardless.
+        log->info("The rendezvous ended while this node was finishing ({}).", e.what());
+      }
+      return result;
+    }
+    if (!fatal.empty()) {
+      result.succeeded = false;
+      if (result.first_failure < 0) return result;  // exit code 1: the rendezvous is gone
+      err.write(format_summary(options, result, outcome.signal_time));
+      return result;
+    }
+    if (result.received_signal != 0) {
+      rdzv.leave();
+      err.write(format_summary(options, result, outcome.signal_time));
+      return result;
+    }
+    if (outcome.membership_changed) continue;
+    if (restart_count < options.max_restarts) {
+      log->warn("[{}] Worker group FAILED. {}/{} attempts left; will restart worker group.",
+                options.role, options.max_restarts - restart_count, options.max_restarts);
+      ++restart_count;
+      continue;
+    }
+    rdzv.close(detail::concat("node ", rdzv.options().node_id, " used all ",
+                              options.max_restarts, " restart(s)"));
+    err.write(format_summary(options, result, outcome.signal_time));
+    return result;
+  }
+}
+
+}  // namespace
+
+LaunchResult launch(const LaunchOptions& options) {
+  validate(options);
+  auto log = logger("launcher");
+  SignalScope signals;
+  if (options.rendezvous) {
+    const auto& r = options.rendezvous->options();
+    log->info(
+        "Starting elastic agent: {} rank(s) per node, {}..{} node(s), rendezvous {} run id "
+        "'{}', this node {} ({}), role '{}', max restarts {}{}; command: {}",
+        options.nproc_per_node, r.min_nodes, r.max_nodes, options.rendezvous->describe(),
+        r.run_id, r.node_id, r.local_addr, options.role, options.max_restarts,
+        options.log_dir.empty() ? "" : ", logs in " + options.log_dir,
+        shell_quote(options.command));
+  } else {
+    log->info(
+        "Launching {} rank(s) per node on {} node(s), this is node {}; world size {}, "
+        "master {}:{}, run id '{}', role '{}', max restarts {}{}; command: {}",
+        options.nproc_per_node, options.nnodes, options.node_rank,
+        options.nnodes * options.nproc_per_node, options.master_addr,
+        options.master_port != 0 ? std::to_string(options.master_port)
+                                  : std::string("<free port>"),
+        options.run_id, options.role, options.max_restarts,
+        options.log_dir.empty() ? "" : ", logs in " + options.log_dir,
+        shell_quote(options.command));
+  }
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && options.nproc_per_node > 1) {
+    log->info(
+        "Setting OMP_NUM_THREADS=1 for each rank to avoid overloading the node; set it "
+        "yourself to tune it.");
+  }
+  OutputSink out(STDOUT_FILENO, "stdout");
+  OutputSink err(STDERR_FILENO, "stderr");
+  return options.rendezvous ? launch_elastic(options, signals, out, err)
+                            : launch_static(options, signals, out, err);
 }
 
 std::string self_executable() {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <string>
@@ -170,8 +171,9 @@ TEST(Launcher, SetsTheTorchrunEnvironmentForEveryRank) {
   EXPECT_GT(port_number, 0);
   EXPECT_LE(port_number, 65535);
   EXPECT_TRUE(port_is_free(port_number)) << "MASTER_PORT " << port_number << " is taken";
-  // The resolved configuration is logged at start.
-  EXPECT_TRUE(contains(c.err, "master 127.0.0.1:" + port)) << c.err;
+  // The resolved configuration is logged at start, and the round's result with its port.
+  EXPECT_TRUE(contains(c.err, "master 127.0.0.1:<free port>")) << c.err;
+  EXPECT_TRUE(contains(c.err, "  master_port=" + port + "\n")) << c.err;
   EXPECT_TRUE(contains(c.err, "run id 'env-test'")) << c.err;
 }
 
@@ -425,6 +427,68 @@ TEST(LauncherCli, FailureGivesTheRootCauseExitCodeAndSummary) {
   EXPECT_TRUE(contains(r.err, "Signal 15 (SIGTERM) received by PID")) << r.err;
 }
 
+TEST(LauncherCli, RestartsTheGroupAfterAFailureWithANewRestartCount) {
+  // Rank 1 fails in the first round only; every rank records each round it saw.
+  TempDir dir;
+  auto r =
+      run_cli({"run", "--nproc-per-node", "2", "--max-restarts", "3", "--log-dir", dir.str(),
+               "--rdzv-id", "again", "--", "/bin/sh", "-c",
+               R"(echo "$RANK:$TORCHELASTIC_RESTART_COUNT:$MASTER_PORT" >> )" + dir.str() +
+                   R"(/rounds; [ "$RANK$TORCHELASTIC_RESTART_COUNT" = 10 ] && exit 7; exit 0)"},
+              {}, 20s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.status.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "[default] Worker group FAILED. 3/3 attempts left")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restart_count=0")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restart_count=1")) << r.err;
+  EXPECT_FALSE(contains(r.err, "restart_count=2")) << r.err;
+  EXPECT_TRUE(contains(r.err, "global_ranks=[0, 1]")) << r.err;
+  EXPECT_FALSE(contains(r.err, "Root Cause")) << "no summary when a restart succeeds: " << r.err;
+  const std::string rounds = read_file(dir.path() / "rounds");
+  EXPECT_TRUE(contains(rounds, "0:1:") && contains(rounds, "1:1:")) << rounds;
+  // Each round's output goes to its own attempt folder.
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "again" / "attempt_0" / "1" / "stdout.log"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "again" / "attempt_1" / "1" / "stdout.log"));
+}
+
+TEST(LauncherCli, ExhaustedRestartsExitWithTheSummary) {
+  auto r = run_cli({"run", "--nproc-per-node", "2", "--max-restarts", "2", "--", "/bin/sh", "-c",
+                    R"([ "$RANK" = 1 ] && exit 4; exec sleep 30)"},
+                   {}, 30s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.status.exit_code, 4) << r.err;
+  EXPECT_TRUE(contains(r.err, "2/2 attempts left")) << r.err;
+  EXPECT_TRUE(contains(r.err, "1/2 attempts left")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restart_count=2")) << r.err;
+  EXPECT_FALSE(contains(r.err, "0/2 attempts left")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Root Cause (first observed failure)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank      : 1 (local_rank: 1)")) << r.err;
+}
+
+TEST(LauncherCli, SignalToTheAgentStopsWithoutRestarting) {
+  Subprocess agent(
+      SubprocessOptions{.argv = {kCli, "run", "--nproc-per-node", "2", "--max-restarts", "3", "--",
+                                 "/bin/sh", "-c", "echo up; exec sleep 30"}});
+  // Wait until both ranks are up, then interrupt the agent.
+  std::string seen;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  char buf[4096];
+  while (!(contains(seen, "[rank0]: up") && contains(seen, "[rank1]: up")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    pollfd p{.fd = agent.stdout_fd(), .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 50) > 0) {
+      const ssize_t n = ::read(agent.stdout_fd(), buf, sizeof buf);
+      if (n > 0) seen.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ASSERT_TRUE(contains(seen, "[rank0]: up") && contains(seen, "[rank1]: up")) << seen;
+  agent.send_signal(SIGTERM);
+  auto r = mptest::collect(agent, 15s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.status.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_FALSE(contains(r.err, "restart_count=1")) << r.err;
+}
+
 TEST(LauncherCli, SigkilledRankGives137) {
   auto r = run_cli({"run", "--nproc-per-node", "2", "--", "/bin/sh", "-c",
                     R"(if [ "$RANK" = 0 ]; then kill -9 $$; fi; exec sleep 30)"});
@@ -462,13 +526,20 @@ TEST(LauncherCli, BadFlagsNameTheFlag) {
       {{"run", "--nproc-per-node", "0", "--", "/bin/true"}, {"--nproc-per-node", "'0'", "HINT"}},
       {{"run", "--nproc_per_node", "two", "/bin/true"}, {"--nproc-per-node", "'two'"}},
       {{"run", "--nproc-per-node", "2"}, {"needs a program to launch"}},
-      {{"run", "--nnodes", "2", "/bin/true"}, {"--nnodes 2", "elastic agent", "--node-rank"}},
+      {{"run", "--nnodes", "2", "/bin/true"}, {"--nnodes 2", "static rendezvous", "--node-rank"}},
       {{"run", "--nnodes", "1:4", "/bin/true"}, {"--nnodes 1:4", "elastic"}},
       {{"run", "--nnodes", "0", "/bin/true"}, {"--nnodes", "'0'"}},
-      {{"run", "--rdzv-backend", "etcd", "/bin/true"}, {"--rdzv-backend", "'etcd'"}},
+      {{"run", "--rdzv-backend", "etcd", "/bin/true"}, {"--rdzv-backend etcd", "--rdzv-endpoint"}},
+      {{"run", "--rdzv-backend", "zookeeper", "/bin/true"}, {"--rdzv-backend", "'zookeeper'"}},
       {{"run", "--master-port", "70000", "/bin/true"}, {"--master-port", "'70000'"}},
-      {{"run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.9.9.9:29400", "/bin/true"},
-       {"--rdzv-endpoint 10.9.9.9:29400", "elastic agent"}},
+      {{"run", "--rdzv-backend", "c10d", "--rdzv-conf", "bogus=1", "/bin/true"},
+       {"Unknown --rdzv-conf key 'bogus'"}},
+      {{"run", "--rdzv-backend", "c10d", "--rdzv-conf", "join_timeout=-1", "/bin/true"},
+       {"join_timeout", "'-1'"}},
+      {{"run", "--rdzv-conf", "join_timeout=5", "/bin/true"}, {"--rdzv-conf", "static"}},
+      {{"run", "--rdzv-backend", "c10d", "--nnodes", "1:2", "--node-rank", "1",
+        "--rdzv-endpoint", "127.0.0.1:1", "/bin/true"},
+       {"--node-rank is for the static rendezvous"}},
       {{"run", "--standalone", "--nnodes", "2", "/bin/true"}, {"--standalone", "--nnodes"}},
       {{"run", "--node-rank", "1", "/bin/true"}, {"--node-rank 1", "--nnodes 1"}},
   };

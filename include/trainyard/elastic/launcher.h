@@ -5,11 +5,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace trainyard::elastic {
+
+class Rendezvous;
 
 struct LaunchOptions {
   std::vector<std::string> command{};  // program and its arguments; command[0] is looked up in PATH
@@ -19,13 +22,18 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 0;  // 0: pick a free port on this host
   std::string run_id = "none";    // TORCHELASTIC_RUN_ID
-  int max_restarts = 0;           // TORCHELASTIC_MAX_RESTARTS (restarts arrive with the agent)
+  int max_restarts = 0;           // restart all ranks up to this many times after a failure
   std::string log_dir{};          // when set, each rank's stdout/stderr also go to files here
   std::string role = "default";
   // After the first failure, how long the other ranks get between SIGTERM and SIGKILL.
   std::chrono::milliseconds term_timeout = std::chrono::seconds(10);
   bool prefix_output = true;  // "[rank0]: " before every line a rank prints
   std::vector<std::pair<std::string, std::string>> extra_env{};  // set in every rank's environment
+  // Elastic membership: when set, each round's nodes, ranks and master come from this
+  // rendezvous, and nnodes, node_rank, master_addr and master_port are ignored.
+  std::shared_ptr<Rendezvous> rendezvous{};
+  // Elastic: after its ranks succeed, how long an agent waits for the other nodes to finish.
+  std::chrono::milliseconds exit_barrier_timeout = std::chrono::seconds(300);
 };
 
 // How one rank ended.
@@ -42,7 +50,8 @@ struct RankExit {
 
 struct LaunchResult {
   bool succeeded = false;
-  std::vector<RankExit> exits{};  // one per local rank
+  int restart_count = 0;          // restarts before the last round (TORCHELASTIC_RESTART_COUNT)
+  std::vector<RankExit> exits{};  // one per local rank, of the last round
   int first_failure = -1;         // index into exits of the root cause, or -1
   int received_signal = 0;        // a signal (SIGINT, SIGTERM, ...) that made the launcher stop
   // The launcher's exit code: 0 when every rank succeeded, else the root cause's exit code
@@ -51,7 +60,9 @@ struct LaunchResult {
   int exit_code() const;
 };
 
-// Runs the ranks to completion. Blocks. Throws InvalidArgumentError on bad options and Error when
+// Runs the ranks to completion. Blocks. When a rank fails, the others are stopped and, while
+// fewer than max_restarts restarts have happened, all ranks start again as a new round
+// (TORCHELASTIC_RESTART_COUNT counts them; each round prints torchrun's rendezvous result). Throws InvalidArgumentError on bad options and Error when
 // a rank cannot be started; rank failures are reported in the result (and on stderr as a summary).
 // While it runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT stop the ranks (SIGTERM, then SIGKILL after
 // term_timeout) and SIGPIPE is ignored; the previous handlers are restored before it returns.

@@ -1,0 +1,138 @@
+// Dynamic rendezvous: how the agents of a job (one per node) agree, round after round, on who
+// takes part and in which order, as torchrun's c10d and etcd rendezvous do.
+//
+// Note [Rendezvous state]
+// The whole state of a run is one JSON document in a key-value backend (a TCPStore hosted by one
+// agent for "c10d", etcd for "etcd"), changed only by compare-and-set, so any number of agents can
+// race on it safely. A round
+//   - opens when the first node joins; nodes join until max_nodes have joined (it closes at once),
+//     or min_nodes have joined and the last-call window has passed;
+//   - is then complete: each participant's group rank is its position in join order; the node of
+//     group rank 0 publishes the workers' MASTER_ADDR and MASTER_PORT in the state;
+//   - ends when any agent starts the next round: after its workers failed, when a node that
+//     joined a complete round waits in the wait list and the round has room for it, or when a
+//     participant's keep-alive heartbeat is older than keep_alive_interval * keep_alive_max_attempt
+//     (a dead node). Every agent watches the state while its workers run and restarts them in
+//     the new round when the round number changes.
+// A node that finishes its work is marked done (its silence then is not death); the run is closed
+// when every participant is done or an agent gives up, and a closed run refuses joins.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainyard::elastic {
+
+// The storage under a rendezvous: one value with compare-and-set.
+class RendezvousBackend {
+ public:
+  virtual ~RendezvousBackend() = default;
+  // The stored state and a token that identifies this version of it; nullopt when none exists.
+  virtual std::optional<std::pair<std::string, std::string>> get_state() = 0;
+  // Stores `state` if the stored version is still `token` (nullopt: only if none exists).
+  // Returns the state stored afterwards and its token, and whether `state` was written.
+  struct SetResult {
+    std::string state;
+    std::string token;
+    bool written = false;
+  };
+  virtual SetResult set_state(const std::string& state, const std::optional<std::string>& token) = 0;
+  // "c10d", "etcd", ... and where it is, for messages.
+  virtual std::string describe() const = 0;
+};
+
+struct RendezvousOptions {
+  std::string run_id = "none";
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::string node_id;     // unique per agent; default: host name, pid and a random suffix
+  std::string local_addr;  // how the other nodes reach this one (its workers' MASTER_ADDR)
+  int local_world_size = 1;
+  std::chrono::milliseconds join_timeout{600'000};  // to wait for a round to complete
+  std::chrono::milliseconds last_call_timeout{30'000};  // after min_nodes joined
+  std::chrono::milliseconds keep_alive_interval{5'000};
+  int keep_alive_max_attempt = 3;
+  std::chrono::milliseconds poll_interval{100};  // how often a waiting node reads the state
+};
+
+// What a completed round gives this node.
+struct RendezvousInfo {
+  std::int64_t round = 0;
+  int group_rank = 0;        // this node's rank among the nodes
+  int group_world_size = 1;  // nodes in the round
+  int rank_offset = 0;       // global rank of this node's local rank 0
+  int world_size = 1;        // workers over all nodes
+  std::string master_addr;
+  std::uint16_t master_port = 0;
+};
+
+// Why an agent must restart its workers, from watching the state while they run.
+enum class RoundChange {
+  kNone,
+  kNewRound,        // another agent started the next round (a failure elsewhere, or a leave)
+  kNodesWaiting,    // nodes wait to join and the round has room: this agent starts the next
+  kParticipantLost  // a participant's heartbeat expired: this agent starts the next round
+};
+
+class Rendezvous {
+ public:
+  Rendezvous(std::unique_ptr<RendezvousBackend> backend, RendezvousOptions options);
+  ~Rendezvous();
+
+  // Joins the next round and waits for it to complete; then, on group rank 0, publishes
+  // master_addr and a free port picked by `pick_port`. Throws RendezvousClosedError when the run
+  // is closed and TimeoutError when no round completes within join_timeout.
+  RendezvousInfo next_round(const std::function<std::uint16_t()>& pick_port);
+
+  // While the workers run: refreshes this node's heartbeat (at most once per keep_alive_interval)
+  // and reports whether the round is over. Throws RendezvousClosedError when the run was closed.
+  RoundChange watch();
+
+  // Ends the current round so that every agent re-rendezvous (after this node's workers failed,
+  // or for the reasons watch() reports).
+  void start_next_round(const std::string& why);
+
+  // This node leaves for good: it is removed from the round, which ends, so the others continue
+  // without it.
+  void leave();
+
+  // This node's workers finished; when every participant has, the run is closed.
+  void mark_done();
+
+  // Waits until the run is closed (every node done, or an agent gave up), refreshing this node's
+  // heartbeat. False when `timeout` passed first.
+  bool wait_closed(std::chrono::milliseconds timeout);
+
+  // No more rounds: every agent's next join or watch throws RendezvousClosedError.
+  void close(const std::string& why);
+
+  int num_nodes_waiting();
+  const RendezvousOptions& options() const { return options_; }
+  const std::string& describe() const { return description_; }
+
+ private:
+  struct State;
+  // Reads, changes with `edit` and writes back by compare-and-set until it sticks. `edit`
+  // returns false to leave the state as it is. Returns the state as finally stored.
+  State update(const std::function<bool(State&)>& edit);
+  State read();
+
+  std::unique_ptr<RendezvousBackend> backend_;
+  RendezvousOptions options_;
+  std::string description_;
+  std::int64_t round_ = -1;  // the round this node last completed
+  std::chrono::steady_clock::time_point last_heartbeat_{};
+};
+
+// Parses torchrun's --rdzv-conf "key=value,key=value" into options: join_timeout,
+// last_call_timeout, close_timeout (accepted, unused), keep_alive_interval,
+// keep_alive_max_attempt, read_timeout (accepted, unused). Times are seconds (fractions allowed).
+void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options);
+
+}  // namespace trainyard::elastic

@@ -1,0 +1,443 @@
+#include "trainyard/elastic/rendezvous.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+
+namespace trainyard::elastic {
+namespace {
+
+using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+// Wall-clock milliseconds: heartbeats and deadlines are compared across nodes.
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string default_node_id() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::random_device rd;
+  return detail::concat(host, ":", getpid(), ":", std::hex, rd() & 0xffffff);
+}
+
+struct Node {
+  std::string id;
+  std::string addr;
+  int nproc = 1;
+};
+
+}  // namespace
+
+// See Note [Rendezvous state].
+struct Rendezvous::State {
+  std::int64_t round = 0;
+  bool complete = false;
+  bool closed = false;
+  std::string closed_reason;
+  std::int64_t last_call_ms = 0;  // when the round completes once min_nodes have joined; 0: unset
+  std::vector<Node> participants;  // in join order: group rank = position
+  std::vector<Node> waiting;       // joined while the round was complete and full
+  std::map<std::string, std::int64_t> heartbeats;
+  std::set<std::string> done;
+  std::string master_addr;  // published by group rank 0 once the round is complete
+  int master_port = 0;
+  std::optional<std::string> token;  // the backend's version; nullopt when nothing is stored
+
+  static State parse(const std::string& text, std::string token) {
+    State s;
+    s.token = std::move(token);
+    try {
+      const auto j = nlohmann::json::parse(text);
+      s.round = j.at("round").get<std::int64_t>();
+      s.complete = j.at("complete").get<bool>();
+      s.closed = j.at("closed").get<bool>();
+      s.closed_reason = j.value("closed_reason", "");
+      s.last_call_ms = j.at("last_call_ms").get<std::int64_t>();
+      auto nodes = [](const nlohmann::json& list) {
+        std::vector<Node> out;
+        for (const auto& n : list) out.push_back({n.at("id"), n.at("addr"), n.at("nproc")});
+        return out;
+      };
+      s.participants = nodes(j.at("participants"));
+      s.waiting = nodes(j.at("waiting"));
+      s.heartbeats = j.at("heartbeats").get<std::map<std::string, std::int64_t>>();
+      s.done = j.at("done").get<std::set<std::string>>();
+      s.master_addr = j.at("master_addr").get<std::string>();
+      s.master_port = j.at("master_port").get<int>();
+    } catch (const std::exception& e) {
+      throw CorruptDataError(detail::concat(
+          "The rendezvous state is not valid: ", e.what(),
+          ". HINT: another program uses the same key; pick another --rdzv-id."));
+    }
+    return s;
+  }
+
+  std::string dump() const {
+    auto nodes = [](const std::vector<Node>& list) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& n : list) out.push_back({{"id", n.id}, {"addr", n.addr}, {"nproc", n.nproc}});
+      return out;
+    };
+    return nlohmann::json{{"round", round},
+                          {"complete", complete},
+                          {"closed", closed},
+                          {"closed_reason", closed_reason},
+                          {"last_call_ms", last_call_ms},
+                          {"participants", nodes(participants)},
+                          {"waiting", nodes(waiting)},
+                          {"heartbeats", heartbeats},
+                          {"done", done},
+                          {"master_addr", master_addr},
+                          {"master_port", master_port}}
+        .dump();
+  }
+
+  int index_of(const std::string& id) const {
+    for (std::size_t i = 0; i < participants.size(); ++i) {
+      if (participants[i].id == id) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  bool is_waiting(const std::string& id) const {
+    return std::any_of(waiting.begin(), waiting.end(), [&](const Node& n) { return n.id == id; });
+  }
+  bool expired(const std::string& id, std::int64_t now, std::int64_t timeout_ms) const {
+    auto it = heartbeats.find(id);
+    return it == heartbeats.end() || now - it->second > timeout_ms;
+  }
+  // The next round: nobody has joined it yet.
+  void advance() {
+    ++round;
+    complete = false;
+    last_call_ms = 0;
+    participants.clear();
+    done.clear();
+    master_addr.clear();
+    master_port = 0;
+  }
+};
+
+Rendezvous::Rendezvous(std::unique_ptr<RendezvousBackend> backend, RendezvousOptions options)
+    : backend_(std::move(backend)), options_(std::move(options)) {
+  TY_CHECK(backend_ != nullptr, "Rendezvous needs a backend.");
+  TY_CHECK(options_.min_nodes >= 1 && options_.min_nodes <= options_.max_nodes,
+           "Rendezvous needs 1 <= min_nodes <= max_nodes, got ", options_.min_nodes, ":",
+           options_.max_nodes, ".");
+  TY_CHECK(options_.local_world_size >= 1, "Rendezvous local_world_size must be >= 1.");
+  TY_CHECK(!options_.local_addr.empty(), "Rendezvous needs this node's address (local_addr).");
+  TY_CHECK(options_.keep_alive_interval.count() > 0 && options_.keep_alive_max_attempt >= 1,
+           "Rendezvous keep-alive interval must be > 0 and max attempts >= 1.");
+  if (options_.node_id.empty()) options_.node_id = default_node_id();
+  description_ = backend_->describe();
+}
+
+Rendezvous::~Rendezvous() = default;
+
+Rendezvous::State Rendezvous::read() {
+  auto got = backend_->get_state();
+  if (!got) return State{};
+  return State::parse(got->first, got->second);
+}
+
+Rendezvous::State Rendezvous::update(const std::function<bool(State&)>& edit) {
+  State s = read();
+  for (int attempt = 0;; ++attempt) {
+    State changed = s;
+    if (!edit(changed)) return s;
+    auto result = backend_->set_state(changed.dump(), s.token);
+    if (result.written) {
+      changed.token = result.token;
+      return changed;
+    }
+    s = State::parse(result.state, result.token);
+    // Contention between a handful of agents settles in a few tries; back off a little.
+    if (attempt > 3) std::this_thread::sleep_for(milliseconds(5 * std::min(attempt, 20)));
+  }
+}
+
+RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick_port) {
+  auto log = logger("rendezvous");
+  const auto& me = options_.node_id;
+  const Node self{me, options_.local_addr, options_.local_world_size};
+  const std::int64_t dead_after =
+      options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
+  const auto give_up = SteadyClock::now() + options_.join_timeout;
+  auto closed_error = [&](const State& s) {
+    return RendezvousClosedError(detail::concat("The rendezvous of run '", options_.run_id, "' (",
+                                                description_, ") is closed: ", s.closed_reason,
+                                                "."));
+  };
+
+  auto join = [&] {
+    return update([&](State& s) {
+      if (s.closed) return false;
+      const auto now = now_ms();
+      s.heartbeats[me] = now;
+      std::erase_if(s.waiting, [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
+      if (s.complete) {
+        const bool rejoining = s.index_of(me) >= 0;
+        if (!rejoining && static_cast<int>(s.participants.size()) >= options_.max_nodes) {
+          if (!s.is_waiting(me)) s.waiting.push_back(self);
+          return true;
+        }
+        s.advance();  // this node's workers failed, or the round has room for it
+      } else {
+        std::erase_if(s.participants,
+                      [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
+      }
+      std::erase_if(s.waiting, [&](const Node& n) { return n.id == me; });
+      if (s.index_of(me) < 0) s.participants.push_back(self);
+      const int joined = static_cast<int>(s.participants.size());
+      if (joined >= options_.max_nodes) {
+        s.complete = true;
+      } else if (joined >= options_.min_nodes && s.last_call_ms == 0) {
+        s.last_call_ms = now + options_.last_call_timeout.count();
+      }
+      return true;
+    });
+  };
+
+  State s = join();
+  if (s.closed) throw closed_error(s);
+  log->info("Node {} joined round {} of run '{}' ({}{} node(s) so far, {}..{} wanted).", me,
+            s.round, options_.run_id, s.is_waiting(me) ? "waiting; " : "",
+            s.participants.size(), options_.min_nodes, options_.max_nodes);
+  auto last_beat = SteadyClock::now();
+  while (true) {
+    if (SteadyClock::now() >= give_up) {
+      update([&](State& st) {
+        if (st.complete) return false;
+        std::erase_if(st.participants, [&](const Node& n) { return n.id == me; });
+        std::erase_if(st.waiting, [&](const Node& n) { return n.id == me; });
+        return true;
+      });
+      throw TimeoutError(detail::concat(
+          "No rendezvous round of run '", options_.run_id, "' completed within ",
+          options_.join_timeout.count() / 1000.0, " s (", description_, "): ",
+          s.participants.size(), " node(s) joined, ", options_.min_nodes,
+          " needed. HINT: start the other nodes, or lower the minimum of --nnodes."));
+    }
+    if (s.closed) throw closed_error(s);
+    const int mine = s.index_of(me);
+    if (s.complete && mine >= 0) {
+      if (!s.master_addr.empty()) break;
+      if (mine == 0) {
+        const std::uint16_t port = pick_port();
+        const auto round = s.round;
+        s = update([&](State& st) {
+          if (st.round != round || !st.master_addr.empty()) return false;
+          st.master_addr = options_.local_addr;
+          st.master_port = port;
+          return true;
+        });
+        continue;
+      }
+    } else if (mine < 0 && (!s.is_waiting(me) || !s.complete)) {
+      // The round moved on (or dropped this node), or a waiting node's chance came: join it.
+      s = join();
+      continue;
+    } else if (!s.complete && s.last_call_ms != 0 && now_ms() >= s.last_call_ms) {
+      const auto round = s.round;
+      s = update([&](State& st) {
+        if (st.round != round || st.complete) return false;
+        st.complete = static_cast<int>(st.participants.size()) >= options_.min_nodes;
+        return st.complete;
+      });
+      continue;
+    }
+    std::this_thread::sleep_for(options_.poll_interval);
+    if (SteadyClock::now() - last_beat >= options_.keep_alive_interval) {
+      s = update([&](State& st) {
+        st.heartbeats[me] = now_ms();
+        return true;
+      });
+      last_beat = SteadyClock::now();
+    } else {
+      s = read();
+    }
+  }
+
+  RendezvousInfo info;
+  info.round = s.round;
+  info.group_rank = s.index_of(me);
+  info.group_world_size = static_cast<int>(s.participants.size());
+  for (int i = 0; i < info.group_world_size; ++i) {
+    if (i < info.group_rank) info.rank_offset += s.participants[i].nproc;
+  }
+  info.world_size = 0;
+  for (const auto& n : s.participants) info.world_size += n.nproc;
+  info.master_addr = s.master_addr;
+  info.master_port = static_cast<std::uint16_t>(s.master_port);
+  round_ = s.round;
+  last_heartbeat_ = SteadyClock::now();
+  return info;
+}
+
+RoundChange Rendezvous::watch() {
+  const auto& me = options_.node_id;
+  const std::int64_t dead_after =
+      options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
+  State s;
+  if (SteadyClock::now() - last_heartbeat_ >= options_.keep_alive_interval) {
+    s = update([&](State& st) {
+      if (st.closed) return false;
+      st.heartbeats[me] = now_ms();
+      return true;
+    });
+    last_heartbeat_ = SteadyClock::now();
+  } else {
+    s = read();
+  }
+  if (s.closed) {
+    throw RendezvousClosedError(detail::concat("The rendezvous of run '", options_.run_id,
+                                               "' was closed: ", s.closed_reason, "."));
+  }
+  if (s.round != round_) return RoundChange::kNewRound;
+  const auto now = now_ms();
+  const bool waiting = std::any_of(s.waiting.begin(), s.waiting.end(), [&](const Node& n) {
+    return !s.expired(n.id, now, dead_after);
+  });
+  if (waiting && static_cast<int>(s.participants.size()) < options_.max_nodes)
+    return RoundChange::kNodesWaiting;
+  for (const auto& n : s.participants) {
+    if (n.id != me && !s.done.contains(n.id) && s.expired(n.id, now, dead_after))
+      return RoundChange::kParticipantLost;
+  }
+  return RoundChange::kNone;
+}
+
+void Rendezvous::start_next_round(const std::string& why) {
+  const auto round = round_;
+  const auto s = update([&](State& st) {
+    if (st.closed || st.round != round) return false;
+    st.advance();
+    return true;
+  });
+  logger("rendezvous")->info("Round {} of run '{}' is over ({}); next round {}.", round,
+                             options_.run_id, why, s.round);
+}
+
+void Rendezvous::leave() {
+  const auto& me = options_.node_id;
+  const auto round = round_;
+  update([&](State& st) {
+    if (st.closed) return false;
+    const bool in_round = st.index_of(me) >= 0;
+    std::erase_if(st.participants, [&](const Node& n) { return n.id == me; });
+    std::erase_if(st.waiting, [&](const Node& n) { return n.id == me; });
+    st.heartbeats.erase(me);
+    if (in_round && st.complete && st.round == round) st.advance();
+    return true;
+  });
+  logger("rendezvous")->info("Node {} left run '{}'.", me, options_.run_id);
+}
+
+void Rendezvous::mark_done() {
+  const auto& me = options_.node_id;
+  update([&](State& st) {
+    if (st.closed || st.round != round_) return false;
+    st.done.insert(me);
+    st.heartbeats[me] = now_ms();
+    if (std::all_of(st.participants.begin(), st.participants.end(),
+                    [&](const Node& n) { return st.done.contains(n.id); })) {
+      st.closed = true;
+      st.closed_reason = "every node finished";
+    }
+    return true;
+  });
+}
+
+bool Rendezvous::wait_closed(std::chrono::milliseconds timeout) {
+  const auto& me = options_.node_id;
+  const auto give_up = SteadyClock::now() + timeout;
+  auto last_beat = SteadyClock::now();
+  while (SteadyClock::now() < give_up) {
+    State s;
+    if (SteadyClock::now() - last_beat >= options_.keep_alive_interval) {
+      s = update([&](State& st) {
+        if (st.closed) return false;
+        st.heartbeats[me] = now_ms();
+        return true;
+      });
+      last_beat = SteadyClock::now();
+    } else {
+      s = read();
+    }
+    if (s.closed) return true;
+    std::this_thread::sleep_for(options_.poll_interval);
+  }
+  return false;
+}
+
+void Rendezvous::close(const std::string& why) {
+  update([&](State& st) {
+    if (st.closed) return false;
+    st.closed = true;
+    st.closed_reason = why;
+    return true;
+  });
+}
+
+int Rendezvous::num_nodes_waiting() {
+  const auto s = read();
+  return static_cast<int>(s.waiting.size());
+}
+
+void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options) {
+  auto seconds = [&](const std::string& key, const std::string& value) {
+    std::size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(value, &used);
+    } catch (const std::exception&) {
+    }
+    TY_CHECK(used == value.size() && v > 0 && v < 1e7, "--rdzv-conf ", key,
+             " must be a positive number of seconds, got '", value, "'.");
+    return milliseconds(static_cast<std::int64_t>(v * 1000));
+  };
+  std::size_t begin = 0;
+  while (begin < conf.size()) {
+    auto end = std::min(conf.find(',', begin), conf.size());
+    const std::string item = conf.substr(begin, end - begin);
+    begin = end + 1;
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    TY_CHECK(eq != std::string::npos, "--rdzv-conf takes key=value pairs separated by commas, got '",
+             item, "'.");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "join_timeout") {
+      options.join_timeout = seconds(key, value);
+    } else if (key == "last_call_timeout") {
+      options.last_call_timeout = seconds(key, value);
+    } else if (key == "keep_alive_interval") {
+      options.keep_alive_interval = seconds(key, value);
+    } else if (key == "keep_alive_max_attempt") {
+      const int n = std::atoi(value.c_str());
+      TY_CHECK(n >= 1 && std::to_string(n) == value,
+               "--rdzv-conf keep_alive_max_attempt must be a whole number >= 1, got '", value, "'.");
+      options.keep_alive_max_attempt = n;
+    } else if (key == "close_timeout" || key == "read_timeout" || key == "timeout" ||
+               key == "is_host") {
+      // Accepted for torchrun compatibility; this agent does not need them.
+    } else {
+      throw InvalidArgumentError(detail::concat(
+          "Unknown --rdzv-conf key '", key,
+          "'. HINT: known keys are join_timeout, last_call_timeout, keep_alive_interval, "
+          "keep_alive_max_attempt."));
+    }
+  }
+}
+
+}  // namespace trainyard::elastic
