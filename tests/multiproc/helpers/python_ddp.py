@@ -6,6 +6,9 @@ three steps under DistributedDataParallel with different data on each rank, and 
   - the DDP weights equal a single-process model trained on every rank's batch together, which
     only holds when the gradients were averaged across all ranks.
 It prints one line per rank and exits non-zero on any mismatch.
+
+With TY_FAIL_RANK_ON_FIRST_ATTEMPT=R, rank R exits with code 3 right after joining the group in
+the first attempt (TORCHELASTIC_RESTART_COUNT=0), so that the agent has to restart the job.
 """
 
 import os
@@ -38,6 +41,10 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert rank == int(os.environ["RANK"]), (rank, os.environ["RANK"])
     assert world == int(os.environ["WORLD_SIZE"]), (world, os.environ["WORLD_SIZE"])
+    fail_rank = os.environ.get("TY_FAIL_RANK_ON_FIRST_ATTEMPT")
+    if fail_rank == str(rank) and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+        print(f"rank {rank} fails on purpose in the first attempt", flush=True)
+        return 3
 
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 2))

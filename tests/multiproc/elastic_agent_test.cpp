@@ -1,0 +1,182 @@
+// The elastic agent through the trainyard binary, several agents ("nodes") on loopback: dynamic
+// rendezvous over c10d and etcd, a plain PyTorch DDP script surviving a restart across nodes, and
+// clear errors when the rendezvous cannot form.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "etcd_server.h"
+#include "multiproc_util.h"
+#include "trainyard/elastic/subprocess.h"
+
+#ifndef TRAINYARD_CLI_PATH
+#error "TRAINYARD_CLI_PATH must name the trainyard binary (a compile definition)"
+#endif
+
+namespace trainyard::elastic {
+namespace {
+
+using namespace std::chrono_literals;
+using mptest::RunOutput;
+
+constexpr const char* kCli = TRAINYARD_CLI_PATH;
+// Short rounds and quick death detection, so that the tests take seconds.
+constexpr const char* kFastConf = "last_call_timeout=0.5,keep_alive_interval=0.3,join_timeout=30";
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+int free_port() {
+  int port = 0;
+  bind_loopback(false, &port);
+  return port;
+}
+
+// Starts one agent per entry of `argvs` at once and collects them all.
+std::vector<RunOutput> run_agents(const std::vector<std::vector<std::string>>& argvs,
+                                  std::vector<std::pair<std::string, std::string>> env = {},
+                                  std::chrono::milliseconds timeout = 45s) {
+  std::vector<Subprocess> agents;
+  for (const auto& argv : argvs) agents.emplace_back(SubprocessOptions{.argv = argv, .env = env});
+  std::vector<RunOutput> out;
+  for (auto& a : agents) out.push_back(mptest::collect(a, timeout));
+  return out;
+}
+
+std::vector<std::string> agent(const std::string& backend,
+                               const std::string& endpoint,
+                               const std::string& nnodes,
+                               std::vector<std::string> program,
+                               std::vector<std::string> extra = {},
+                               const std::string& conf = kFastConf) {
+  std::vector<std::string> argv = {kCli,
+                                   "run",
+                                   "--nnodes",
+                                   nnodes,
+                                   "--nproc-per-node",
+                                   "1",
+                                   "--rdzv-backend",
+                                   backend,
+                                   "--rdzv-endpoint",
+                                   endpoint,
+                                   "--rdzv-id",
+                                   "agent-test",
+                                   "--rdzv-conf",
+                                   conf};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back("--");
+  argv.insert(argv.end(), program.begin(), program.end());
+  return argv;
+}
+
+const std::vector<std::string> kPrintEnv = {
+    "/bin/sh", "-c", R"(echo "R=$RANK W=$WORLD_SIZE G=$GROUP_RANK/$GROUP_WORLD_SIZE")"};
+
+TEST(ElasticAgent, TwoNodesMeetOverC10dAndGetDistinctRanks) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto out = run_agents(
+      {agent("c10d", endpoint, "2", kPrintEnv), agent("c10d", endpoint, "2", kPrintEnv)});
+  std::string all;
+  for (const auto& o : out) {
+    ASSERT_FALSE(o.timed_out) << o.err;
+    EXPECT_EQ(o.status.exit_code, 0) << o.err;
+    all += o.out;
+  }
+  EXPECT_TRUE(contains(all, "R=0 W=2 G=0/2")) << all;
+  EXPECT_TRUE(contains(all, "R=1 W=2 G=1/2")) << all;
+  EXPECT_TRUE(contains(out[0].err + out[1].err, "Serving the rendezvous store on " + endpoint));
+}
+
+TEST(ElasticAgent, PythonDdpScriptSurvivesARestartAcrossTwoNodes) {
+  auto probe = mptest::run_program({"/usr/bin/python3", "-c", "import torch.distributed"});
+  if (!probe.status.success()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch.distributed";
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::vector<std::string> script = {
+      "/usr/bin/python3", std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py"};
+  auto out = run_agents({agent("c10d", endpoint, "2", script, {"--max-restarts", "1"}),
+                         agent("c10d", endpoint, "2", script, {"--max-restarts", "1"})},
+                        {{"TY_FAIL_RANK_ON_FIRST_ATTEMPT", "1"}}, 50s);
+  std::string all_out, all_err;
+  for (const auto& o : out) {
+    ASSERT_FALSE(o.timed_out) << o.err;
+    EXPECT_EQ(o.status.exit_code, 0) << o.out << o.err;
+    all_out += o.out;
+    all_err += o.err;
+  }
+  EXPECT_TRUE(contains(all_out, "rank 1 fails on purpose in the first attempt")) << all_out;
+  EXPECT_TRUE(contains(all_out, "rank 0/2 all_reduce sum=3 ddp_matches_full_batch=True"))
+      << all_out;
+  EXPECT_TRUE(contains(all_out, "rank 1/2 all_reduce sum=3 ddp_matches_full_batch=True"))
+      << all_out;
+  EXPECT_TRUE(contains(all_err, "Worker group FAILED. 1/1 attempts left")) << all_err;
+  EXPECT_TRUE(contains(all_err, "restart_count=1")) << all_err;
+}
+
+TEST(ElasticAgent, TwoNodesMeetThroughEtcd) {
+  if (access(kEtcd, X_OK) != 0) GTEST_SKIP() << kEtcd << " is missing; run scripts/setup.sh";
+  EtcdServer etcd;
+  auto out = run_agents({agent("etcd", etcd.endpoint(), "2", kPrintEnv),
+                         agent("etcd", etcd.endpoint(), "2", kPrintEnv)});
+  std::string all;
+  for (const auto& o : out) {
+    ASSERT_FALSE(o.timed_out) << o.err;
+    EXPECT_EQ(o.status.exit_code, 0) << o.err;
+    all += o.out;
+  }
+  EXPECT_TRUE(contains(all, "R=0 W=2 G=0/2")) << all;
+  EXPECT_TRUE(contains(all, "R=1 W=2 G=1/2")) << all;
+  EXPECT_TRUE(contains(out[0].err, "rendezvous etcd at http://" + etcd.endpoint())) << out[0].err;
+}
+
+TEST(ElasticAgent, UnreachableEtcdIsAClearErrorWithinTheJoinTimeout) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());  // nothing listens
+  auto r =
+      mptest::run_program(agent("etcd", endpoint, "2", kPrintEnv, {}, "join_timeout=2"), {}, 30s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_NE(r.status.exit_code, 0);
+  EXPECT_LT(r.elapsed, 10s);
+  EXPECT_TRUE(contains(r.err, "etcd at http://" + endpoint)) << r.err;
+  EXPECT_TRUE(contains(r.err, "HINT")) << r.err;
+}
+
+TEST(ElasticAgent, TooFewNodesTimeOutNamingTheCount) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto r = mptest::run_program(
+      agent("c10d", endpoint, "2:3", kPrintEnv, {}, "join_timeout=1.5,last_call_timeout=0.5"), {},
+      30s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_NE(r.status.exit_code, 0);
+  EXPECT_LT(r.elapsed, 10s);
+  EXPECT_TRUE(contains(r.err, "completed within 1.5 s")) << r.err;
+  EXPECT_TRUE(contains(r.err, "1 node(s) joined, 2 needed")) << r.err;
+}
+
+TEST(ElasticAgent, ALateNodeJoinsAtTheNextRound) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  // Two nodes (of up to 3) run a program that lasts until a third joins and ends the round.
+  const std::vector<std::string> wait_for_three = {
+      "/bin/sh", "-c", R"(echo "R=$RANK W=$WORLD_SIZE"; [ "$WORLD_SIZE" = 3 ] || exec sleep 30)"};
+  std::vector<Subprocess> agents;
+  for (int i = 0; i < 2; ++i)
+    agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", wait_for_three)});
+  std::this_thread::sleep_for(3s);  // the first round (2 nodes) completes after the last call
+  agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", wait_for_three)});
+  std::string all_out, all_err;
+  for (auto& a : agents) {
+    auto o = mptest::collect(a, 40s);
+    ASSERT_FALSE(o.timed_out) << o.err;
+    EXPECT_EQ(o.status.exit_code, 0) << o.err;
+    all_out += o.out;
+    all_err += o.err;
+  }
+  EXPECT_TRUE(contains(all_out, "W=2")) << all_out;
+  EXPECT_TRUE(contains(all_out, "R=2 W=3")) << all_out;
+  EXPECT_TRUE(contains(all_err, "Membership changed (another node ended the round)")) << all_err;
+  EXPECT_TRUE(contains(all_err, "group_world_size=3")) << all_err;
+}
+
+}  // namespace
+}  // namespace trainyard::elastic
