@@ -1,0 +1,183 @@
+// Several hosts on one machine: each "node" is a network namespace with its own address on a
+// bridge, running a trainyard agent and its rank. A whole node (agent and rank) is killed in the
+// middle of training with --nnodes 2:3 on 3 nodes; the other two re-rendezvous at world size 2,
+// resume from the checkpoint, and a node started again later joins at the next round. Skipped
+// where network namespaces cannot be created (not root, no CAP_SYS_ADMIN).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../multiproc/multiproc_util.h"
+
+namespace {
+using trainyard::mptest::read_file;
+using trainyard::mptest::run_program;
+using trainyard::mptest::TempDir;
+using namespace std::chrono_literals;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A bridge and N namespaces ty<pid>n<i> with addresses 10.213.0.<i+1>/24; all removed on
+// destruction.
+class Hosts {
+ public:
+  explicit Hosts(int n) {
+    const std::string tag = std::to_string(getpid() % 100000);
+    bridge_ = "tyb" + tag;
+    if (!ip({"link", "add", bridge_, "type", "bridge"}) || !ip({"link", "set", bridge_, "up"})) {
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      const std::string ns = "ty" + tag + "n" + std::to_string(i);
+      const std::string host_side = "tyv" + tag + "_" + std::to_string(i);
+      const std::string addr = "10.213.0." + std::to_string(i + 1);
+      names_.push_back(ns);
+      if (!ip({"netns", "add", ns}) ||
+          !ip({"link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", ns}) ||
+          !ip({"link", "set", host_side, "master", bridge_, "up"}) ||
+          !ip({"netns", "exec", ns, "ip", "addr", "add", addr + "/24", "dev", "eth0"}) ||
+          !ip({"netns", "exec", ns, "ip", "link", "set", "eth0", "up"}) ||
+          !ip({"netns", "exec", ns, "ip", "link", "set", "lo", "up"})) {
+        return;
+      }
+      addrs_.push_back(addr);
+    }
+    ok_ = true;
+  }
+  ~Hosts() {
+    for (std::size_t i = 0; i < names_.size(); ++i) kill_all(static_cast<int>(i));
+    for (const auto& ns : names_) ip({"netns", "del", ns});
+    ip({"link", "del", bridge_});
+  }
+  bool ok() const { return ok_; }
+  const std::string& error() const { return error_; }
+  const std::string& addr(int i) const { return addrs_[i]; }
+
+  // argv run inside namespace i.
+  std::vector<std::string> in(int i, std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {"ip", "netns", "exec", names_[i]});
+    return argv;
+  }
+
+  // SIGKILL to every process in namespace i: the node is gone.
+  void kill_all(int i) {
+    auto r = run_program({"ip", "netns", "pids", names_[i]}, {}, 5s);
+    std::istringstream pids(r.out);
+    for (int pid; pids >> pid;) kill(pid, SIGKILL);
+  }
+
+ private:
+  bool ip(std::vector<std::string> args) {
+    args.insert(args.begin(), "ip");
+    auto r = run_program(args, {}, 10s);
+    if (!r.status.success() && error_.empty()) error_ = r.err;
+    return r.status.success();
+  }
+  std::string bridge_;
+  std::vector<std::string> names_, addrs_;
+  std::string error_;
+  bool ok_ = false;
+};
+
+// Waits at most `timeout` for `part` to appear in the file.
+bool wait_for_text(const std::filesystem::path& file,
+                   const std::string& part,
+                   std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (contains(read_file(file), part)) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
+  Hosts hosts(3);
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here: " << hosts.error();
+  TempDir dir;
+  const std::string endpoint = hosts.addr(0) + ":29400";
+  auto node = [&](int i, const std::string& log) {
+    // Through a shell so that the agent's output goes to a file the test can watch.
+    std::string cmd;
+    for (const auto& a : hosts.in(i, {TRAINYARD_CLI_PATH,
+                                      "run",
+                                      "--nnodes",
+                                      "2:3",
+                                      "--nproc-per-node",
+                                      "1",
+                                      "--rdzv-backend",
+                                      "c10d",
+                                      "--rdzv-endpoint",
+                                      endpoint,
+                                      "--rdzv-id",
+                                      "multinode",
+                                      "--max-restarts",
+                                      "2",
+                                      "--rdzv-conf",
+                                      "last_call_timeout=1,keep_alive_interval=0.5,join_timeout=60",
+                                      "--",
+                                      TRAINYARD_CLI_PATH,
+                                      "train",
+                                      "fashion-mnist",
+                                      "--epochs",
+                                      "1",
+                                      "--limit",
+                                      "1536",
+                                      "--batch-size",
+                                      "32",
+                                      "--threads",
+                                      "1",
+                                      "--checkpoint-every",
+                                      "4",
+                                      "--storage",
+                                      dir.str(),
+                                      "--name",
+                                      "mn",
+                                      "--no-progress"})) {
+      cmd += "'" + a + "' ";
+    }
+    return trainyard::elastic::Subprocess(trainyard::elastic::SubprocessOptions{
+        .argv = {"/bin/sh", "-c", cmd + "> " + (dir.path() / log).string() + " 2>&1"}});
+  };
+  auto n0 = node(0, "n0.log");
+  std::this_thread::sleep_for(300ms);  // node 0 serves the rendezvous store
+  auto n1 = node(1, "n1.log");
+  auto n2 = node(2, "n2.log");
+  // 1536 images / 3 ranks / 32 = 16 steps; the first checkpoint is at step 4.
+  ASSERT_TRUE(trainyard::mptest::wait_for_files(
+      {dir.path() / "mn" / "checkpoint_000000" / "MANIFEST.json"}, 90s))
+      << read_file(dir.path() / "n0.log");
+  hosts.kill_all(2);
+  n2.wait_for(5s);
+  // The survivors restart at world size 2 and resume.
+  ASSERT_TRUE(wait_for_text(dir.path() / "n0.log", "group_world_size=2", 60s))
+      << read_file(dir.path() / "n0.log");
+  ASSERT_TRUE(wait_for_text(dir.path() / "n0.log", "Resuming from checkpoint_", 60s))
+      << read_file(dir.path() / "n0.log");
+  // The node comes back and joins at the next round.
+  auto n2_again = node(2, "n2_again.log");
+  for (auto* n : {&n0, &n1, &n2_again}) {
+    auto status = n->wait_for(120s);
+    ASSERT_TRUE(status.has_value()) << read_file(dir.path() / "n0.log");
+    EXPECT_TRUE(status->success())
+        << read_file(dir.path() / "n0.log") << read_file(dir.path() / "n2_again.log");
+  }
+  const auto log0 = read_file(dir.path() / "n0.log");
+  EXPECT_TRUE(contains(log0, "Worker group FAILED")) << log0;
+  EXPECT_TRUE(contains(log0, "group_world_size=3")) << log0;
+  const auto result = nlohmann::json::parse(read_file(dir.path() / "mn" / "result.json"));
+  EXPECT_EQ(result["world_size"].get<int>(), 3) << result.dump();
+  EXPECT_GT(result["accuracy"].get<double>(), 0.1) << result.dump();
+}
+
+}  // namespace
