@@ -3,6 +3,8 @@
 // clear errors when the rendezvous cannot form.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -176,6 +178,37 @@ TEST(ElasticAgent, ALateNodeJoinsAtTheNextRound) {
   EXPECT_TRUE(contains(all_out, "R=2 W=3")) << all_out;
   EXPECT_TRUE(contains(all_err, "Membership changed (another node ended the round)")) << all_err;
   EXPECT_TRUE(contains(all_err, "group_world_size=3")) << all_err;
+}
+
+TEST(ElasticAgent, AnAgentStoppedBySigtermLeavesAndTheOthersGoOnWithoutIt) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  // Ranks finish once they are in a round of two nodes.
+  const std::vector<std::string> until_two = {
+      "/bin/sh", "-c", R"(echo "W=$WORLD_SIZE"; [ "$WORLD_SIZE" = 2 ] || exec sleep 30)"};
+  std::vector<Subprocess> agents;
+  for (int i = 0; i < 3; ++i)
+    agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", until_two)});
+  // All three form a round of 3 (max_nodes closes it at once); wait for it, then stop one.
+  std::string seen;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!contains(seen, "W=3") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+    seen += pending_output(agents[2].stdout_fd());
+  }
+  ASSERT_TRUE(contains(seen, "W=3")) << seen;
+  agents[2].send_signal(SIGTERM);
+  auto stopped = mptest::collect(agents[2], 20s);
+  EXPECT_EQ(stopped.status.exit_code, 128 + SIGTERM) << stopped.err;
+  EXPECT_TRUE(contains(stopped.err, "left run 'agent-test'")) << stopped.err;
+  std::string rest;
+  for (int i = 0; i < 2; ++i) {
+    auto o = mptest::collect(agents[i], 30s);
+    ASSERT_FALSE(o.timed_out) << o.err;
+    EXPECT_EQ(o.status.exit_code, 0) << o.err;
+    rest += o.out + o.err;
+  }
+  EXPECT_TRUE(contains(rest, "W=2")) << rest;
+  EXPECT_TRUE(contains(rest, "Membership changed")) << rest;
 }
 
 }  // namespace
