@@ -46,8 +46,9 @@ bench_start
 rank_pid() {
   local f
   for f in /proc/[0-9]*/environ; do
-    if tr '\0' '\n' <"$f" 2>/dev/null | grep -qx "TORCHELASTIC_RUN_ID=$1" &&
-       tr '\0' '\n' <"$f" 2>/dev/null | grep -qx "RANK=$2"; then
+    # Processes come and go while this reads: ignore the ones that vanish.
+    if { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qx "TORCHELASTIC_RUN_ID=$1" &&
+       { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qx "RANK=$2"; then
       echo "$f" | cut -d/ -f3
       return 0
     fi

@@ -150,9 +150,10 @@ std::string route_address(const std::string& host, int port) {
     char text[INET6_ADDRSTRLEN] = {};
     if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      const void* raw = local.ss_family == AF_INET6
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      const void* raw =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
       if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) addr = text;
     }
     close(fd);
@@ -182,9 +183,8 @@ std::shared_ptr<elastic::Rendezvous> make_rendezvous(const RunFlags& f,
   const auto timeout = std::min(r.join_timeout, std::chrono::milliseconds(60'000));
   std::unique_ptr<elastic::RendezvousBackend> backend;
   if (etcd) {
-    backend = elastic::make_etcd_backend({.endpoint = endpoint.host + ":" + std::to_string(port),
-                                          .key = key,
-                                          .timeout = timeout});
+    backend = elastic::make_etcd_backend(
+        {.endpoint = endpoint.host + ":" + std::to_string(port), .key = key, .timeout = timeout});
   } else {
     backend = elastic::make_c10d_backend({.host = endpoint.host,
                                           .port = static_cast<std::uint16_t>(port),
@@ -236,12 +236,14 @@ elastic::LaunchOptions resolve(const RunFlags& f, const CLI::App& cmd) {
   } else if (f.rdzv_backend == "c10d" || f.rdzv_backend == "etcd") {
     const bool local_only = nodes->second == 1 && !endpoint && f.rdzv_backend == "c10d";
     if (!local_only) {
-      TY_CHECK(endpoint.has_value(), "--rdzv-backend ", f.rdzv_backend, " with --nnodes ",
-               f.nnodes, " needs --rdzv-endpoint HOST[:PORT], the same on every node (",
-               f.rdzv_backend == "etcd" ? "the etcd server" : "the host whose agent serves the store",
-               ").");
-      TY_CHECK(!given("--node-rank"), "--node-rank is for the static rendezvous; with --rdzv-backend ",
-               f.rdzv_backend, " the rendezvous assigns node ranks. HINT: drop --node-rank.");
+      TY_CHECK(
+          endpoint.has_value(), "--rdzv-backend ", f.rdzv_backend, " with --nnodes ", f.nnodes,
+          " needs --rdzv-endpoint HOST[:PORT], the same on every node (",
+          f.rdzv_backend == "etcd" ? "the etcd server" : "the host whose agent serves the store",
+          ").");
+      TY_CHECK(!given("--node-rank"),
+               "--node-rank is for the static rendezvous; with --rdzv-backend ", f.rdzv_backend,
+               " the rendezvous assigns node ranks. HINT: drop --node-rank.");
       o.rendezvous = make_rendezvous(f, *nodes, *endpoint, o.run_id);
     }
   } else {

@@ -3,11 +3,13 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "trainyard/error.h"
 #include "trainyard/log.h"
@@ -90,7 +92,33 @@ Checkpointer::Checkpointer(std::unique_ptr<Storage> storage, CheckpointerOptions
            options_.num_to_keep, ".");
 }
 
-Checkpointer::~Checkpointer() = default;
+Checkpointer::~Checkpointer() {
+  if (background_.joinable()) background_.join();
+}
+
+void Checkpointer::save_in_background(Checkpoint checkpoint) {
+  wait();
+  background_ = std::thread([this, c = std::move(checkpoint)] {
+    try {
+      const auto start = std::chrono::steady_clock::now();
+      std::size_t bytes = 0;
+      for (const auto& [file, data] : c.files) bytes += data.size();
+      background_name_ = save(c);
+      logger("checkpoint")
+          ->info("Saved {} at step {} ({:.1f} MB) in {:.2f} s in the background", *background_name_,
+                 c.step, bytes / 1e6,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    } catch (...) {
+      background_error_ = std::current_exception();
+    }
+  });
+}
+
+std::optional<std::string> Checkpointer::wait() {
+  if (background_.joinable()) background_.join();
+  if (background_error_) std::rethrow_exception(std::exchange(background_error_, nullptr));
+  return background_name_;
+}
 
 std::string Checkpointer::save(const Checkpoint& checkpoint) {
   for (const auto& [file, unused] : checkpoint.files) {

@@ -2,9 +2,9 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/exception.h>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <memory>
 
@@ -14,8 +14,12 @@
 namespace trainyard::elastic {
 namespace {
 
-std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
+std::vector<std::uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string text(const std::vector<std::uint8_t>& b) {
+  return {b.begin(), b.end()};
+}
 
 // The state's token is the state itself: TCPStore's compareSet compares whole values.
 class C10dBackend final : public RendezvousBackend {
@@ -133,11 +137,11 @@ std::unique_ptr<RendezvousBackend> make_c10d_backend(const C10dBackendOptions& o
     auto store = c10::make_intrusive<c10d::TCPStore>(o.host, options);
     return std::make_unique<C10dBackend>(std::move(store), o.key, where);
   } catch (const std::exception& e) {
-    throw NetworkError(detail::concat(
-        "Cannot reach the rendezvous ", where, " within ", o.timeout.count() / 1000.0,
-        " s: ", e.what(),
-        " HINT: start the agent on that host first (it serves the store), and check "
-        "--rdzv-endpoint and the network."));
+    throw NetworkError(
+        detail::concat("Cannot reach the rendezvous ", where, " within ",
+                       o.timeout.count() / 1000.0, " s: ", e.what(),
+                       " HINT: start the agent on that host first (it serves the store), and check "
+                       "--rdzv-endpoint and the network."));
   }
 }
 

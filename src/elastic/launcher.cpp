@@ -335,9 +335,8 @@ std::string format_round(const LaunchOptions& o, const RoundSpec& round) {
       "  group_world_size={}\n  local_ranks={}\n  role_ranks={}\n  global_ranks={}\n"
       "  role_world_sizes={}\n  global_world_sizes={}\n",
       o.role, round.restart_count, round.master_addr, round.master_port, round.group_rank,
-      round.group_world_size, format_list(0, n),
-      format_list(first, n), format_list(first, n), format_list(0, n, 0, world),
-      format_list(0, n, 0, world));
+      round.group_world_size, format_list(0, n), format_list(first, n), format_list(first, n),
+      format_list(0, n, 0, world), format_list(0, n, 0, world));
 }
 
 std::string format_time(std::chrono::system_clock::time_point t) {
@@ -654,8 +653,8 @@ LaunchResult launch_static(const LaunchOptions& options,
         .world_size = options.nnodes * options.nproc_per_node,
         .master_addr = options.master_addr,
         // A fresh port each round: the previous round's store may linger in TIME_WAIT.
-        .master_port = options.master_port != 0 ? options.master_port
-                                                 : pick_free_port(options.master_addr)};
+        .master_port =
+            options.master_port != 0 ? options.master_port : pick_free_port(options.master_addr)};
     auto outcome = run_round(options, round, signals, out, err, {});
     auto& result = outcome.result;
     if (result.succeeded) return result;
@@ -776,8 +775,8 @@ LaunchResult launch_elastic(const LaunchOptions& options,
       ++restart_count;
       continue;
     }
-    rdzv.close(detail::concat("node ", rdzv.options().node_id, " used all ",
-                              options.max_restarts, " restart(s)"));
+    rdzv.close(detail::concat("node ", rdzv.options().node_id, " used all ", options.max_restarts,
+                              " restart(s)"));
     err.write(format_summary(options, result, outcome.signal_time));
     return result;
   }
@@ -794,8 +793,8 @@ LaunchResult launch(const LaunchOptions& options) {
     log->info(
         "Starting elastic agent: {} rank(s) per node, {}..{} node(s), rendezvous {} run id "
         "'{}', this node {} ({}), role '{}', max restarts {}{}; command: {}",
-        options.nproc_per_node, r.min_nodes, r.max_nodes, options.rendezvous->describe(),
-        r.run_id, r.node_id, r.local_addr, options.role, options.max_restarts,
+        options.nproc_per_node, r.min_nodes, r.max_nodes, options.rendezvous->describe(), r.run_id,
+        r.node_id, r.local_addr, options.role, options.max_restarts,
         options.log_dir.empty() ? "" : ", logs in " + options.log_dir,
         shell_quote(options.command));
   } else {
@@ -804,8 +803,7 @@ LaunchResult launch(const LaunchOptions& options) {
         "master {}:{}, run id '{}', role '{}', max restarts {}{}; command: {}",
         options.nproc_per_node, options.nnodes, options.node_rank,
         options.nnodes * options.nproc_per_node, options.master_addr,
-        options.master_port != 0 ? std::to_string(options.master_port)
-                                  : std::string("<free port>"),
+        options.master_port != 0 ? std::to_string(options.master_port) : std::string("<free port>"),
         options.run_id, options.role, options.max_restarts,
         options.log_dir.empty() ? "" : ", logs in " + options.log_dir,
         shell_quote(options.command));

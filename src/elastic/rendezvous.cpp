@@ -46,7 +46,7 @@ struct Rendezvous::State {
   bool complete = false;
   bool closed = false;
   std::string closed_reason;
-  std::int64_t last_call_ms = 0;  // when the round completes once min_nodes have joined; 0: unset
+  std::int64_t last_call_ms = 0;   // when the round completes once min_nodes have joined; 0: unset
   std::vector<Node> participants;  // in join order: group rank = position
   std::vector<Node> waiting;       // joined while the round was complete and full
   std::map<std::string, std::int64_t> heartbeats;
@@ -77,9 +77,9 @@ struct Rendezvous::State {
       s.master_addr = j.at("master_addr").get<std::string>();
       s.master_port = j.at("master_port").get<int>();
     } catch (const std::exception& e) {
-      throw CorruptDataError(detail::concat(
-          "The rendezvous state is not valid: ", e.what(),
-          ". HINT: another program uses the same key; pick another --rdzv-id."));
+      throw CorruptDataError(
+          detail::concat("The rendezvous state is not valid: ", e.what(),
+                         ". HINT: another program uses the same key; pick another --rdzv-id."));
     }
     return s;
   }
@@ -87,7 +87,8 @@ struct Rendezvous::State {
   std::string dump() const {
     auto nodes = [](const std::vector<Node>& list) {
       nlohmann::json out = nlohmann::json::array();
-      for (const auto& n : list) out.push_back({{"id", n.id}, {"addr", n.addr}, {"nproc", n.nproc}});
+      for (const auto& n : list)
+        out.push_back({{"id", n.id}, {"addr", n.addr}, {"nproc", n.nproc}});
       return out;
     };
     return nlohmann::json{{"round", round},
@@ -185,7 +186,8 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
       if (s.closed) return false;
       const auto now = now_ms();
       s.heartbeats[me] = now;
-      std::erase_if(s.waiting, [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
+      std::erase_if(s.waiting,
+                    [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
       if (s.complete) {
         const bool rejoining = s.index_of(me) >= 0;
         if (!rejoining && static_cast<int>(s.participants.size()) >= options_.max_nodes) {
@@ -194,8 +196,9 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
         }
         s.advance();  // this node's workers failed, or the round has room for it
       } else {
-        std::erase_if(s.participants,
-                      [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
+        std::erase_if(s.participants, [&](const Node& n) {
+          return n.id != me && s.expired(n.id, now, dead_after);
+        });
       }
       std::erase_if(s.waiting, [&](const Node& n) { return n.id == me; });
       if (s.index_of(me) < 0) s.participants.push_back(self);
@@ -212,8 +215,8 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
   State s = join();
   if (s.closed) throw closed_error(s);
   log->info("Node {} joined round {} of run '{}' ({}{} node(s) so far, {}..{} wanted).", me,
-            s.round, options_.run_id, s.is_waiting(me) ? "waiting; " : "",
-            s.participants.size(), options_.min_nodes, options_.max_nodes);
+            s.round, options_.run_id, s.is_waiting(me) ? "waiting; " : "", s.participants.size(),
+            options_.min_nodes, options_.max_nodes);
   auto last_beat = SteadyClock::now();
   while (true) {
     if (SteadyClock::now() >= give_up) {
@@ -225,8 +228,8 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
       });
       throw TimeoutError(detail::concat(
           "No rendezvous round of run '", options_.run_id, "' completed within ",
-          options_.join_timeout.count() / 1000.0, " s (", description_, "): ",
-          s.participants.size(), " node(s) joined, ", options_.min_nodes,
+          options_.join_timeout.count() / 1000.0, " s (", description_,
+          "): ", s.participants.size(), " node(s) joined, ", options_.min_nodes,
           " needed. HINT: start the other nodes, or lower the minimum of --nnodes."));
     }
     if (s.closed) throw closed_error(s);
@@ -325,8 +328,9 @@ void Rendezvous::start_next_round(const std::string& why) {
     st.advance();
     return true;
   });
-  logger("rendezvous")->info("Round {} of run '{}' is over ({}); next round {}.", round,
-                             options_.run_id, why, s.round);
+  logger("rendezvous")
+      ->info("Round {} of run '{}' is over ({}); next round {}.", round, options_.run_id, why,
+             s.round);
 }
 
 void Rendezvous::leave() {
@@ -414,8 +418,8 @@ void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options) 
     begin = end + 1;
     if (item.empty()) continue;
     const auto eq = item.find('=');
-    TY_CHECK(eq != std::string::npos, "--rdzv-conf takes key=value pairs separated by commas, got '",
-             item, "'.");
+    TY_CHECK(eq != std::string::npos,
+             "--rdzv-conf takes key=value pairs separated by commas, got '", item, "'.");
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "join_timeout") {
       options.join_timeout = seconds(key, value);
@@ -426,7 +430,8 @@ void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options) 
     } else if (key == "keep_alive_max_attempt") {
       const int n = std::atoi(value.c_str());
       TY_CHECK(n >= 1 && std::to_string(n) == value,
-               "--rdzv-conf keep_alive_max_attempt must be a whole number >= 1, got '", value, "'.");
+               "--rdzv-conf keep_alive_max_attempt must be a whole number >= 1, got '", value,
+               "'.");
       options.keep_alive_max_attempt = n;
     } else if (key == "close_timeout" || key == "read_timeout" || key == "timeout" ||
                key == "is_host") {

@@ -66,10 +66,10 @@ bool interactive_output() {
 
 // Where a run stands; state.json in each checkpoint.
 struct Progress {
-  int epoch = 0;                      // the epoch to run next (or being run)
-  std::int64_t epoch_position = 0;    // sample positions of that epoch done, all ranks together
-  std::int64_t global_step = 0;       // optimizer steps since the run began
-  int world_size = 1;                 // when the checkpoint was taken
+  int epoch = 0;                    // the epoch to run next (or being run)
+  std::int64_t epoch_position = 0;  // sample positions of that epoch done, all ranks together
+  std::int64_t global_step = 0;     // optimizer steps since the run began
+  int world_size = 1;               // when the checkpoint was taken
 };
 
 nlohmann::json to_json(const Progress& p) {
@@ -87,21 +87,32 @@ Progress progress_from_json(const std::string& text, const std::string& what) {
                     .global_step = j.at("global_step").get<std::int64_t>(),
                     .world_size = j.at("world_size").get<int>()};
   } catch (const std::exception& e) {
-    throw CheckpointCorruptError(detail::concat(what, " is not a valid training state: ", e.what()));
+    throw CheckpointCorruptError(
+        detail::concat(what, " is not a valid training state: ", e.what()));
   }
 }
 
-std::string json_text(const nlohmann::json& value) { return value.dump(2) + "\n"; }
+std::string json_text(const nlohmann::json& value) {
+  return value.dump(2) + "\n";
+}
 
 nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int threads) {
-  return {{"recipe", "fashion-mnist"},   {"model", "resnet18 (1-channel 7x7 conv1, 10 classes)"},
-          {"world_size", world_size},    {"epochs", o.epochs},
-          {"batch_size", o.batch_size},  {"lr", o.lr},
-          {"optimizer", "Adam"},         {"limit", o.limit},
-          {"threads_per_rank", threads}, {"seed", o.seed},
-          {"data_dir", o.data_dir},      {"bucket_cap_mb", o.bucket_cap_mb},
-          {"storage", o.storage},        {"name", o.name},
-          {"checkpoint_every", o.checkpoint_every}, {"num_to_keep", o.num_to_keep}};
+  return {{"recipe", "fashion-mnist"},
+          {"model", "resnet18 (1-channel 7x7 conv1, 10 classes)"},
+          {"world_size", world_size},
+          {"epochs", o.epochs},
+          {"batch_size", o.batch_size},
+          {"lr", o.lr},
+          {"optimizer", "Adam"},
+          {"limit", o.limit},
+          {"threads_per_rank", threads},
+          {"seed", o.seed},
+          {"data_dir", o.data_dir},
+          {"bucket_cap_mb", o.bucket_cap_mb},
+          {"storage", o.storage},
+          {"name", o.name},
+          {"checkpoint_every", o.checkpoint_every},
+          {"num_to_keep", o.num_to_keep}};
 }
 
 }  // namespace
@@ -161,8 +172,8 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   // so that every rank loads the same one even while rank 0 of an earlier attempt is saving.
   std::optional<checkpoint::LoadedCheckpoint> resume;
   if (rank == 0) resume = checkpointer.load_latest();
-  auto chosen = torch::tensor({resume ? checkpoint::checkpoint_number(resume->name) : -1},
-                              torch::kInt64);
+  auto chosen =
+      torch::tensor({resume ? checkpoint::checkpoint_number(resume->name) : -1}, torch::kInt64);
   if (world > 1) {
     std::vector<torch::Tensor> v{chosen};
     dist->process_group()->broadcast(v)->wait();
@@ -175,16 +186,18 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     const auto where = checkpoint::join_uri(run_uri, resume->name);
     auto file = [&](const std::string& f) -> const std::string& {
       auto it = resume->checkpoint.files.find(f);
-      TY_CHECK_T(CheckpointCorruptError, it != resume->checkpoint.files.end(), where, " has no ",
-                 f, ".");
+      TY_CHECK_T(CheckpointCorruptError, it != resume->checkpoint.files.end(), where, " has no ", f,
+                 ".");
       return it->second;
     };
     checkpoint::load_module(*model, file("model.pt"), where + "/model.pt");
     checkpoint::load_cpu_rng_state(file("rng.pt"), where + "/rng.pt");
     progress = progress_from_json(file("state.json"), where + "/state.json");
     if (progress.world_size != world) {
-      log->warn("{} was taken at world size {}; continuing at world size {} from the same sample "
-                "position.", resume->name, progress.world_size, world);
+      log->warn(
+          "{} was taken at world size {}; continuing at world size {} from the same sample "
+          "position.",
+          resume->name, progress.world_size, world);
     }
   }
 
@@ -208,6 +221,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   std::int64_t last_checkpoint_step = resume ? progress.global_step : -1;
 
   // Rank 0 saves; the others go on to the next step and wait for it in the next all-reduce.
+  // Serialising is the stall; the files are written in the background while training goes on.
   auto save_checkpoint = [&] {
     if (rank != 0) return;
     const auto t0 = Clock::now();
@@ -217,12 +231,11 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     c.files["optimizer.pt"] = checkpoint::optimizer_to_bytes(optimizer);
     c.files["rng.pt"] = checkpoint::cpu_rng_state_to_bytes();
     c.files["state.json"] = json_text(to_json(progress));
-    std::size_t bytes = 0;
-    for (const auto& [f, data] : c.files) bytes += data.size();
-    last_checkpoint = checkpointer.save(c);
+    const double serialize_s = seconds_since(t0);
+    checkpointer.save_in_background(std::move(c));  // waits for the previous save first
     last_checkpoint_step = progress.global_step;
-    log->info("Saved {} at step {} ({:.1f} MB) in {:.2f} s", last_checkpoint, progress.global_step,
-              bytes / 1e6, seconds_since(t0));
+    log->info("Checkpoint of step {}: training stalled {:.2f} s ({:.2f} s serialising)",
+              progress.global_step, seconds_since(t0), serialize_s);
   };
 
   data::DistributedSampler sampler({.dataset_size = train_set.size(),
@@ -275,14 +288,15 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
         progress.epoch_position = 0;
       } else {
         progress.epoch = epoch;
-        progress.epoch_position = first_position - first_position % world +
-                                  step * options.batch_size * world;
+        progress.epoch_position =
+            first_position - first_position % world + step * options.batch_size * world;
       }
       if (bar_enabled && (step % 5 == 0 || step == loader.num_batches()))
         bar.update(step, loss.item<double>());
       if (resume && samples_seen == batch->inputs.size(0)) {
-        log->info("First step after resuming from {} done: step {}, {:.2f} s after this rank started",
-                  resume->name, progress.global_step, seconds_since(start));
+        log->info(
+            "First step after resuming from {} done: step {}, {:.2f} s after this rank started",
+            resume->name, progress.global_step, seconds_since(start));
       } else {
         log->debug("step {} done", progress.global_step);
       }
@@ -308,6 +322,9 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     std::fflush(stdout);
   }
   if (last_checkpoint_step != progress.global_step) save_checkpoint();
+  if (rank == 0) {
+    if (auto name = checkpointer.wait()) last_checkpoint = *name;
+  }
 
   // Evaluation: rank r takes test images r, r+W, ...; sums are all-reduced, so every image
   // counts exactly once.

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "trainyard/checkpoint/storage.h"
@@ -48,6 +50,14 @@ class Checkpointer {
   // the checkpoint is then incomplete and ignored by loads.
   std::string save(const Checkpoint& checkpoint);
 
+  // save() on a background thread, so that training goes on while the files are written: waits
+  // for the previous background save (rethrowing its error), then returns at once. At most one
+  // save runs at a time; a process killed meanwhile leaves an incomplete checkpoint, which loads
+  // never pick.
+  void save_in_background(Checkpoint checkpoint);
+  // Waits for the background save, if any, and returns its name; rethrows its error.
+  std::optional<std::string> wait();
+
   // The newest complete checkpoint whose files all match the manifest. Each newer checkpoint that
   // fails verification is skipped with a warning naming the file and why. nullopt when none.
   std::optional<LoadedCheckpoint> load_latest();
@@ -66,6 +76,9 @@ class Checkpointer {
  private:
   std::unique_ptr<Storage> storage_;
   CheckpointerOptions options_;
+  std::thread background_;
+  std::optional<std::string> background_name_;
+  std::exception_ptr background_error_;
 };
 
 // "checkpoint_000012" for 12, and back; checkpoint_number gives -1 for any other name.

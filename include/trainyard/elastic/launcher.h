@@ -62,11 +62,11 @@ struct LaunchResult {
 
 // Runs the ranks to completion. Blocks. When a rank fails, the others are stopped and, while
 // fewer than max_restarts restarts have happened, all ranks start again as a new round
-// (TORCHELASTIC_RESTART_COUNT counts them; each round prints torchrun's rendezvous result). Throws InvalidArgumentError on bad options and Error when
-// a rank cannot be started; rank failures are reported in the result (and on stderr as a summary).
-// While it runs, SIGINT, SIGTERM, SIGHUP and SIGQUIT stop the ranks (SIGTERM, then SIGKILL after
-// term_timeout) and SIGPIPE is ignored; the previous handlers are restored before it returns.
-// One launch() per process at a time.
+// (TORCHELASTIC_RESTART_COUNT counts them; each round prints torchrun's rendezvous result). Throws
+// InvalidArgumentError on bad options and Error when a rank cannot be started; rank failures are
+// reported in the result (and on stderr as a summary). While it runs, SIGINT, SIGTERM, SIGHUP and
+// SIGQUIT stop the ranks (SIGTERM, then SIGKILL after term_timeout) and SIGPIPE is ignored; the
+// previous handlers are restored before it returns. One launch() per process at a time.
 LaunchResult launch(const LaunchOptions& options);
 
 // The path of the running executable (/proc/self/exe), for programs that relaunch themselves.

@@ -42,7 +42,8 @@ class RendezvousBackend {
     std::string token;
     bool written = false;
   };
-  virtual SetResult set_state(const std::string& state, const std::optional<std::string>& token) = 0;
+  virtual SetResult set_state(const std::string& state,
+                              const std::optional<std::string>& token) = 0;
   // "c10d", "etcd", ... and where it is, for messages.
   virtual std::string describe() const = 0;
 };
@@ -54,7 +55,7 @@ struct RendezvousOptions {
   std::string node_id;     // unique per agent; default: host name, pid and a random suffix
   std::string local_addr;  // how the other nodes reach this one (its workers' MASTER_ADDR)
   int local_world_size = 1;
-  std::chrono::milliseconds join_timeout{600'000};  // to wait for a round to complete
+  std::chrono::milliseconds join_timeout{600'000};      // to wait for a round to complete
   std::chrono::milliseconds last_call_timeout{30'000};  // after min_nodes joined
   std::chrono::milliseconds keep_alive_interval{5'000};
   int keep_alive_max_attempt = 3;
