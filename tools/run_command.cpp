@@ -1,6 +1,8 @@
 #include "run_command.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -129,6 +131,34 @@ std::string random_run_id() {
   return buf;
 }
 
+bool is_loopback(const std::string& addr) {
+  in_addr v4{};
+  if (inet_pton(AF_INET, addr.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, addr.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return addr == "localhost";
+}
+
+// The first IPv4 address of an interface that is up and not loopback, or "".
+std::string first_interface_address() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+        (i->ifa_flags & IFF_LOOPBACK)) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN] = {};
+    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text,
+                  sizeof text) != nullptr) {
+      out = text;
+    }
+  }
+  freeifaddrs(list);
+  return out;
+}
+
 // The address of this host on the route to `host` (what the other nodes reach this one at):
 // a UDP socket "connected" to it sends nothing, but the kernel picks the source address.
 std::string route_address(const std::string& host, int port) {
@@ -161,6 +191,14 @@ std::string route_address(const std::string& host, int port) {
   freeaddrinfo(found);
   TY_CHECK_T(NetworkError, !addr.empty(), "No route to the rendezvous host '", host,
              "'. HINT: check --rdzv-endpoint and the network, or pass --local-addr.");
+  // On the endpoint's own host the route is loopback (a host name in /etc/hosts as 127.0.1.1,
+  // say), which the other nodes cannot reach: take the first address on a real interface.
+  if (is_loopback(addr) && !is_loopback(host)) {
+    addr = first_interface_address();
+    TY_CHECK_T(NetworkError, !addr.empty(), "This host reaches the rendezvous endpoint '", host,
+               "' only through loopback and has no other address for the other nodes. HINT: "
+               "pass --local-addr with this node's address.");
+  }
   return addr;
 }
 

@@ -38,14 +38,14 @@ Listing scan(Storage& storage) {
   return out;
 }
 
-void remove_all(Storage& storage, const std::vector<std::string>& keys) {
+void remove_checkpoint(Storage& storage,
+                       const std::string& name,
+                       const std::vector<std::string>& keys) {
   // The manifest first: a checkpoint half removed is then incomplete, never "complete but broken".
   for (const auto& key : keys) {
     if (key.ends_with(Checkpointer::kManifest)) storage.remove(key);
   }
-  for (const auto& key : keys) {
-    if (!key.ends_with(Checkpointer::kManifest)) storage.remove(key);
-  }
+  storage.remove_all(name + "/");
 }
 
 }  // namespace
@@ -155,7 +155,7 @@ std::string Checkpointer::save(const Checkpoint& checkpoint) {
   }
   for (auto n : doomed) {
     try {
-      remove_all(*storage_, after.keys[n]);
+      remove_checkpoint(*storage_, checkpoint_name(n), after.keys[n]);
     } catch (const Error& e) {
       logger("checkpoint")->warn("Could not remove old {}: {}", checkpoint_name(n), e.what());
     }

@@ -138,6 +138,15 @@ class FileStorage final : public Storage {
     }
   }
 
+  void remove_all(const std::string& prefix) override {
+    // Checkpoints are folders: a prefix "name/" is removed as one, temporary files included.
+    if (!prefix.ends_with('/')) return Storage::remove_all(prefix);
+    check_key(prefix.substr(0, prefix.size() - 1));
+    std::error_code ec;
+    fs::remove_all(root_ / prefix, ec);
+    if (ec) throw_io("Cannot remove", root_ / prefix, ec.value());
+  }
+
   std::string uri() const override { return uri_; }
 
  private:

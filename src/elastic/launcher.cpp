@@ -412,10 +412,12 @@ std::string format_summary(const LaunchOptions& o,
 class Monitor {
  public:
   // Hooks for the elastic agent: `on_failure` runs once, at the first failure, before the other
-  // ranks are stopped; `should_stop` is asked every kPollInterval while the ranks run and stops
-  // them (without it counting as a failure) when it answers true.
+  // ranks are stopped; `on_signal` likewise at the first signal; `should_stop` is asked every
+  // kPollInterval while the ranks run and stops them (without it counting as a failure) when it
+  // answers true.
   struct Hooks {
     std::function<void()> on_failure;
+    std::function<void()> on_signal;
     std::function<bool()> should_stop;
   };
 
@@ -483,6 +485,7 @@ class Monitor {
     }
     if (phase_ == Phase::kRunning) {
       log_->warn("Received {}; stopping all ranks.", signal_name(sig));
+      if (hooks_.on_signal) hooks_.on_signal();
       stop();
     } else if (phase_ == Phase::kStopping) {
       log_->warn("Received {} again; killing the ranks now.", signal_name(sig));
@@ -679,62 +682,86 @@ LaunchResult launch_elastic(const LaunchOptions& options,
   auto log = logger("launcher");
   Rendezvous& rdzv = *options.rendezvous;
   const auto pick_port = [&] { return pick_free_port(rdzv.options().local_addr); };
+  // Rendezvous calls whose failure must not lose what the agent reports (the serving agent may
+  // be gone): logged, and the caller goes on.
+  const auto tolerate = [&](const char* what, const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      log->warn("Could not {} the rendezvous: {}", what, e.what());
+    }
+  };
+  // A signal while the agent waits on the rendezvous (no ranks running) ends the wait.
+  int signal_while_waiting = 0;
+  const auto interrupted = [&] {
+    if (signal_while_waiting == 0) signal_while_waiting = signals.take();
+    return signal_while_waiting != 0;
+  };
   int restart_count = 0;
   while (true) {
-    RendezvousInfo info;
+    std::optional<RendezvousInfo> info;
     try {
-      info = rdzv.next_round(pick_port);
+      info = rdzv.next_round(pick_port, interrupted);
     } catch (const RendezvousClosedError& e) {
       log->error("{}", e.what());
       LaunchResult closed;
       closed.restart_count = restart_count;
       return closed;
     }
+    if (!info) {
+      log->warn("Received {} while waiting for the rendezvous; left it.",
+                signal_name(signal_while_waiting));
+      LaunchResult stopped;
+      stopped.restart_count = restart_count;
+      stopped.received_signal = signal_while_waiting;
+      return stopped;
+    }
     const RoundSpec round{.restart_count = restart_count,
-                          .group_rank = info.group_rank,
-                          .group_world_size = info.group_world_size,
-                          .rank_offset = info.rank_offset,
-                          .world_size = info.world_size,
-                          .master_addr = info.master_addr,
-                          .master_port = info.master_port};
+                          .group_rank = info->group_rank,
+                          .group_world_size = info->group_world_size,
+                          .rank_offset = info->rank_offset,
+                          .world_size = info->world_size,
+                          .master_addr = info->master_addr,
+                          .master_port = info->master_port};
     auto next_watch = Clock::now();
-    std::string change;
-    std::string fatal;  // the rendezvous failed or closed while the ranks ran
+    std::string fatal;         // the rendezvous failed or closed while the ranks ran
+    bool consequence = false;  // this node's ranks failed after another node ended the round
     Monitor::Hooks hooks{
         .on_failure =
             [&] {
               try {
-                rdzv.start_next_round("a rank failed on node " + rdzv.options().node_id);
+                consequence =
+                    !rdzv.start_next_round("a rank failed on node " + rdzv.options().node_id);
               } catch (const Error& e) {
                 fatal = e.what();
               }
             },
+        .on_signal = [&] { tolerate("leave", [&] { rdzv.leave(); }); },
         .should_stop =
             [&] {
               if (Clock::now() < next_watch) return false;
               next_watch = Clock::now() + std::chrono::milliseconds(500);
-              RoundChange what;
+              std::string change;
               try {
-                what = rdzv.watch();
+                switch (rdzv.watch()) {
+                  case RoundChange::kNone:
+                    return false;
+                  case RoundChange::kNewRound:
+                    change = "another node ended the round";
+                    break;
+                  case RoundChange::kNodesWaiting:
+                    change = "nodes are waiting to join";
+                    rdzv.start_next_round(change);
+                    break;
+                  case RoundChange::kParticipantLost:
+                    change = "a node stopped sending heartbeats";
+                    rdzv.start_next_round(change);
+                    break;
+                }
               } catch (const Error& e) {
                 fatal = e.what();
                 log->error("[{}] Stopping the worker group: {}", options.role, fatal);
                 return true;
-              }
-              switch (what) {
-                case RoundChange::kNone:
-                  return false;
-                case RoundChange::kNewRound:
-                  change = "another node ended the round";
-                  break;
-                case RoundChange::kNodesWaiting:
-                  change = "nodes are waiting to join";
-                  rdzv.start_next_round(change);
-                  break;
-                case RoundChange::kParticipantLost:
-                  change = "a node stopped sending heartbeats";
-                  rdzv.start_next_round(change);
-                  break;
               }
               log->warn("[{}] Membership changed ({}); restarting the worker group in a new round.",
                         options.role, change);
@@ -745,38 +772,40 @@ LaunchResult launch_elastic(const LaunchOptions& options,
     if (result.succeeded) {
       // As torchrun's exit barrier: stay until every node is done, so that an agent serving the
       // rendezvous store does not pull it from under the others.
-      try {
+      tolerate("finish", [&] {
         rdzv.mark_done();
-        if (!rdzv.wait_closed(options.exit_barrier_timeout)) {
-          log->warn("Not every node finished within {} s; exiting anyway.",
+        if (!rdzv.wait_closed(options.exit_barrier_timeout, interrupted)) {
+          log->warn("Not every node finished (within {} s, or before a signal); exiting anyway.",
                     options.exit_barrier_timeout.count() / 1000.0);
         }
-      } catch (const NetworkError& e) {
-        // The serving agent left once all were done; this node's work is complete regardless.
-        log->info("The rendezvous ended while this node was finishing ({}).", e.what());
+      });
+      return result;
+    }
+    if (result.received_signal != 0 || !fatal.empty()) {
+      // Exit code 1 when the rendezvous is gone and no rank failed; else the root cause.
+      if (result.first_failure >= 0 || result.received_signal != 0) {
+        err.write(format_summary(options, result, outcome.signal_time));
       }
       return result;
     }
-    if (!fatal.empty()) {
-      result.succeeded = false;
-      if (result.first_failure < 0) return result;  // exit code 1: the rendezvous is gone
-      err.write(format_summary(options, result, outcome.signal_time));
-      return result;
-    }
-    if (result.received_signal != 0) {
-      rdzv.leave();
-      err.write(format_summary(options, result, outcome.signal_time));
-      return result;
-    }
     if (outcome.membership_changed) continue;
+    if (consequence) {
+      log->warn(
+          "[{}] Worker group FAILED after another node ended the round; restarting it "
+          "without counting a restart.",
+          options.role);
+      continue;
+    }
     if (restart_count < options.max_restarts) {
       log->warn("[{}] Worker group FAILED. {}/{} attempts left; will restart worker group.",
                 options.role, options.max_restarts - restart_count, options.max_restarts);
       ++restart_count;
       continue;
     }
-    rdzv.close(detail::concat("node ", rdzv.options().node_id, " used all ", options.max_restarts,
-                              " restart(s)"));
+    tolerate("close", [&] {
+      rdzv.close(detail::concat("node ", rdzv.options().node_id, " used all ", options.max_restarts,
+                                " restart(s)"));
+    });
     err.write(format_summary(options, result, outcome.signal_time));
     return result;
   }

@@ -118,6 +118,12 @@ struct Rendezvous::State {
     auto it = heartbeats.find(id);
     return it == heartbeats.end() || now - it->second > timeout_ms;
   }
+  // Heartbeat entries of nodes that are neither participants nor waiting and long silent.
+  void forget_expired(std::int64_t now, std::int64_t timeout_ms) {
+    std::erase_if(heartbeats, [&](const auto& h) {
+      return index_of(h.first) < 0 && !is_waiting(h.first) && now - h.second > timeout_ms;
+    });
+  }
   // The next round: nobody has joined it yet.
   void advance() {
     ++round;
@@ -168,7 +174,8 @@ Rendezvous::State Rendezvous::update(const std::function<bool(State&)>& edit) {
   }
 }
 
-RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick_port) {
+std::optional<RendezvousInfo> Rendezvous::next_round(
+    const std::function<std::uint16_t()>& pick_port, const std::function<bool()>& interrupted) {
   auto log = logger("rendezvous");
   const auto& me = options_.node_id;
   const Node self{me, options_.local_addr, options_.local_world_size};
@@ -183,23 +190,37 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
 
   auto join = [&] {
     return update([&](State& s) {
-      if (s.closed) return false;
       const auto now = now_ms();
+      // A run id reused after an earlier run ended (or died): nobody of that run is alive.
+      const bool stale = std::all_of(s.heartbeats.begin(), s.heartbeats.end(), [&](const auto& h) {
+        return h.first == me || now - h.second > dead_after;
+      });
+      if (s.token && stale) {
+        const auto round = s.round;
+        s = State{.round = round + 1, .token = s.token};
+      }
+      if (s.closed) return false;
       s.heartbeats[me] = now;
       std::erase_if(s.waiting,
                     [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
       if (s.complete) {
         const bool rejoining = s.index_of(me) >= 0;
-        if (!rejoining && static_cast<int>(s.participants.size()) >= options_.max_nodes) {
+        const bool all_gone =
+            std::all_of(s.participants.begin(), s.participants.end(), [&](const Node& n) {
+              return s.done.contains(n.id) || s.expired(n.id, now, dead_after);
+            });
+        if (!rejoining && !all_gone &&
+            static_cast<int>(s.participants.size()) >= options_.max_nodes) {
           if (!s.is_waiting(me)) s.waiting.push_back(self);
           return true;
         }
-        s.advance();  // this node's workers failed, or the round has room for it
+        s.advance();  // this node's workers failed, the round has room, or its nodes are gone
       } else {
         std::erase_if(s.participants, [&](const Node& n) {
           return n.id != me && s.expired(n.id, now, dead_after);
         });
       }
+      s.forget_expired(now, dead_after);
       std::erase_if(s.waiting, [&](const Node& n) { return n.id == me; });
       if (s.index_of(me) < 0) s.participants.push_back(self);
       const int joined = static_cast<int>(s.participants.size());
@@ -217,15 +238,29 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
   log->info("Node {} joined round {} of run '{}' ({}{} node(s) so far, {}..{} wanted).", me,
             s.round, options_.run_id, s.is_waiting(me) ? "waiting; " : "", s.participants.size(),
             options_.min_nodes, options_.max_nodes);
-  auto last_beat = SteadyClock::now();
-  while (true) {
-    if (SteadyClock::now() >= give_up) {
-      update([&](State& st) {
-        if (st.complete) return false;
+  last_heartbeat_ = SteadyClock::now();
+  // Leaves the round before giving up on it, so that it neither waits for nor counts this node.
+  auto withdraw = [&] {
+    update([&](State& st) {
+      if (st.closed) return false;
+      std::erase_if(st.waiting, [&](const Node& n) { return n.id == me; });
+      if (st.index_of(me) < 0) return true;
+      if (st.complete) {
+        st.advance();
+      } else {
         std::erase_if(st.participants, [&](const Node& n) { return n.id == me; });
-        std::erase_if(st.waiting, [&](const Node& n) { return n.id == me; });
-        return true;
-      });
+        if (static_cast<int>(st.participants.size()) < options_.min_nodes) st.last_call_ms = 0;
+      }
+      return true;
+    });
+  };
+  while (true) {
+    if (interrupted && interrupted()) {
+      withdraw();
+      return std::nullopt;
+    }
+    if (SteadyClock::now() >= give_up) {
+      withdraw();
       throw TimeoutError(detail::concat(
           "No rendezvous round of run '", options_.run_id, "' completed within ",
           options_.join_timeout.count() / 1000.0, " s (", description_,
@@ -237,12 +272,28 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
     if (s.complete && mine >= 0) {
       if (!s.master_addr.empty()) break;
       if (mine == 0) {
-        const std::uint16_t port = pick_port();
+        std::uint16_t port = 0;
+        try {
+          port = pick_port();
+        } catch (const Error&) {
+          withdraw();  // the others would wait for an address that never comes
+          throw;
+        }
         const auto round = s.round;
         s = update([&](State& st) {
           if (st.round != round || !st.master_addr.empty()) return false;
           st.master_addr = options_.local_addr;
           st.master_port = port;
+          return true;
+        });
+        continue;
+      }
+      if (s.expired(s.participants[0].id, now_ms(), dead_after)) {
+        // Group rank 0 died before publishing the master address: start over without it.
+        const auto round = s.round;
+        s = update([&](State& st) {
+          if (st.round != round) return false;
+          st.advance();
           return true;
         });
         continue;
@@ -253,23 +304,24 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
       continue;
     } else if (!s.complete && s.last_call_ms != 0 && now_ms() >= s.last_call_ms) {
       const auto round = s.round;
+      bool changed = false;
       s = update([&](State& st) {
         if (st.round != round || st.complete) return false;
-        st.complete = static_cast<int>(st.participants.size()) >= options_.min_nodes;
-        return st.complete;
+        const auto now = now_ms();
+        std::erase_if(st.participants, [&](const Node& n) {
+          return n.id != me && st.expired(n.id, now, dead_after);
+        });
+        if (static_cast<int>(st.participants.size()) >= options_.min_nodes) {
+          st.complete = true;
+        } else {
+          st.last_call_ms = 0;  // too few left: wait for min_nodes again
+        }
+        return changed = true;
       });
-      continue;
+      if (changed) continue;
     }
     std::this_thread::sleep_for(options_.poll_interval);
-    if (SteadyClock::now() - last_beat >= options_.keep_alive_interval) {
-      s = update([&](State& st) {
-        st.heartbeats[me] = now_ms();
-        return true;
-      });
-      last_beat = SteadyClock::now();
-    } else {
-      s = read();
-    }
+    s = read_and_beat();
   }
 
   RendezvousInfo info;
@@ -288,21 +340,21 @@ RendezvousInfo Rendezvous::next_round(const std::function<std::uint16_t()>& pick
   return info;
 }
 
+Rendezvous::State Rendezvous::read_and_beat() {
+  if (SteadyClock::now() - last_heartbeat_ < options_.keep_alive_interval) return read();
+  last_heartbeat_ = SteadyClock::now();
+  return update([&](State& st) {
+    if (st.closed) return false;
+    st.heartbeats[options_.node_id] = now_ms();
+    return true;
+  });
+}
+
 RoundChange Rendezvous::watch() {
   const auto& me = options_.node_id;
   const std::int64_t dead_after =
       options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
-  State s;
-  if (SteadyClock::now() - last_heartbeat_ >= options_.keep_alive_interval) {
-    s = update([&](State& st) {
-      if (st.closed) return false;
-      st.heartbeats[me] = now_ms();
-      return true;
-    });
-    last_heartbeat_ = SteadyClock::now();
-  } else {
-    s = read();
-  }
+  const State s = read_and_beat();
   if (s.closed) {
     throw RendezvousClosedError(detail::concat("The rendezvous of run '", options_.run_id,
                                                "' was closed: ", s.closed_reason, "."));
@@ -321,16 +373,18 @@ RoundChange Rendezvous::watch() {
   return RoundChange::kNone;
 }
 
-void Rendezvous::start_next_round(const std::string& why) {
+bool Rendezvous::start_next_round(const std::string& why) {
   const auto round = round_;
+  bool ended_here = false;
   const auto s = update([&](State& st) {
     if (st.closed || st.round != round) return false;
     st.advance();
-    return true;
+    return ended_here = true;
   });
   logger("rendezvous")
-      ->info("Round {} of run '{}' is over ({}); next round {}.", round, options_.run_id, why,
-             s.round);
+      ->info("Round {} of run '{}' is over ({}{}); next round {}.", round, options_.run_id, why,
+             ended_here ? "" : ", already ended by another node", s.round);
+  return ended_here;
 }
 
 void Rendezvous::leave() {
@@ -363,23 +417,11 @@ void Rendezvous::mark_done() {
   });
 }
 
-bool Rendezvous::wait_closed(std::chrono::milliseconds timeout) {
-  const auto& me = options_.node_id;
+bool Rendezvous::wait_closed(std::chrono::milliseconds timeout,
+                             const std::function<bool()>& interrupted) {
   const auto give_up = SteadyClock::now() + timeout;
-  auto last_beat = SteadyClock::now();
-  while (SteadyClock::now() < give_up) {
-    State s;
-    if (SteadyClock::now() - last_beat >= options_.keep_alive_interval) {
-      s = update([&](State& st) {
-        if (st.closed) return false;
-        st.heartbeats[me] = now_ms();
-        return true;
-      });
-      last_beat = SteadyClock::now();
-    } else {
-      s = read();
-    }
-    if (s.closed) return true;
+  while (SteadyClock::now() < give_up && !(interrupted && interrupted())) {
+    if (read_and_beat().closed) return true;
     std::this_thread::sleep_for(options_.poll_interval);
   }
   return false;

@@ -60,7 +60,7 @@ std::vector<RendezvousInfo> next_round_all(const std::vector<Rendezvous*>& nodes
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     threads.emplace_back([&, i] {
       try {
-        infos[i] = nodes[i]->next_round([] { return kMasterPort; });
+        infos[i] = nodes[i]->next_round([] { return kMasterPort; }).value();
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -274,7 +274,7 @@ TEST_F(EtcdRendezvousTest, WatchReportsAParticipantWhoseHeartbeatStopped) {
 TEST(EtcdBackendTest, UnreachableEtcdThrowsNetworkErrorWithinTheTimeout) {
   // Nothing listens: each attempt is refused at once.
   int port = 0;
-  bind_loopback(false, &port);  // released at once
+  mptest::bind_loopback(false, &port);  // released at once
   const std::string endpoint = "http://127.0.0.1:" + std::to_string(port);
   auto refused = make_etcd_backend({.endpoint = "127.0.0.1:" + std::to_string(port),
                                     .key = kKey,
@@ -290,7 +290,7 @@ TEST(EtcdBackendTest, UnreachableEtcdThrowsNetworkErrorWithinTheTimeout) {
 
   // A listener that never answers: each attempt runs into the timeout, and no further.
   int silent_port = 0;
-  const UniqueFd silent = bind_loopback(true, &silent_port);
+  const UniqueFd silent = mptest::bind_loopback(true, &silent_port);
   auto timing_out = make_etcd_backend({.endpoint = "127.0.0.1:" + std::to_string(silent_port),
                                        .key = kKey,
                                        .timeout = 500ms,

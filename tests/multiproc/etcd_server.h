@@ -25,23 +25,6 @@ namespace trainyard::elastic {
 
 inline constexpr const char* kEtcd = TRAINYARD_ETCD_PATH;
 
-// A socket bound to 127.0.0.1 at a kernel-chosen port, listening when `listen` (it never
-// accepts, so a client's request is never answered).
-inline UniqueFd bind_loopback(bool listen, int* port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      (listen && ::listen(fd.get(), 16) != 0) ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error("could not bind a socket on 127.0.0.1");
-  }
-  *port = ntohs(addr.sin_port);
-  return fd;
-}
-
 // What can be read from a non-blocking pipe now.
 inline std::string pending_output(int fd) {
   std::string out;
@@ -57,8 +40,8 @@ class EtcdServer {
     int client_port = 0, peer_port = 0;
     {
       // Both held at once so that they differ; released for etcd to bind a moment later.
-      auto client = bind_loopback(false, &client_port);
-      auto peer = bind_loopback(false, &peer_port);
+      auto client = mptest::bind_loopback(false, &client_port);
+      auto peer = mptest::bind_loopback(false, &peer_port);
     }
     endpoint_ = "127.0.0.1:" + std::to_string(client_port);
     peer_endpoint_ = "127.0.0.1:" + std::to_string(peer_port);

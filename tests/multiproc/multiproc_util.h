@@ -2,8 +2,10 @@
 // file to appear, process liveness, and running a program to completion with captured output.
 #pragma once
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -138,6 +140,23 @@ inline RunOutput run_program(std::vector<std::string> argv,
   elastic::Subprocess child(
       elastic::SubprocessOptions{.argv = std::move(argv), .env = std::move(env)});
   return collect(child, timeout);
+}
+
+// A socket bound to 127.0.0.1 at a kernel-chosen port, listening when `listen` (it never
+// accepts, so a client's request is never answered).
+inline elastic::UniqueFd bind_loopback(bool listen, int* port) {
+  elastic::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      (listen && ::listen(fd.get(), 16) != 0) ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error("could not bind a socket on 127.0.0.1");
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
 }
 
 }  // namespace trainyard::mptest

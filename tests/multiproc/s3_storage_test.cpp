@@ -2,6 +2,7 @@
 // scripts/setup.sh), started per test on 127.0.0.1 with port 0 and a temporary directory. Also a
 // scripted fake endpoint for retries and timeouts, and S3Config::from_uri's parsing and variables.
 #include "trainyard/checkpoint/s3_storage.h"
+#include "trainyard/checkpoint/checkpointer.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -51,22 +52,6 @@ EnvLookup env_of(Env vars) {
     if (it == vars.end()) return std::nullopt;
     return it->second;
   };
-}
-
-// A socket listening on 127.0.0.1 at a kernel-chosen port.
-UniqueFd listen_loopback(int* port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (!fd.valid() || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      ::listen(fd.get(), 16) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error("could not listen on 127.0.0.1");
-  }
-  *port = ntohs(addr.sin_port);
-  return fd;
 }
 
 // Bytes that differ from offset to offset, so a misplaced part shows.
@@ -284,7 +269,8 @@ TEST_F(S3StorageTest, OpensFromUriAndEnvironment) {
 class FakeEndpoint {
  public:
   explicit FakeEndpoint(std::vector<std::string> responses)
-      : listener_(listen_loopback(&port_)), responses_(std::move(responses)) {
+      : listener_(mptest::bind_loopback(/*listen=*/true, &port_)),
+        responses_(std::move(responses)) {
     thread_ = std::thread([this] { serve(); });
   }
   ~FakeEndpoint() {
@@ -366,6 +352,32 @@ S3Config fake_config(const std::string& endpoint) {
 const std::string kSlowDown = FakeEndpoint::response(
     503, "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>");
 
+TEST_F(S3StorageTest, CheckpointerOnS3SkipsCorruptAndPartialAndKeepsNumToKeep) {
+  checkpoint::Checkpointer c(make_s3_storage(server_->config("runs/ckpt")), {.num_to_keep = 2});
+  auto make = [](std::int64_t step) {
+    checkpoint::Checkpoint k{.step = step};
+    k.files["model.pt"] = std::string(7u << 20, static_cast<char>('a' + step));  // multipart
+    k.files["state.json"] = "{}";
+    return k;
+  };
+  for (int step = 1; step <= 3; ++step) c.save(make(step));
+  EXPECT_EQ(c.list_complete(),
+            (std::vector<std::string>{"checkpoint_000001", "checkpoint_000002"}));
+  // Corrupt the newest: the load falls back to the one before it.
+  c.storage().write("checkpoint_000002/model.pt", "garbage");
+  auto latest = c.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->name, "checkpoint_000001");
+  EXPECT_EQ(latest->checkpoint.step, 2);
+  EXPECT_EQ(latest->checkpoint.files.at("model.pt"), make(2).files.at("model.pt"));
+  // A save that died before its manifest is never picked, and the next save removes it.
+  c.storage().write("checkpoint_000003/model.pt", "half");
+  EXPECT_EQ(c.load_latest()->name, "checkpoint_000001");
+  EXPECT_EQ(c.save(make(4)), "checkpoint_000004");
+  EXPECT_TRUE(c.storage().list("checkpoint_000003/").empty());
+  EXPECT_EQ(c.load_latest()->checkpoint.step, 4);
+}
+
 TEST(S3StorageRetry, RetriesSlowDownAndServerErrors) {
   FakeEndpoint fake({kSlowDown,
                      FakeEndpoint::response(500,
@@ -439,7 +451,9 @@ TEST(S3StorageRetry, RetriesAnErrorInsideA200CompleteAnswer) {
 
 TEST(S3StorageRetry, UnreachableEndpointIsANetworkError) {
   int port = 0;
-  { UniqueFd closed = listen_loopback(&port); }  // a port with nothing listening
+  {
+    UniqueFd closed = mptest::bind_loopback(/*listen=*/true, &port);
+  }  // a port with nothing listening
   auto s = make_s3_storage(fake_config("http://127.0.0.1:" + std::to_string(port)));
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -459,7 +473,8 @@ TEST(S3StorageRetry, UnreachableEndpointIsANetworkError) {
 
 TEST(S3StorageRetry, SilentEndpointTimesOut) {
   int port = 0;
-  UniqueFd silent = listen_loopback(&port);  // connects (the backlog) but never answers
+  UniqueFd silent =
+      mptest::bind_loopback(/*listen=*/true, &port);  // connects (the backlog) but never answers
   auto config = fake_config("http://127.0.0.1:" + std::to_string(port));
   config.max_attempts = 2;
   config.request_timeout = 300ms;

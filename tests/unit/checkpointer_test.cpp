@@ -126,7 +126,7 @@ TEST(Checkpointer, NeverPicksAPartialSaveAndCleansItUp) {
   EXPECT_EQ(c.load_latest()->name, "checkpoint_000000");
   // The next save takes a fresh number and removes the leftover.
   EXPECT_EQ(c.save(make(2)), "checkpoint_000002");
-  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000001" / "model.pt"));
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000001")) << "temporary files go too";
   EXPECT_EQ(c.load_latest()->checkpoint.step, 2);
 }
 

@@ -30,6 +30,12 @@ class Storage {
   // Removes the object under `key`; no error when there is none.
   virtual void remove(const std::string& key) = 0;
 
+  // Removes every object whose key starts with `prefix`, including the leftovers of writes that
+  // never finished where the storage has such things (a file system's temporary files).
+  virtual void remove_all(const std::string& prefix) {
+    for (const auto& key : list(prefix)) remove(key);
+  }
+
   // The URI this storage was opened with, for messages.
   virtual std::string uri() const = 0;
 };

@@ -88,16 +88,21 @@ class Rendezvous {
 
   // Joins the next round and waits for it to complete; then, on group rank 0, publishes
   // master_addr and a free port picked by `pick_port`. Throws RendezvousClosedError when the run
-  // is closed and TimeoutError when no round completes within join_timeout.
-  RendezvousInfo next_round(const std::function<std::uint16_t()>& pick_port);
+  // is closed and TimeoutError when no round completes within join_timeout. Returns nullopt,
+  // having left the round, as soon as `interrupted` (asked while waiting) answers true.
+  // A state whose heartbeats have all expired (a run id reused, or a run whose nodes all died)
+  // is started afresh.
+  std::optional<RendezvousInfo> next_round(const std::function<std::uint16_t()>& pick_port,
+                                           const std::function<bool()>& interrupted = {});
 
   // While the workers run: refreshes this node's heartbeat (at most once per keep_alive_interval)
   // and reports whether the round is over. Throws RendezvousClosedError when the run was closed.
   RoundChange watch();
 
   // Ends the current round so that every agent re-rendezvous (after this node's workers failed,
-  // or for the reasons watch() reports).
-  void start_next_round(const std::string& why);
+  // or for the reasons watch() reports). False when the round had already ended (another node
+  // ended it first: this node's failure may be a consequence of that).
+  bool start_next_round(const std::string& why);
 
   // This node leaves for good: it is removed from the round, which ends, so the others continue
   // without it.
@@ -108,7 +113,8 @@ class Rendezvous {
 
   // Waits until the run is closed (every node done, or an agent gave up), refreshing this node's
   // heartbeat. False when `timeout` passed first.
-  bool wait_closed(std::chrono::milliseconds timeout);
+  bool wait_closed(std::chrono::milliseconds timeout,
+                   const std::function<bool()>& interrupted = {});
 
   // No more rounds: every agent's next join or watch throws RendezvousClosedError.
   void close(const std::string& why);
@@ -123,6 +129,8 @@ class Rendezvous {
   // returns false to leave the state as it is. Returns the state as finally stored.
   State update(const std::function<bool(State&)>& edit);
   State read();
+  // read(), or, once keep_alive_interval has passed since the last one, a heartbeat update.
+  State read_and_beat();
 
   std::unique_ptr<RendezvousBackend> backend_;
   RendezvousOptions options_;
