@@ -378,6 +378,46 @@ TEST_F(S3StorageTest, CheckpointerOnS3SkipsCorruptAndPartialAndKeepsNumToKeep) {
   EXPECT_EQ(c.load_latest()->checkpoint.step, 4);
 }
 
+TEST_F(S3StorageTest, RecipeCheckpointsToS3AndResumesFromThere) {
+  // The recipe through the CLI with --storage s3://...: results and checkpoints land in the
+  // bucket, and running again with more epochs resumes from the checkpoint there.
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"AWS_ACCESS_KEY_ID", "S3RVER"},
+      {"AWS_SECRET_ACCESS_KEY", "S3RVER"},
+      {"AWS_REGION", "us-east-1"},
+      {"AWS_ENDPOINT_URL_S3", server_->endpoint()}};
+  std::vector<std::string> argv = {TRAINYARD_CLI_PATH,
+                                   "train",
+                                   "fashion-mnist",
+                                   "--workers",
+                                   "1",
+                                   "--epochs",
+                                   "1",
+                                   "--limit",
+                                   "256",
+                                   "--batch-size",
+                                   "64",
+                                   "--checkpoint-every",
+                                   "2",
+                                   "--storage",
+                                   std::string("s3://") + kBucket + "/runs",
+                                   "--name",
+                                   "s3job",
+                                   "--no-progress"};
+  auto first = mptest::run_program(argv, env, 90s);
+  ASSERT_TRUE(first.status.success()) << first.out << first.err;
+  argv[6] = "2";  // --epochs 2
+  auto second = mptest::run_program(argv, env, 90s);
+  ASSERT_TRUE(second.status.success()) << second.out << second.err;
+  EXPECT_NE(second.out.find("Resuming from checkpoint_000001 at step 4"), std::string::npos)
+      << second.out;
+  auto s = make_s3_storage(server_->config("runs/s3job"));
+  const auto result = s->read("result.json");
+  ASSERT_TRUE(result.has_value());
+  EXPECT_NE(result->find("\"global_step\": 8"), std::string::npos) << *result;
+  EXPECT_FALSE(s->list("checkpoint_000003/").empty());
+}
+
 TEST(S3StorageRetry, RetriesSlowDownAndServerErrors) {
   FakeEndpoint fake({kSlowDown,
                      FakeEndpoint::response(500,
