@@ -641,6 +641,13 @@ RoundOutcome run_round(const LaunchOptions& options,
   return outcome;
 }
 
+// torchrun's line for a restart after the `restart_count`-th failure.
+void log_restart(const LaunchOptions& options, int restart_count) {
+  logger("launcher")
+      ->warn("[{}] Worker group FAILED. {}/{} attempts left; will restart worker group.",
+             options.role, options.max_restarts - restart_count, options.max_restarts);
+}
+
 // Static membership: the flags fix the node's place; rounds differ only by restart count.
 LaunchResult launch_static(const LaunchOptions& options,
                            SignalScope& signals,
@@ -663,8 +670,7 @@ LaunchResult launch_static(const LaunchOptions& options,
     if (result.succeeded) return result;
     // A signal to the agent means stop, not retry.
     if (result.received_signal == 0 && restart_count < options.max_restarts) {
-      log->warn("[{}] Worker group FAILED. {}/{} attempts left; will restart worker group.",
-                options.role, options.max_restarts - restart_count, options.max_restarts);
+      log_restart(options, restart_count);
       continue;
     }
     err.write(format_summary(options, result, outcome.signal_time));
@@ -797,9 +803,7 @@ LaunchResult launch_elastic(const LaunchOptions& options,
       continue;
     }
     if (restart_count < options.max_restarts) {
-      log->warn("[{}] Worker group FAILED. {}/{} attempts left; will restart worker group.",
-                options.role, options.max_restarts - restart_count, options.max_restarts);
-      ++restart_count;
+      log_restart(options, restart_count++);
       continue;
     }
     tolerate("close", [&] {
