@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "trainyard 0.1.0");
   int exit_code = 0;
   trainyard::cli::add_run_command(app, exit_code);
-  trainyard::cli::add_train_command(app, exit_code);
+  trainyard::cli::add_train_command(app, std::vector<std::string>(argv, argv + argc), exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainyard/comm/address.h"
 #include "trainyard/elastic/c10d_backend.h"
 #include "trainyard/elastic/etcd_backend.h"
 #include "trainyard/elastic/launcher.h"
@@ -131,14 +132,6 @@ std::string random_run_id() {
   return buf;
 }
 
-bool is_loopback(const std::string& addr) {
-  in_addr v4{};
-  if (inet_pton(AF_INET, addr.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (inet_pton(AF_INET6, addr.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
-  return addr == "localhost";
-}
-
 // The first IPv4 address of an interface that is up and not loopback, or "".
 std::string first_interface_address() {
   ifaddrs* list = nullptr;
@@ -193,7 +186,7 @@ std::string route_address(const std::string& host, int port) {
              "'. HINT: check --rdzv-endpoint and the network, or pass --local-addr.");
   // On the endpoint's own host the route is loopback (a host name in /etc/hosts as 127.0.1.1,
   // say), which the other nodes cannot reach: take the first address on a real interface.
-  if (is_loopback(addr) && !is_loopback(host)) {
+  if (is_loopback_address(addr) && !is_loopback_address(host)) {
     addr = first_interface_address();
     TY_CHECK_T(NetworkError, !addr.empty(), "This host reaches the rendezvous endpoint '", host,
                "' only through loopback and has no other address for the other nodes. HINT: "

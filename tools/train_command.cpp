@@ -15,53 +15,18 @@ namespace {
 
 constexpr const char* kParentEnv = "TRAINYARD_RECIPE_PARENT";
 
-// A double as text that parses back to the same value (std::to_string keeps 6 decimals).
-std::string exact(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
 // Bare start: run the recipe's ranks through the launcher, then print the result table.
-int launch_fashion_mnist(const train::FashionMnistOptions& o) {
+int launch_fashion_mnist(const train::FashionMnistOptions& o,
+                         const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   elastic::LaunchOptions launch;
   launch.nproc_per_node = o.workers;
   launch.run_id = o.name;
   launch.max_restarts = o.max_restarts;
   launch.extra_env = {{kParentEnv, "1"}};
-  launch.command = {elastic::self_executable(),
-                    "train",
-                    "fashion-mnist",
-                    "--workers",
-                    std::to_string(o.workers),
-                    "--epochs",
-                    std::to_string(o.epochs),
-                    "--batch-size",
-                    std::to_string(o.batch_size),
-                    "--lr",
-                    exact(o.lr),
-                    "--storage",
-                    o.storage,
-                    "--checkpoint-every",
-                    std::to_string(o.checkpoint_every),
-                    "--num-to-keep",
-                    std::to_string(o.num_to_keep),
-                    "--name",
-                    o.name,
-                    "--limit",
-                    std::to_string(o.limit),
-                    "--threads",
-                    std::to_string(o.threads),
-                    "--seed",
-                    std::to_string(o.seed),
-                    "--bucket-cap-mb",
-                    exact(o.bucket_cap_mb)};
-  if (!o.data_dir.empty()) {
-    launch.command.push_back("--data-dir");
-    launch.command.push_back(o.data_dir);
-  }
-  if (!o.progress) launch.command.push_back("--no-progress");
+  // The ranks run this same command line; under the launcher's environment each is one rank.
+  launch.command = {elastic::self_executable()};
+  launch.command.insert(launch.command.end(), args.begin() + 1, args.end());
   auto result = elastic::launch(launch);
   if (!result.succeeded) return result.exit_code();
   train::print_training_result(checkpoint::join_uri(o.storage, o.name));
@@ -75,7 +40,7 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app, int& exit_code) {
+void add_train_command(CLI::App& app, std::vector<std::string> args, int& exit_code) {
   auto* train = app.add_subcommand("train", "Run a built-in training recipe.");
   train->require_subcommand(1);
 
@@ -114,11 +79,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
   fm->add_option("--data-dir", o.data_dir, "Folder with the FashionMNIST IDX files")
       ->default_str(data::kFashionMnistDir);
   fm->add_flag("--no-progress", no_progress, "Never draw a progress bar");
-  fm->callback([&exit_code] {
+  fm->callback([&exit_code, args = std::move(args)] {
     o.progress = !no_progress;
     o.validate();
     if (!dist_env_present()) {
-      exit_code = launch_fashion_mnist(o);
+      exit_code = launch_fashion_mnist(o, args);
       return;
     }
     auto result = train::run_fashion_mnist_rank(o);

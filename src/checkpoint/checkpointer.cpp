@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
@@ -21,8 +22,8 @@ constexpr std::string_view kPrefix = "checkpoint_";
 constexpr int kManifestFormat = 1;
 
 struct Listing {
-  std::map<std::int64_t, std::vector<std::string>> keys;  // checkpoint number -> its keys
-  std::set<std::int64_t> complete;                        // those with a manifest
+  std::set<std::int64_t> all;       // numbers of every checkpoint with a stored file
+  std::set<std::int64_t> complete;  // those with a manifest
 };
 
 Listing scan(Storage& storage) {
@@ -32,19 +33,15 @@ Listing scan(Storage& storage) {
     if (slash == std::string::npos) continue;
     const auto number = checkpoint_number(std::string_view(key).substr(0, slash));
     if (number < 0) continue;
-    out.keys[number].push_back(key);
+    out.all.insert(number);
     if (key.substr(slash + 1) == Checkpointer::kManifest) out.complete.insert(number);
   }
   return out;
 }
 
-void remove_checkpoint(Storage& storage,
-                       const std::string& name,
-                       const std::vector<std::string>& keys) {
+void remove_checkpoint(Storage& storage, const std::string& name) {
   // The manifest first: a checkpoint half removed is then incomplete, never "complete but broken".
-  for (const auto& key : keys) {
-    if (key.ends_with(Checkpointer::kManifest)) storage.remove(key);
-  }
+  storage.remove(name + "/" + Checkpointer::kManifest);
   storage.remove_all(name + "/");
 }
 
@@ -126,7 +123,7 @@ std::string Checkpointer::save(const Checkpoint& checkpoint) {
              "Bad checkpoint file name '", file, "': plain names other than ", kManifest, ".");
   }
   const auto before = scan(*storage_);
-  const std::int64_t number = before.keys.empty() ? 0 : before.keys.rbegin()->first + 1;
+  const std::int64_t number = before.all.empty() ? 0 : *before.all.rbegin() + 1;
   const std::string name = checkpoint_name(number);
 
   nlohmann::json files = nlohmann::json::object();
@@ -142,20 +139,21 @@ std::string Checkpointer::save(const Checkpoint& checkpoint) {
   storage_->write(name + "/" + kManifest, manifest.dump(2) + "\n");
 
   // Retention: the newest num_to_keep complete ones stay; incomplete ones older than this save
-  // are leftovers of killed saves (only one writer saves at a time).
-  auto after = scan(*storage_);
-  std::vector<std::int64_t> complete(after.complete.begin(), after.complete.end());
+  // are leftovers of killed saves (only one writer saves at a time). `before` plus this one is
+  // what is stored now, so no second listing is needed.
+  std::set<std::int64_t> complete = before.complete;
+  complete.insert(number);
   std::set<std::int64_t> doomed;
   if (options_.num_to_keep > 0 &&
       complete.size() > static_cast<std::size_t>(options_.num_to_keep)) {
-    doomed.insert(complete.begin(), complete.end() - options_.num_to_keep);
+    doomed.insert(complete.begin(), std::prev(complete.end(), options_.num_to_keep));
   }
-  for (const auto& [n, keys] : after.keys) {
-    if (n < number && !after.complete.contains(n)) doomed.insert(n);
+  for (auto n : before.all) {
+    if (!complete.contains(n)) doomed.insert(n);
   }
   for (auto n : doomed) {
     try {
-      remove_checkpoint(*storage_, checkpoint_name(n), after.keys[n]);
+      remove_checkpoint(*storage_, checkpoint_name(n));
     } catch (const Error& e) {
       logger("checkpoint")->warn("Could not remove old {}: {}", checkpoint_name(n), e.what());
     }

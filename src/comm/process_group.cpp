@@ -1,25 +1,18 @@
 #include "trainyard/comm/process_group.h"
 
-#include <arpa/inet.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
 
+#include "trainyard/comm/address.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
 namespace trainyard {
 namespace {
-
-bool is_loopback(const std::string& addr) {
-  if (addr == "localhost") return true;
-  in_addr v4{};
-  if (inet_pton(AF_INET, addr.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  return addr == "::1";
-}
 
 std::shared_ptr<::gloo::transport::Device> make_device(const InitOptions& options,
                                                        const std::string& master_addr) {
@@ -29,7 +22,8 @@ std::shared_ptr<::gloo::transport::Device> make_device(const InitOptions& option
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   if (const char* addr = std::getenv("TRAINYARD_BIND_ADDR"); addr && *addr)
     return c10d::ProcessGroupGloo::createDeviceForHostname(addr);
-  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (is_loopback_address(master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 

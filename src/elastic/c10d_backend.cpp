@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "trainyard/comm/address.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -93,24 +94,6 @@ bool port_is_free(const std::string& host, std::uint16_t port) {
 }
 
 }  // namespace
-
-bool is_local_address(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
-  bool local = false;
-  for (addrinfo* a = found; a != nullptr && !local; a = a->ai_next) {
-    // Binding succeeds only on an address this machine has.
-    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    local = bind(fd, a->ai_addr, a->ai_addrlen) == 0;
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return local;
-}
 
 std::unique_ptr<RendezvousBackend> make_c10d_backend(const C10dBackendOptions& o) {
   TY_CHECK(!o.host.empty() && o.port != 0, "The c10d rendezvous needs a host and a port.");

@@ -26,7 +26,4 @@ struct C10dBackendOptions {
 // Throws NetworkError naming the endpoint when the store cannot be reached within the timeout.
 std::unique_ptr<RendezvousBackend> make_c10d_backend(const C10dBackendOptions& options);
 
-// True when `host` names an address of this machine (so this agent can serve the store there).
-bool is_local_address(const std::string& host);
-
 }  // namespace trainyard::elastic
