@@ -177,7 +177,10 @@ TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
         << read_file(dir.path() / "n0.log") << read_file(dir.path() / "n2_again.log");
   }
   const auto log0 = read_file(dir.path() / "n0.log");
-  EXPECT_TRUE(contains(log0, "Worker group FAILED")) << log0;
+  const auto log1 = read_file(dir.path() / "n1.log");
+  // A survivor whose rank failed first ends the round; the other may see only the round end
+  // ("Membership changed") if the agent notices it before its own rank fails.
+  EXPECT_TRUE(contains(log0 + log1, "Worker group FAILED")) << log0 << log1;
   EXPECT_TRUE(contains(log0, "group_world_size=3")) << log0;
   const auto result = nlohmann::json::parse(read_file(dir.path() / "mn" / "result.json"));
   EXPECT_EQ(result["world_size"].get<int>(), 3) << result.dump();
