@@ -2,7 +2,9 @@
 // host, Gloo otherwise; TRAINYARD_SHM=0 forces Gloo), printed as nccl-tests prints it:
 // algbw = size / time, busbw = algbw * 2(n-1)/n. Run as the ranks of a job:
 //   build/trainyard run --nproc-per-node 2 -- build/bench/allreduce_bench [--min-bytes 1024]
-//       [--max-bytes 268435456] [--warmup 3] [--seconds-per-size 1.0]
+//       [--max-bytes 268435456] [--warmup 3] [--seconds-per-size 1.0] [--buffer ordinary|shared]
+// --buffer shared all-reduces tensors from allocate_collective_buffer, as DDP's buckets are:
+// in place in shared memory under the shared-memory group.
 #include <torch/torch.h>
 
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "trainyard/comm/process_group.h"
+#include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 
 namespace {
@@ -21,6 +24,7 @@ struct Args {
   std::int64_t max_bytes = 256ll << 20;
   int warmup = 3;
   double seconds_per_size = 1.0;  // measuring budget per size; at least 3 iterations
+  bool shared_buffer = false;     // --buffer shared
 };
 
 Args parse(int argc, char** argv) {
@@ -37,6 +41,9 @@ Args parse(int argc, char** argv) {
       a.warmup = std::atoi(v);
     else if (flag == "--seconds-per-size")
       a.seconds_per_size = std::atof(v);
+    else if (flag == "--buffer" &&
+             (std::strcmp(v, "ordinary") == 0 || std::strcmp(v, "shared") == 0))
+      a.shared_buffer = std::strcmp(v, "shared") == 0;
     else
       TY_CHECK(false, "unknown flag ", flag, "; see the usage at the top of allreduce_bench.cpp");
   }
@@ -61,7 +68,8 @@ int main(int argc, char** argv) try {
   const int n = dist->world_size();
   const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
   if (dist->rank() == 0) {
-    std::printf("# allreduce, %s, %d ranks\n", pg.getBackendName().c_str(), n);
+    std::printf("# allreduce, %s, %d ranks, %s buffers\n", pg.getBackendName().c_str(), n,
+                args.shared_buffer ? "shared" : "ordinary");
     std::printf("# %12s %12s %6s %6s %10s %8s %8s\n", "size", "count", "type", "redop", "time",
                 "algbw", "busbw");
     std::printf("# %12s %12s %6s %6s %10s %8s %8s\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
@@ -70,7 +78,11 @@ int main(int argc, char** argv) try {
   double busbw_sum = 0;
   int sizes = 0;
   for (std::int64_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= 2) {
-    auto t = torch::ones({bytes / 4}, torch::kFloat32);
+    auto t = args.shared_buffer
+                 ? trainyard::allocate_collective_buffer(dist->process_group(), bytes / 4,
+                                                         torch::dtype(torch::kFloat32))
+                 : torch::zeros({bytes / 4}, torch::kFloat32);
+    t.fill_(1);
     // Calibrate on rank 0's estimate so every rank runs the same number of iterations.
     double est = time_allreduce(pg, t, std::max(1, args.warmup));
     auto iters_t = torch::tensor({std::max(3.0, args.seconds_per_size / std::max(est, 1e-6))});

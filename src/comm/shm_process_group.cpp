@@ -14,10 +14,12 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
 
+#include "comm/shared_segment.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -35,6 +37,20 @@ namespace trainyard {
 // memory: a rank stores its new generation and wakes futex waiters; waiting spins briefly, then
 // sleeps on the futex in short slices, checking the deadline and whether the peer still lives.
 
+// Note [Collectives in place]
+// A tensor from allocate_shared() lives in a segment that every rank maps: rank r's copy is
+// region r, at the same offset in every region. Its collectives skip the staging slots:
+//   all-reduce: barrier; rank r reduces part r of every rank's copy into its own copy; barrier;
+//               rank r copies every other part p from rank p's copy; barrier.
+//   broadcast:  barrier; every rank but the root copies the root's copy; barrier.
+// The last barrier keeps a rank from changing its copy (zeroing gradients, the next update) while
+// a peer still reads it. For a rank, an all-reduce of n bytes reads 2n and writes n, against 4n
+// read and 3n written through the slots; and it is three barriers, not two per chunk.
+// Every collective, in place or staged, first publishes what it is (kind, root, reduce op, dtype,
+// buffer, offset, size, and the generation of its first barrier) and checks the other ranks'
+// after that barrier, so ranks that issued different collectives get an error, not a mix of two
+// tensors or barriers out of step.
+
 namespace {
 
 constexpr int kMaxRanks = 64;
@@ -46,12 +62,30 @@ struct alignas(64) Counter {
   std::atomic<std::uint32_t> value;
 };
 
+// What a rank's next collective is, published before its first barrier and compared after it
+// (see Note [Collectives in place]). `generation` is that barrier's, so an entry left over from an
+// earlier collective never matches.
+struct alignas(64) OpStamp {
+  std::uint32_t generation;
+  std::uint16_t kind;  // Impl::Kind
+  std::int16_t root;   // broadcast only
+  std::int32_t reduce_op;
+  std::int32_t dtype;
+  std::uint64_t buffer;  // allocate_shared()'s 1-based count; 0: staged through the slots
+  std::uint64_t offset;  // bytes into the rank's region
+  std::uint64_t bytes;
+  bool operator==(const OpStamp&) const = default;
+};
+
 struct Header {
   std::uint32_t magic;
   std::uint32_t world_size;
   std::uint64_t chunk_bytes;
   Counter arrived[kMaxRanks];
   std::int32_t pids[kMaxRanks];
+  // Two sets, by the parity of the stamp's generation: a rank that leaves a one-barrier collective
+  // at once may publish its next stamp while a peer still reads this one.
+  OpStamp ops[2][kMaxRanks];
 };
 constexpr std::size_t kHeaderBytes = (sizeof(Header) + 4095) / 4096 * 4096;
 
@@ -85,20 +119,15 @@ bool process_alive(pid_t pid) {
   return state != 'Z' && state != 'X';
 }
 
-std::string pid_namespace() {
-  char buf[64] = {};
-  ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
-}
-
-std::string store_get_string(c10d::Store& store, const std::string& key) {
-  auto v = store.get(key);
-  return std::string(v.begin(), v.end());
-}
-
-void store_set_string(c10d::Store& store, const std::string& key, const std::string& value) {
-  store.set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
-}
+// One allocate_shared() buffer: world_size regions of region_bytes, rank r's at r * region_bytes.
+struct SharedBuffer {
+  std::shared_ptr<SharedSegment> segment;
+  std::size_t region_bytes = 0;
+  std::uint64_t id = 0;  // 1-based count of the group's buffers, alike on every rank
+  char* region(int rank) const {
+    return static_cast<char*>(segment->base) + static_cast<std::size_t>(rank) * region_bytes;
+  }
+};
 
 template <typename T>
 void reduce_into(T* dst, const T* src, std::size_t n, c10d::ReduceOp::RedOpType op) {
@@ -158,16 +187,25 @@ struct ShmProcessGroup::Impl {
     at::Tensor tensor;
     c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
     int root = 0;
+    // Set for a tensor inside an allocate_shared() buffer: see Note [Collectives in place].
+    std::shared_ptr<SharedBuffer> buffer;
+    std::size_t offset = 0;  // bytes from the start of this rank's region
     c10::intrusive_ptr<ShmWork> work;
   };
 
   int rank = 0;
   int world = 1;
   ShmOptions options;
-  std::string segment_name;
-  void* base = nullptr;
+  std::shared_ptr<SharedSegment> segment;
+  void* base = nullptr;  // segment's
   std::size_t mapped_bytes = 0;
   Header* header = nullptr;
+  c10::intrusive_ptr<c10d::Store> store;  // for allocate_shared()
+  std::string prefix;                     // this group's keys in the store
+
+  std::mutex buffers_mutex;
+  std::vector<std::weak_ptr<SharedBuffer>> buffers;  // guarded by buffers_mutex
+  std::uint64_t buffer_count = 0;                    // guarded by buffers_mutex
   bool check_pids = false;
   std::uint32_t generation = 0;           // comm thread only
   std::uint64_t chunk_count = 0;          // comm thread only
@@ -218,54 +256,139 @@ struct ShmProcessGroup::Impl {
     }
   }
 
+  // Reduces part `rank` (a 1/world slice) of the `elems`-element arrays at slots[p], one per
+  // rank, into slots[rank].
+  void reduce_my_part(char* const* slots, std::size_t elems, const Job& job) const {
+    const std::size_t part = (elems + world - 1) / world;
+    const std::size_t begin = std::min(elems, part * rank);
+    const std::size_t count = std::min(elems, begin + part) - begin;
+    if (count == 0) return;
+    switch (job.tensor.scalar_type()) {
+      case at::kFloat:
+        return reduce_part<float>(slots, world, rank, begin, count, job.op);
+      case at::kDouble:
+        return reduce_part<double>(slots, world, rank, begin, count, job.op);
+      case at::kInt:
+        return reduce_part<std::int32_t>(slots, world, rank, begin, count, job.op);
+      case at::kLong:
+        return reduce_part<std::int64_t>(slots, world, rank, begin, count, job.op);
+      default:
+        TY_ASSERT(false, "dtype ", job.tensor.scalar_type(), " reached the shared-memory path");
+    }
+  }
+
+  // Copies part p of slots[p] into `out`, for every rank p other than `skip`.
+  void gather_parts(
+      char* out, char* const* slots, std::size_t elems, std::size_t elem, int skip) const {
+    const std::size_t part = (elems + world - 1) / world;
+    for (int p = 0; p < world; ++p) {
+      const std::size_t begin = std::min(elems, part * p);
+      const std::size_t count = std::min(elems, begin + part) - begin;
+      if (p != skip && count > 0)
+        std::memcpy(out + begin * elem, slots[p] + begin * elem, count * elem);
+    }
+  }
+
   void run_allreduce(const Job& job) {
+    if (job.buffer) return run_allreduce_in_place(job);
     const std::size_t elem = job.tensor.element_size();
     const std::size_t bytes = job.tensor.numel() * elem;
     auto* data = static_cast<char*>(job.tensor.data_ptr());
+    char* slots[kMaxRanks];
     for (std::size_t off = 0; off < bytes; off += options.chunk_bytes, ++chunk_count) {
       const std::size_t n = std::min(options.chunk_bytes, bytes - off);
       std::memcpy(slot(rank), data + off, n);
-      barrier();
-      const std::size_t elems = n / elem;
-      const std::size_t part = (elems + world - 1) / world;
-      const std::size_t begin = std::min(elems, part * rank);
-      const std::size_t count = std::min(elems, begin + part) - begin;
-      if (count > 0) {
-        char* slots[kMaxRanks];
-        for (int p = 0; p < world; ++p) slots[p] = slot(p);
-        switch (job.tensor.scalar_type()) {
-          case at::kFloat:
-            reduce_part<float>(slots, world, rank, begin, count, job.op);
-            break;
-          case at::kDouble:
-            reduce_part<double>(slots, world, rank, begin, count, job.op);
-            break;
-          case at::kInt:
-            reduce_part<std::int32_t>(slots, world, rank, begin, count, job.op);
-            break;
-          case at::kLong:
-            reduce_part<std::int64_t>(slots, world, rank, begin, count, job.op);
-            break;
-          default:
-            TY_ASSERT(false, "dtype ", job.tensor.scalar_type(), " reached the shared-memory path");
-        }
+      if (off == 0) {
+        agree(job);
+      } else {
+        barrier();
       }
+      for (int p = 0; p < world; ++p) slots[p] = slot(p);
+      reduce_my_part(slots, n / elem, job);
       barrier();
-      for (int p = 0; p < world; ++p) {
-        const std::size_t pb = std::min(elems, part * p);
-        const std::size_t pc = std::min(elems, pb + part) - pb;
-        if (pc > 0) std::memcpy(data + off + pb * elem, slot(p) + pb * elem, pc * elem);
-      }
+      gather_parts(data + off, slots, n / elem, elem, /*skip=*/-1);
     }
+  }
+
+  static std::string describe(const OpStamp& op) {
+    const char* kinds[] = {"an all-reduce", "a broadcast", "a barrier"};
+    std::string out = op.kind < 3 ? kinds[op.kind] : "an unknown collective";
+    if (op.kind == static_cast<std::uint16_t>(Kind::kBarrier)) return out;
+    if (op.kind == static_cast<std::uint16_t>(Kind::kBroadcast))
+      out += detail::concat(" from rank ", op.root);
+    else
+      out += detail::concat(" (reduce op ", op.reduce_op, ")");
+    out += detail::concat(" of ", op.bytes, " bytes of ",
+                          c10::toString(static_cast<at::ScalarType>(op.dtype)));
+    if (op.buffer == 0) return out + ", staged";
+    return out + detail::concat(" at offset ", op.offset, " of shared buffer ", op.buffer);
+  }
+
+  // Publishes what this rank is about to do, passes a barrier and checks that every rank does the
+  // same: see Note [Collectives in place].
+  void agree(const Job& job) {
+    const OpStamp mine{
+        .generation = generation + 1,
+        .kind = static_cast<std::uint16_t>(job.kind),
+        .root = static_cast<std::int16_t>(job.kind == Kind::kBroadcast ? job.root : 0),
+        .reduce_op = job.kind == Kind::kAllreduce ? static_cast<std::int32_t>(job.op) : 0,
+        .dtype = static_cast<std::int32_t>(job.tensor.scalar_type()),
+        .buffer = job.buffer ? job.buffer->id : 0,
+        .offset = job.offset,
+        .bytes = static_cast<std::uint64_t>(job.tensor.numel()) * job.tensor.element_size()};
+    auto& stamps = header->ops[mine.generation % 2];
+    stamps[rank] = mine;
+    barrier();
+    for (int p = 0; p < world; ++p) {
+      const OpStamp theirs = stamps[p];
+      if (theirs.generation == mine.generation && theirs == mine) continue;
+      throw Error(detail::concat(
+          "Rank ", rank, "/", world, " issued ", describe(mine), ", but rank ", p,
+          theirs.generation == mine.generation ? detail::concat(" issued ", describe(theirs))
+                                               : std::string(" issued another kind of collective"),
+          ". HINT: every rank must issue the same collectives in the same order."));
+    }
+  }
+
+  // Every rank's copy of an in-place job's tensor.
+  std::vector<char*> copies_of(const Job& job) const {
+    std::vector<char*> copies(static_cast<std::size_t>(world));
+    for (int p = 0; p < world; ++p)
+      copies[static_cast<std::size_t>(p)] = job.buffer->region(p) + job.offset;
+    return copies;
+  }
+
+  void run_allreduce_in_place(const Job& job) {
+    agree(job);
+    const auto copies = copies_of(job);
+    const std::size_t elem = job.tensor.element_size();
+    const std::size_t elems = static_cast<std::size_t>(job.tensor.numel());
+    reduce_my_part(copies.data(), elems, job);
+    barrier();
+    gather_parts(copies[static_cast<std::size_t>(rank)], copies.data(), elems, elem, rank);
+    barrier();
   }
 
   void run_broadcast(const Job& job) {
     const std::size_t bytes = job.tensor.numel() * job.tensor.element_size();
+    if (job.buffer) {
+      agree(job);
+      const auto copies = copies_of(job);
+      if (rank != job.root && bytes > 0)
+        std::memcpy(copies[static_cast<std::size_t>(rank)],
+                    copies[static_cast<std::size_t>(job.root)], bytes);
+      barrier();
+      return;
+    }
     auto* data = static_cast<char*>(job.tensor.data_ptr());
     for (std::size_t off = 0; off < bytes; off += options.chunk_bytes, ++chunk_count) {
       const std::size_t n = std::min(options.chunk_bytes, bytes - off);
       if (rank == job.root) std::memcpy(slot(job.root), data + off, n);
-      barrier();
+      if (off == 0) {
+        agree(job);
+      } else {
+        barrier();
+      }
       if (rank != job.root) std::memcpy(data + off, slot(job.root), n);
     }
   }
@@ -296,7 +419,7 @@ struct ShmProcessGroup::Impl {
             break;
           case Kind::kBarrier:
             // Orders after every queued shared-memory collective, then after Gloo's.
-            barrier();
+            agree(job);
             inner->barrier()->wait();
             break;
         }
@@ -311,7 +434,25 @@ struct ShmProcessGroup::Impl {
     }
   }
 
+  // The allocate_shared() buffer whose region of this rank holds all of `t`, if any.
+  void find_buffer(const at::Tensor& t, Job& job) {
+    const char* begin = static_cast<const char*>(t.data_ptr());
+    const std::size_t bytes = t.numel() * t.element_size();
+    std::lock_guard<std::mutex> lock(buffers_mutex);
+    for (const auto& weak : buffers) {
+      auto buffer = weak.lock();
+      if (!buffer) continue;
+      const char* region = buffer->region(rank);
+      if (begin >= region && begin + bytes <= region + buffer->region_bytes) {
+        job.buffer = std::move(buffer);
+        job.offset = static_cast<std::size_t>(begin - region);
+        return;
+      }
+    }
+  }
+
   c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type) {
+    find_buffer(job.tensor, job);
     job.work = c10::make_intrusive<ShmWork>(job.tensor, type);
     auto work = job.work;
     {
@@ -346,93 +487,29 @@ ShmProcessGroup::ShmProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
   const auto instance = store->add(base_key + "instances/" + std::to_string(rank), 1);
   const std::string prefix = base_key + std::to_string(instance) + "/";
 
-  // Rank 0 creates the segment and publishes its name; everyone maps it and reports.
-  std::string failure;
-  int fd = -1;
-  bool created = false;
-  auto fail = [&](const std::string& what) {
-    if (failure.empty()) failure = what;
-  };
-  auto map_segment = [&] {
-    s.base = ::mmap(nullptr, s.mapped_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (s.base == MAP_FAILED) {
-      s.base = nullptr;
-      fail(detail::concat("cannot map ", s.segment_name, ": ", std::strerror(errno)));
-    } else {
-      s.header = static_cast<Header*>(s.base);
-    }
-  };
-  try {
-    if (rank == 0) {
-      std::random_device rd;
-      s.segment_name = detail::concat("/trainyard-", ::getpid(), "-", std::hex, rd(), rd());
-      fd = ::shm_open(s.segment_name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-      created = fd >= 0;
-      if (fd < 0)
-        fail(detail::concat("cannot create ", s.segment_name, ": ", std::strerror(errno)));
-      // Reserve the pages now: a sparse segment on a full /dev/shm would SIGBUS mid-collective.
-      const int rc = fd >= 0 ? ::posix_fallocate(fd, 0, static_cast<off_t>(s.mapped_bytes)) : 0;
-      if (rc != 0)
-        fail(detail::concat("cannot reserve ", s.mapped_bytes >> 20, " MiB in /dev/shm: ",
-                            std::strerror(rc), " (a small /dev/shm, as in a container?)"));
-      if (failure.empty()) map_segment();
-      if (s.header != nullptr) {
-        s.header->world_size = static_cast<std::uint32_t>(size);
-        s.header->chunk_bytes = options.chunk_bytes;
-        s.header->magic = kMagic;
-      }
-      // The store's round trip orders these header writes before the other ranks' reads.
-      store_set_string(*store, prefix + "segment", failure.empty() ? s.segment_name : "");
-    } else {
-      s.segment_name = store_get_string(*store, prefix + "segment");
-      if (s.segment_name.empty()) fail("rank 0 could not create the segment");
-      if (failure.empty()) fd = ::shm_open(s.segment_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-      if (failure.empty() && fd < 0)
-        fail(detail::concat("cannot open ", s.segment_name, ": ", std::strerror(errno),
-                            " (is this rank on another host?)"));
-      struct stat st {};
-      if (failure.empty() &&
-          (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != s.mapped_bytes))
-        fail(detail::concat("segment ", s.segment_name, " holds ", st.st_size, " bytes, expected ",
-                            s.mapped_bytes, " (ranks disagree on world size or chunk_bytes)"));
-      if (failure.empty()) map_segment();
-      if (s.header != nullptr &&
-          (s.header->magic != kMagic || s.header->world_size != static_cast<std::uint32_t>(size) ||
-           s.header->chunk_bytes != options.chunk_bytes))
-        fail(detail::concat("segment ", s.segment_name, " was made for ", s.header->world_size,
-                            " ranks and ", s.header->chunk_bytes,
-                            "-byte chunks; this rank expects ", size, " and ",
-                            options.chunk_bytes));
-    }
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-    if (s.header != nullptr) s.header->pids[rank] = ::getpid();
-    store_set_string(*store, prefix + "ok/" + std::to_string(rank),
-                     failure.empty() ? "1" + pid_namespace() : "0" + failure);
-
-    std::string first_failure;
-    s.check_pids = true;
-    const std::string mine = "1" + pid_namespace();
-    for (int r = 0; r < size; ++r) {
-      auto v = store_get_string(*store, prefix + "ok/" + std::to_string(r));
-      if (v.empty() || v[0] != '1') {
-        if (first_failure.empty()) first_failure = detail::concat("rank ", r, ": ", v.substr(1));
-      } else if (v != mine) {
-        s.check_pids = false;  // another pid namespace: pids say nothing about liveness here
-      }
-    }
-    if (created) ::shm_unlink(s.segment_name.c_str());  // every rank has it mapped, or failed
-    created = false;
-    if (!first_failure.empty())
-      throw Error("Shared-memory process group unavailable: " + first_failure);
-  } catch (...) {
-    // Nothing outlives a failed constructor: no descriptor, no mapping, no name in /dev/shm.
-    if (fd >= 0) ::close(fd);
-    if (created) ::shm_unlink(s.segment_name.c_str());
-    if (s.base != nullptr) ::munmap(s.base, s.mapped_bytes);
-    s.base = nullptr;
-    throw;
-  }
+  auto mapped =
+      map_group_segment(*store, prefix, rank, size, s.mapped_bytes, [&](void* base) -> std::string {
+        auto* header = static_cast<Header*>(base);
+        if (rank == 0) {
+          header->world_size = static_cast<std::uint32_t>(size);
+          header->chunk_bytes = options.chunk_bytes;
+          header->magic = kMagic;
+        } else if (header->magic != kMagic ||
+                   header->world_size != static_cast<std::uint32_t>(size) ||
+                   header->chunk_bytes != options.chunk_bytes) {
+          return detail::concat("the segment was made for ", header->world_size, " ranks and ",
+                                header->chunk_bytes, "-byte chunks; this rank expects ", size,
+                                " and ", options.chunk_bytes);
+        }
+        header->pids[rank] = ::getpid();
+        return "";
+      });
+  s.segment = std::move(mapped.segment);
+  s.base = s.segment->base;
+  s.header = static_cast<Header*>(s.base);
+  s.check_pids = mapped.same_pid_namespace;
+  s.store = store;
+  s.prefix = prefix;
   s.worker = std::thread([&s] { s.serve(); });
 }
 
@@ -444,7 +521,31 @@ ShmProcessGroup::~ShmProcessGroup() {
   impl_->stop_waiting = true;  // a barrier in progress gives up; queued jobs fail fast
   impl_->changed.notify_all();
   if (impl_->worker.joinable()) impl_->worker.join();
-  if (impl_->base != nullptr) ::munmap(impl_->base, impl_->mapped_bytes);
+}
+
+at::Tensor ShmProcessGroup::allocate_shared(std::int64_t numel, at::ScalarType dtype) {
+  TY_CHECK(numel >= 0, "allocate_shared: numel must be >= 0, got ", numel, ".");
+  auto& s = *impl_;
+  const std::size_t bytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
+  auto buffer = std::make_shared<SharedBuffer>();
+  buffer->region_bytes = std::max<std::size_t>(4096, (bytes + 4095) / 4096 * 4096);
+  {
+    std::lock_guard<std::mutex> lock(s.buffers_mutex);
+    buffer->id = ++s.buffer_count;
+  }
+  auto mapped = map_group_segment(*s.store, detail::concat(s.prefix, "buffer/", buffer->id, "/"),
+                                  s.rank, s.world, buffer->region_bytes * s.world,
+                                  [](void*) { return std::string(); });
+  buffer->segment = std::move(mapped.segment);
+  {
+    std::lock_guard<std::mutex> lock(s.buffers_mutex);
+    std::erase_if(s.buffers, [](const auto& b) { return b.expired(); });
+    s.buffers.push_back(buffer);
+  }
+  // The tensor keeps the mapping alive, also after this group is gone.
+  auto tensor = at::from_blob(
+      buffer->region(s.rank), {numel}, [buffer](void*) {}, at::TensorOptions().dtype(dtype));
+  return tensor.zero_();
 }
 
 namespace {
@@ -569,6 +670,23 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_local_group(
     logger("comm")->warn("{}; using Gloo for every collective.", e.what());
     return inner;
   }
+}
+
+at::Tensor allocate_collective_buffer(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                      std::int64_t numel,
+                                      const at::TensorOptions& options) {
+  auto* shm = dynamic_cast<ShmProcessGroup*>(group.get());
+  if (shm != nullptr && options.device().is_cpu() && options.layout() == at::kStrided) {
+    try {
+      return shm->allocate_shared(numel, c10::typeMetaToScalarType(options.dtype()));
+    } catch (const InvalidArgumentError&) {
+      throw;  // the ranks asked for different sizes: a bug to report, not to work around
+    } catch (const Error& e) {
+      logger("comm")->warn("{}; this buffer's collectives are staged through the segment.",
+                           e.what());
+    }
+  }
+  return at::zeros({numel}, options);
 }
 
 }  // namespace trainyard

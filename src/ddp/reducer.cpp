@@ -195,7 +195,9 @@ void DdpReducer::build_buckets() {
   for (auto& b : buckets_) {
     std::int64_t numel = 0;
     for (auto j : b->params) numel += params_[j].numel();
-    b->flat = torch::zeros({numel}, params_[b->params.front()].options().requires_grad(false));
+    // In shared memory under a ShmProcessGroup: see Note [Collectives in place].
+    b->flat = allocate_collective_buffer(pg_, numel,
+                                         params_[b->params.front()].options().requires_grad(false));
     b->pending = b->params.size();
   }
 }

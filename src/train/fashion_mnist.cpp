@@ -21,7 +21,7 @@
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/models/resnet.h"
-#include "trainyard/optim/fused_adam.h"
+#include "trainyard/optim/sharded_adam.h"
 
 namespace trainyard::train {
 using Clock = std::chrono::steady_clock;
@@ -204,12 +204,14 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   ddp::DistributedDataParallel ddp(model, dist->process_group(),
                                    ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(
                                                        options.bucket_cap_mb * (1 << 20))});
-  optim::FusedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr));
+  // Each rank updates its share of the parameters; see Note [Optimizer sharding].
+  optim::ShardedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr),
+                               dist->process_group());
   if (resume) {
     const auto where = checkpoint::join_uri(run_uri, resume->name) + "/optimizer.pt";
     auto it = resume->checkpoint.files.find("optimizer.pt");
     TY_CHECK_T(CheckpointCorruptError, it != resume->checkpoint.files.end(), where, " is missing.");
-    checkpoint::load_optimizer(optimizer, it->second, where);
+    optimizer.load_state_bytes(it->second, where);
     if (rank == 0) {
       std::printf("Resuming from %s at step %lld (epoch %d, %lld samples into it)\n",
                   resume->name.c_str(), static_cast<long long>(progress.global_step),
@@ -220,20 +222,23 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   std::string last_checkpoint = resume ? resume->name : "";
   std::int64_t last_checkpoint_step = resume ? progress.global_step : -1;
 
-  // Rank 0 saves; the others go on to the next step and wait for it in the next all-reduce.
-  // Serialising is the stall; the files are written in the background while training goes on.
+  // Collective: the optimizer's moments are gathered from their owners on every rank at the same
+  // steps. Then rank 0 saves while the others go on to the next step and wait for it in the next
+  // all-reduce. Serialising is the stall; the files are written in the background while training
+  // goes on.
   auto save_checkpoint = [&] {
-    if (rank != 0) return;
     const auto t0 = Clock::now();
+    auto optimizer_state = optimizer.state_to_bytes(/*root=*/0);
+    last_checkpoint_step = progress.global_step;  // on every rank: it decides the final save
+    if (rank != 0) return;
     progress.world_size = world;
     checkpoint::Checkpoint c{.step = progress.global_step};
     c.files["model.pt"] = checkpoint::module_to_bytes(*model);
-    c.files["optimizer.pt"] = checkpoint::optimizer_to_bytes(optimizer);
+    c.files["optimizer.pt"] = std::move(optimizer_state);
     c.files["rng.pt"] = checkpoint::cpu_rng_state_to_bytes();
     c.files["state.json"] = json_text(to_json(progress));
     const double serialize_s = seconds_since(t0);
     checkpointer.save_in_background(std::move(c));  // waits for the previous save first
-    last_checkpoint_step = progress.global_step;
     log->info("Checkpoint of step {}: training stalled {:.2f} s ({:.2f} s serialising)",
               progress.global_step, seconds_since(t0), serialize_s);
   };

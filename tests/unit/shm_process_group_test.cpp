@@ -1,6 +1,7 @@
 // ShmProcessGroup: all-reduce and broadcast through shared memory agree with the arithmetic, over
-// many chunks and odd world sizes; other collectives reach the inner group; a missing peer is a
-// TimeoutError, not a hang. Ranks are threads over one HashStore.
+// many chunks and odd world sizes, staged or in place (allocate_shared buffers); ranks that issue
+// different in-place collectives get an error; other collectives reach the inner group; a missing
+// peer is a TimeoutError, not a hang. Ranks are threads over one HashStore.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -125,6 +126,76 @@ TEST(ShmProcessGroup, AMissingPeerIsATimeoutNotAHang) {
             std::string::npos)
       << message;
   EXPECT_LT(elapsed, 10.0);
+}
+
+class ShmInPlace : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmInPlace, AllreducesAndBroadcastsSharedBuffersWhereTheyAre) {
+  const int world = GetParam();
+  run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto* shm = dynamic_cast<ShmProcessGroup*>(pg.get());
+    ASSERT_NE(shm, nullptr);
+    // 100,003 floats (a length no world size divides) and a second buffer of int64.
+    auto grads = shm->allocate_shared(100003, torch::kFloat32);
+    auto counts = trainyard::allocate_collective_buffer(pg, 1001, torch::dtype(torch::kInt64));
+    EXPECT_EQ(grads.sum().item<float>(), 0.0f) << "zero-filled";
+    const auto base = torch::arange(100003, torch::kFloat32);
+    for (int round = 0; round < 3; ++round) {  // buffers are reused, as DDP's buckets are
+      grads.copy_(base * (rank + 1 + round));
+      std::vector<torch::Tensor> v{grads};
+      pg->allreduce(v)->wait();
+      const float factor = world * (world + 1) / 2.0f + world * round;
+      EXPECT_TRUE(torch::equal(grads, base * factor)) << "rank " << rank << " round " << round;
+    }
+    // A slice of a buffer (a DDP parameter's view), averaged.
+    auto slice = grads.narrow(0, 10, 5000);
+    slice.fill_(static_cast<float>(rank + 1));
+    std::vector<torch::Tensor> sv{slice};
+    c10d::AllreduceOptions avg;
+    avg.reduceOp = c10d::ReduceOp::AVG;
+    pg->allreduce(sv, avg)->wait();
+    EXPECT_FLOAT_EQ(slice.min().item<float>(), (world + 1) / 2.0f);
+    EXPECT_FLOAT_EQ(slice.max().item<float>(), (world + 1) / 2.0f);
+    EXPECT_EQ(grads[9].item<float>(), 9.0f * (world * (world + 1) / 2.0f + world * 2))
+        << "outside the slice nothing changed";
+
+    counts.fill_(rank == world - 1 ? 42 : -1);
+    std::vector<torch::Tensor> cv{counts};
+    c10d::BroadcastOptions from_last;
+    from_last.rootRank = world - 1;
+    pg->broadcast(cv, from_last)->wait();
+    EXPECT_EQ(counts.min().item<int64_t>(), 42);
+    EXPECT_EQ(counts.max().item<int64_t>(), 42);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmInPlace, ::testing::Values(1, 2, 3, 4));
+
+TEST(ShmProcessGroup, RanksIssuingDifferentInPlaceCollectivesGetAnError) {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto buffer = dynamic_cast<ShmProcessGroup&>(*pg).allocate_shared(200, torch::kFloat32);
+    std::vector<torch::Tensor> v{buffer.narrow(0, rank * 100, 100)};  // different halves
+    try {
+      pg->allreduce(v)->wait();
+    } catch (const std::exception& e) {
+      messages[rank] = e.what();
+    }
+  });
+  for (const auto& m : messages)
+    EXPECT_NE(m.find("every rank must issue the same collectives"), std::string::npos) << m;
+}
+
+TEST(ShmProcessGroup, CollectiveBuffersOfOtherGroupsAreOrdinaryMemory) {
+  trainyard::testing::run_thread_ranks(2, [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto t = trainyard::allocate_collective_buffer(pg, 64, torch::dtype(torch::kFloat32));
+    EXPECT_EQ(t.numel(), 64);
+    EXPECT_EQ(t.abs().sum().item<float>(), 0.0f);
+    t.fill_(static_cast<float>(rank));
+    std::vector<torch::Tensor> v{t};
+    pg->allreduce(v)->wait();
+    EXPECT_EQ(t.min().item<float>(), 1.0f);
+  });
 }
 
 }  // namespace

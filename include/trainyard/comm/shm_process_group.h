@@ -88,6 +88,13 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
+  // Collective: a zero-filled (numel,) tensor in a segment that every rank maps. All-reduces and
+  // broadcasts of a tensor inside it (the same offset and size on every rank) read the peers'
+  // copies where they are, with no staging: see Note [Collectives in place]. Every rank allocates
+  // the same sizes in the same order, from one thread. Throws, on every rank, Error when /dev/shm
+  // cannot hold it and InvalidArgumentError when the ranks asked for different sizes.
+  at::Tensor allocate_shared(std::int64_t numel, at::ScalarType dtype);
+
   const c10::intrusive_ptr<c10d::ProcessGroup>& inner() const { return inner_; }
 
  private:
@@ -104,5 +111,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_local_group(
     int size,
     c10::intrusive_ptr<c10d::ProcessGroup> inner,
     ShmOptions options = {});
+
+// A zero-filled (numel,) tensor to all-reduce or broadcast over `group` again and again (DDP's
+// buckets, sharded parameters): ShmProcessGroup::allocate_shared for a CPU tensor when `group` is
+// one (collective then), else, or when /dev/shm is too small (with a warning), at::zeros.
+at::Tensor allocate_collective_buffer(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                      std::int64_t numel,
+                                      const at::TensorOptions& options);
 
 }  // namespace trainyard
