@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "trainyard/blas_core.h"
 #include "trainyard/error.h"
 #include "trainyard/models/resnet.h"
 #include "trainyard/models/tap_conv2d.h"
@@ -67,6 +68,7 @@ struct ConvShape {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  trainyard::reexec_if_blas_core_misdetected(argv);
   const auto args = parse(argc, argv);
   torch::set_num_threads(args.threads);
   torch::manual_seed(0);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "trainyard/blas_core.h"
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/checkpoint/torch_state.h"
 #include "trainyard/comm/process_group.h"
@@ -103,7 +104,8 @@ nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int thr
           {"epochs", o.epochs},
           {"batch_size", o.batch_size},
           {"lr", o.lr},
-          {"optimizer", "Adam"},
+          {"optimizer", world_size > 1 ? "Adam, sharded across ranks (ZeRO-1)" : "Adam"},
+          {"blas_core", blas_core_name()},
           {"limit", o.limit},
           {"threads_per_rank", threads},
           {"seed", o.seed},

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../multiproc/multiproc_util.h"
+#include "trainyard/blas_core.h"
 #include "trainyard/models/resnet.h"
 
 namespace {
@@ -50,6 +51,9 @@ TEST(Recipe, TwoWorkersOneEpochLearnAndWriteResults) {
   EXPECT_EQ(params["conv1.weight"].sizes(), torch::IntArrayRef({64, 1, 7, 7}));
   auto config = nlohmann::json::parse(read_file(dir.path() / "smoke" / "config.json"));
   EXPECT_EQ(config["limit"].get<int>(), 6000);
+  // The CLI re-executed itself if OpenBLAS had picked kernels below this CPU (blas_core.h).
+  EXPECT_FALSE(trainyard::blas_core_for(config["blas_core"].get<std::string>()).has_value())
+      << config["blas_core"];
 }
 
 TEST(Recipe, MissingDataNamesTheFileAndThePackage) {
