@@ -310,6 +310,21 @@ struct ShmProcessGroup::Impl {
     }
   }
 
+  static std::string reduce_op_name(std::int32_t op) {
+    switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+      case c10d::ReduceOp::SUM:
+        return "SUM";
+      case c10d::ReduceOp::AVG:
+        return "AVG";
+      case c10d::ReduceOp::MIN:
+        return "MIN";
+      case c10d::ReduceOp::MAX:
+        return "MAX";
+      default:
+        return detail::concat("reduce op ", op);
+    }
+  }
+
   static std::string describe(const OpStamp& op) {
     const char* kinds[] = {"an all-reduce", "a broadcast", "a barrier"};
     std::string out = op.kind < 3 ? kinds[op.kind] : "an unknown collective";
@@ -317,7 +332,7 @@ struct ShmProcessGroup::Impl {
     if (op.kind == static_cast<std::uint16_t>(Kind::kBroadcast))
       out += detail::concat(" from rank ", op.root);
     else
-      out += detail::concat(" (reduce op ", op.reduce_op, ")");
+      out += detail::concat(" with ", reduce_op_name(op.reduce_op));
     out += detail::concat(" of ", op.bytes, " bytes of ",
                           c10::toString(static_cast<at::ScalarType>(op.dtype)));
     if (op.buffer == 0) return out + ", staged";

@@ -39,20 +39,29 @@ torch::Tensor loss_at(torch::nn::Sequential& model, int step) {
   return (model->forward(x) - y).pow(2).mean();
 }
 
-// Runs `steps` steps of FusedAdam from the model's initial state (or from `start` bytes) in one
-// process; returns the parameters.
-std::vector<torch::Tensor> reference_run(const torch::optim::AdamOptions& options,
-                                         int first,
-                                         int last,
-                                         const std::string& start = {}) {
-  auto model = make_model();
-  FusedAdam adam(model->parameters(), options);
-  if (!start.empty()) trainyard::checkpoint::load_optimizer(adam, start, "start");
+// Steps [first, last) of the training loop every run here shares.
+template <typename Optimizer>
+void train(torch::nn::Sequential& model, Optimizer& adam, int first, int last) {
   for (int step = first; step < last; ++step) {
     adam.zero_grad();
     loss_at(model, step).backward();
     adam.step();
   }
+}
+
+void expect_parameters(torch::nn::Sequential& model,
+                       const std::vector<torch::Tensor>& expected,
+                       const std::string& who) {
+  auto params = model->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(torch::equal(params[i], expected[i])) << who << ", parameter " << i;
+}
+
+// `steps` steps of one unsharded FusedAdam from the model's initial state; the parameters.
+std::vector<torch::Tensor> reference_run(const torch::optim::AdamOptions& options, int steps) {
+  auto model = make_model();
+  FusedAdam adam(model->parameters(), options);
+  train(model, adam, 0, steps);
   std::vector<torch::Tensor> out;
   for (auto& p : model->parameters()) out.push_back(p.detach().clone());
   return out;
@@ -68,21 +77,14 @@ class ShardedAdamMatches : public ::testing::TestWithParam<Case> {};
 TEST_P(ShardedAdamMatches, OneUnshardedAdamBitForBit) {
   const auto c = GetParam();
   const auto options = torch::optim::AdamOptions(1e-2).weight_decay(0.01).amsgrad(c.amsgrad);
-  const auto expected = reference_run(options, 0, 6);
+  const auto expected = reference_run(options, 6);
   trainyard::testing::run_thread_ranks(c.world,
                                        [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
                                          auto model = make_model();
                                          ShardedAdam adam(model->parameters(), options, pg);
-                                         for (int step = 0; step < 6; ++step) {
-                                           adam.zero_grad();
-                                           loss_at(model, step).backward();
-                                           adam.step();
-                                         }
-                                         auto params = model->parameters();
-                                         for (std::size_t i = 0; i < params.size(); ++i)
-                                           EXPECT_TRUE(torch::equal(params[i], expected[i]))
-                                               << "rank " << rank << " parameter " << i
-                                               << ", owned by rank " << adam.owner(i);
+                                         train(model, adam, 0, 6);
+                                         expect_parameters(model, expected,
+                                                           "rank " + std::to_string(rank));
                                        },
                                        {.shm = c.shm});
 }
@@ -117,18 +119,14 @@ TEST(ShardedAdam, SharesTheElementsAndOwnsEachParameterOnce) {
 // unsharded FusedAdam for 3 more: all equal to 6 uninterrupted steps.
 TEST(ShardedAdam, CheckpointsMoveBetweenWorldSizesAndUnshardedAdam) {
   const auto options = torch::optim::AdamOptions(1e-2).amsgrad(true);
-  const auto expected = reference_run(options, 0, 6);
+  const auto expected = reference_run(options, 6);
   std::string optimizer_bytes;
   std::string model_bytes;
   trainyard::testing::run_thread_ranks(2,
                                        [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
                                          auto model = make_model();
                                          ShardedAdam adam(model->parameters(), options, pg);
-                                         for (int step = 0; step < 3; ++step) {
-                                           adam.zero_grad();
-                                           loss_at(model, step).backward();
-                                           adam.step();
-                                         }
+                                         train(model, adam, 0, 3);
                                          auto bytes = adam.state_to_bytes(/*root=*/1);
                                          EXPECT_EQ(bytes.empty(), rank != 1);
                                          if (rank == 1) {
@@ -149,14 +147,8 @@ TEST(ShardedAdam, CheckpointsMoveBetweenWorldSizesAndUnshardedAdam) {
         // storage, which the next step moves back.
         trainyard::checkpoint::load_module(*model, model_bytes, "model");
         adam.load_state_bytes(optimizer_bytes, "optimizer");
-        for (int step = 3; step < 6; ++step) {
-          adam.zero_grad();
-          loss_at(model, step).backward();
-          adam.step();
-        }
-        auto params = model->parameters();
-        for (std::size_t i = 0; i < params.size(); ++i)
-          EXPECT_TRUE(torch::equal(params[i], expected[i])) << "rank " << rank << " param " << i;
+        train(model, adam, 3, 6);
+        expect_parameters(model, expected, "resumed rank " + std::to_string(rank));
       },
       {.shm = true});
 
@@ -165,14 +157,8 @@ TEST(ShardedAdam, CheckpointsMoveBetweenWorldSizesAndUnshardedAdam) {
   trainyard::checkpoint::load_module(*model, model_bytes, "model");
   FusedAdam adam(model->parameters(), options);
   trainyard::checkpoint::load_optimizer(adam, optimizer_bytes, "optimizer");
-  for (int step = 3; step < 6; ++step) {
-    adam.zero_grad();
-    loss_at(model, step).backward();
-    adam.step();
-  }
-  auto params = model->parameters();
-  for (std::size_t i = 0; i < params.size(); ++i)
-    EXPECT_TRUE(torch::equal(params[i], expected[i])) << "unsharded, param " << i;
+  train(model, adam, 3, 6);
+  expect_parameters(model, expected, "unsharded");
 }
 
 TEST(ShardedAdam, ACorruptStateIsACheckpointError) {

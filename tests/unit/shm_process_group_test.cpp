@@ -186,6 +186,25 @@ TEST(ShmProcessGroup, RanksIssuingDifferentInPlaceCollectivesGetAnError) {
     EXPECT_NE(m.find("every rank must issue the same collectives"), std::string::npos) << m;
 }
 
+TEST(ShmProcessGroup, RanksReducingWithDifferentOpsGetAnErrorNamingBoth) {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    auto buffer = dynamic_cast<ShmProcessGroup&>(*pg).allocate_shared(100, torch::kFloat32);
+    std::vector<torch::Tensor> v{buffer};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = rank == 0 ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
+    try {
+      pg->allreduce(v, opts)->wait();
+    } catch (const std::exception& e) {
+      messages[rank] = e.what();
+    }
+  });
+  for (const auto& m : messages) {
+    EXPECT_NE(m.find("with SUM"), std::string::npos) << m;
+    EXPECT_NE(m.find("with AVG"), std::string::npos) << m;
+  }
+}
+
 TEST(ShmProcessGroup, CollectiveBuffersOfOtherGroupsAreOrdinaryMemory) {
   trainyard::testing::run_thread_ranks(2, [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     auto t = trainyard::allocate_collective_buffer(pg, 64, torch::dtype(torch::kFloat32));
