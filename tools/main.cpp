@@ -5,11 +5,9 @@
 
 #include "tools/run_command.h"
 #include "tools/train_command.h"
-#include "trainyard/blas_core.h"
 #include "trainyard/error.h"
 
 int main(int argc, char** argv) {
-  trainyard::reexec_if_blas_core_misdetected(argv);  // before any thread or child exists
   CLI::App app{"trainyard: distributed training for LibTorch", "trainyard"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "trainyard 0.1.0");

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainyard/blas_core.h"
 #include "trainyard/comm/address.h"
 #include "trainyard/elastic/c10d_backend.h"
 #include "trainyard/elastic/etcd_backend.h"
@@ -397,6 +398,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
 
   cmd->callback([flags, cmd, &exit_code] {
     elastic::LaunchOptions options = resolve(*flags, *cmd);
+    set_blas_core_for_children();
     try {
       exit_code = elastic::launch(options).exit_code();
     } catch (const Error& e) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "trainyard/blas_core.h"
 #include "trainyard/checkpoint/storage.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/data/fashion_mnist.h"
@@ -83,9 +84,15 @@ void add_train_command(CLI::App& app, std::vector<std::string> args, int& exit_c
     o.progress = !no_progress;
     o.validate();
     if (!dist_env_present()) {
+      set_blas_core_for_children();
       exit_code = launch_fashion_mnist(o, args);
       return;
     }
+    // A rank computes: it needs OpenBLAS's right kernels in this very process.
+    std::vector<char*> self_argv;
+    for (const auto& a : args) self_argv.push_back(const_cast<char*>(a.c_str()));
+    self_argv.push_back(nullptr);
+    reexec_if_blas_core_misdetected(self_argv.data());
     auto result = train::run_fashion_mnist_rank(o);
     // Rank 0 prints the table, unless the bare parent that launched this job prints it.
     if (parse_dist_env().rank == 0 && std::getenv(kParentEnv) == nullptr)

@@ -12,20 +12,36 @@ namespace trainyard {
 // The kernel set OpenBLAS chose in this process, e.g. "SkylakeX"; "" when no OpenBLAS is loaded.
 std::string blas_core_name();
 
-// The OPENBLAS_CORETYPE to use instead of OpenBLAS's kernel set `core` on this CPU when `core`
-// uses fewer vector units than it has (SkylakeX for AVX-512, Haswell for AVX2); nullopt when
-// `core` fits.
-std::optional<std::string> blas_core_for(const std::string& core);
+// Vector units that decide which OpenBLAS kernel sets a CPU can run.
+struct CpuVectorUnits {
+  bool avx512 = false;  // AVX-512 F, CD, DQ, BW and VL (OpenBLAS's SkylakeX kernels)
+  bool avx2 = false;    // AVX2 and FMA (its Haswell kernels)
+  static CpuVectorUnits of_this_cpu();
+};
 
-// blas_core_for(blas_core_name()), or nullopt when no OpenBLAS is loaded or OPENBLAS_CORETYPE is
-// already set (the user's choice stands).
+// The OPENBLAS_CORETYPE to use instead of OpenBLAS's kernel set `core` (compared without case)
+// when `core` uses fewer vector units than `cpu` has: SkylakeX for AVX-512, Haswell for AVX2.
+// nullopt when `core` fits.
+std::optional<std::string> blas_core_for(const std::string& core,
+                                         CpuVectorUnits cpu = CpuVectorUnits::of_this_cpu());
+
+// blas_core_for(blas_core_name()) for an OpenBLAS that can switch kernels at run time
+// (DYNAMIC_ARCH); nullopt when none is loaded, when it cannot switch, or when OPENBLAS_CORETYPE is
+// set to anything non-empty (the user's choice stands).
 std::optional<std::string> blas_core_override();
 
-// For main(), first thing: when blas_core_override() has a value, sets OPENBLAS_CORETYPE and
-// re-executes this program with the same arguments (so it and every process it starts, ranks and
-// Python peers alike, get the right kernels; a debug log line says so); does not return then.
-// Returns when there is nothing to fix, when TRAINYARD_BLAS_CORE_FIX=0, or when the re-exec
-// fails (with a warning).
+// For a process that only launches others (`trainyard run`, a bare `trainyard train`): when
+// blas_core_override() has a value, sets OPENBLAS_CORETYPE (and TRAINYARD_BLAS_CORE_SET, so that
+// the children can tell it did not come from the user) for every process started from now on:
+// ranks and Python peers alike get the right kernels. This process keeps OpenBLAS's choice.
+void set_blas_core_for_children();
+
+// For a process that computes, before it starts threads or children: when blas_core_override()
+// has a value, sets the variables as above and re-executes this program with `argv`; does not
+// return then. Programs started some other way (test binaries, examples started by hand) keep
+// OpenBLAS's choice. In a process whose parent set the variables, warns if OpenBLAS did not take
+// the kernels it was told to. Returns when there is nothing to fix, when TRAINYARD_BLAS_CORE_FIX=0,
+// or when the re-exec fails (with a warning; the variables are unset again).
 void reexec_if_blas_core_misdetected(char** argv);
 
 }  // namespace trainyard

@@ -104,7 +104,7 @@ nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int thr
           {"epochs", o.epochs},
           {"batch_size", o.batch_size},
           {"lr", o.lr},
-          {"optimizer", world_size > 1 ? "Adam, sharded across ranks (ZeRO-1)" : "Adam"},
+          {"optimizer", "Adam (ShardedAdam: ZeRO-1 across the ranks)"},
           {"blas_core", blas_core_name()},
           {"limit", o.limit},
           {"threads_per_rank", threads},

@@ -150,7 +150,9 @@ TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
         .argv = {"/bin/sh", "-c", cmd + "> " + (dir.path() / log).string() + " 2>&1"}});
   };
   auto n0 = node(0, "n0.log");
-  std::this_thread::sleep_for(300ms);  // node 0 serves the rendezvous store
+  // Node 0 serves the rendezvous store: the others start once it does.
+  ASSERT_TRUE(wait_for_text(dir.path() / "n0.log", "Serving the rendezvous store", 20s))
+      << read_file(dir.path() / "n0.log");
   auto n1 = node(1, "n1.log");
   auto n2 = node(2, "n2.log");
   // 2304 images / 3 ranks / 32 = 24 steps; the first checkpoint is at step 4. At world size 2

@@ -14,6 +14,47 @@ using trainyard::mptest::run_program;
 using trainyard::mptest::TempDir;
 using namespace std::chrono_literals;
 
+// Where OpenBLAS picks kernels below this CPU (this test process shows OpenBLAS's own choice),
+// `trainyard run` hands its programs OPENBLAS_CORETYPE; TRAINYARD_BLAS_CORE_FIX=0 and a user's
+// OPENBLAS_CORETYPE keep it from doing so.
+TEST(Recipe, LaunchedProgramsGetOpenBlasKernelsThatFitTheCpu) {
+  const auto fix = trainyard::blas_core_override();
+  if (!fix)
+    GTEST_SKIP() << "OpenBLAS chose fitting kernels here (" << trainyard::blas_core_name() << ")";
+  auto core_seen = [](std::vector<std::pair<std::string, std::string>> env) {
+    auto r = run_program({TRAINYARD_CLI_PATH, "run", "--nproc-per-node", "1", "--", "/bin/sh", "-c",
+                          "echo \"CORE=[$OPENBLAS_CORETYPE]\""},
+                         std::move(env));
+    EXPECT_TRUE(r.status.success()) << r.out << r.err;
+    return r.out;
+  };
+  EXPECT_NE(core_seen({}).find("CORE=[" + *fix + "]"), std::string::npos);
+  EXPECT_NE(core_seen({{"TRAINYARD_BLAS_CORE_FIX", "0"}}).find("CORE=[]"), std::string::npos);
+  EXPECT_NE(core_seen({{"OPENBLAS_CORETYPE", "Haswell"}}).find("CORE=[Haswell]"),
+            std::string::npos);
+}
+
+// A rank started without a trainyard parent (as torchrun would start it) re-executes itself with
+// fitting kernels before training.
+TEST(Recipe, ARankStartedByHandRunsOpenBlasKernelsThatFitTheCpu) {
+  TempDir dir;
+  int port = 0;
+  trainyard::mptest::bind_loopback(/*listen=*/false, &port);  // closed again: free for rank 0
+  auto r = run_program({TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--workers", "1", "--epochs",
+                        "1", "--limit", "256", "--storage", dir.str(), "--name", "by-hand"},
+                       {{"RANK", "0"},
+                        {"WORLD_SIZE", "1"},
+                        {"LOCAL_RANK", "0"},
+                        {"LOCAL_WORLD_SIZE", "1"},
+                        {"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", std::to_string(port)}},
+                       60s);
+  ASSERT_TRUE(r.status.success()) << r.out << r.err;
+  auto config = nlohmann::json::parse(read_file(dir.path() / "by-hand" / "config.json"));
+  EXPECT_FALSE(trainyard::blas_core_for(config["blas_core"].get<std::string>()).has_value())
+      << config["blas_core"];
+}
+
 TEST(Recipe, TwoWorkersOneEpochLearnAndWriteResults) {
   TempDir dir;
   auto r = run_program({TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--workers", "2", "--epochs",

@@ -186,8 +186,16 @@ TEST(ElasticAgent, AnAgentStoppedBySigtermLeavesAndTheOthersGoOnWithoutIt) {
   std::vector<Subprocess> agents;
   for (int i = 0; i < 3; ++i) {
     agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", until_two)});
+    if (i > 0) continue;
     // The first serves the store (the c10d backend needs it to stay); the one stopped is not it.
-    if (i == 0) std::this_thread::sleep_for(300ms);
+    std::string first;
+    const auto serving = std::chrono::steady_clock::now() + 20s;
+    while (!contains(first, "Serving the rendezvous store") &&
+           std::chrono::steady_clock::now() < serving) {
+      std::this_thread::sleep_for(20ms);
+      first += pending_output(agents[0].stderr_fd());
+    }
+    ASSERT_TRUE(contains(first, "Serving the rendezvous store")) << first;
   }
   // All three form a round of 3 (max_nodes closes it at once); wait for it, then stop one.
   std::string seen;
