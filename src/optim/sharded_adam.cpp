@@ -130,8 +130,9 @@ torch::Tensor ShardedAdam::slot_of(std::size_t index) const {
 void ShardedAdam::return_moved_parameters() {
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto& flat = flat_[static_cast<std::size_t>(owner_[i])];
+    if (params_[i].data_ptr() == flat.data_ptr<float>() + offset_[i]) continue;  // every step
     auto slot = slot_of(i);
-    if (params_[i].data_ptr() == slot.data_ptr()) continue;
     slot.copy_(params_[i]);
     params_[i].set_data(slot);
   }
@@ -182,13 +183,10 @@ std::string ShardedAdam::state_to_bytes(int root) {
   full.param_groups()[0].set_options(local_->param_groups()[0].options().clone());
   for (int r = 0; r < world_size_; ++r) {
     std::vector<std::size_t> owned;
-    std::int64_t numel = 0;
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (owner_[i] == r) {
-        owned.push_back(i);
-        numel += params_[i].numel();
-      }
+      if (owner_[i] == r) owned.push_back(i);
     if (owned.empty()) continue;
+    const std::int64_t numel = flat_[static_cast<std::size_t>(r)].numel();
     // (owned,) Adam's step per parameter, 0 where it has no state yet;
     // (moments, numel) exp_avg, exp_avg_sq [, max_exp_avg_sq], parameters back to back.
     auto steps = torch::zeros({static_cast<std::int64_t>(owned.size())}, torch::kInt64);
