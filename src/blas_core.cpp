@@ -55,12 +55,22 @@ CpuVectorUnits CpuVectorUnits::of_this_cpu() {
   return {.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
                     __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl"),
-          .avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")};
+          .avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+          .vendor = __builtin_cpu_is("intel") ? Vendor::kIntel
+                    : __builtin_cpu_is("amd") ? Vendor::kAmd
+                                              : Vendor::kOther};
 }
 
 std::optional<std::string> blas_core_for(const std::string& core, CpuVectorUnits cpu) {
-  if (cpu.avx512 && !one_of(core, {"SkylakeX", "Cooperlake", "SapphireRapids"})) return "SkylakeX";
-  if (!cpu.avx512 && cpu.avx2 && !one_of(core, {"Haswell", "Zen", "SkylakeX", "Cooperlake"}))
+  // See Note [Kernels known to be correct].
+  using Vendor = CpuVectorUnits::Vendor;
+  if (cpu.vendor == Vendor::kIntel && cpu.avx512 &&
+      !one_of(core, {"SkylakeX", "Cooperlake", "SapphireRapids"}))
+    return "SkylakeX";
+  const bool avx2_is_best =
+      cpu.vendor == Vendor::kAmd || (cpu.vendor == Vendor::kIntel && !cpu.avx512);
+  if (avx2_is_best && cpu.avx2 &&
+      !one_of(core, {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"}))
     return "Haswell";
   return std::nullopt;
 }

@@ -12,16 +12,22 @@ namespace trainyard {
 // The kernel set OpenBLAS chose in this process, e.g. "SkylakeX"; "" when no OpenBLAS is loaded.
 std::string blas_core_name();
 
-// Vector units that decide which OpenBLAS kernel sets a CPU can run.
+// What decides which OpenBLAS kernel sets a CPU runs correctly and fast.
 struct CpuVectorUnits {
+  enum class Vendor { kOther, kIntel, kAmd };
   bool avx512 = false;  // AVX-512 F, CD, DQ, BW and VL (OpenBLAS's SkylakeX kernels)
   bool avx2 = false;    // AVX2 and FMA (its Haswell kernels)
+  Vendor vendor = Vendor::kOther;
   static CpuVectorUnits of_this_cpu();
 };
 
+// Note [Kernels known to be correct]
 // The OPENBLAS_CORETYPE to use instead of OpenBLAS's kernel set `core` (compared without case)
-// when `core` uses fewer vector units than `cpu` has: SkylakeX for AVX-512, Haswell for AVX2.
-// nullopt when `core` fits.
+// when `core` uses fewer vector units than `cpu` could, choosing only kernels known to compute
+// correctly on that vendor: SkylakeX for AVX-512 on Intel; Haswell for AVX2 on Intel and on AMD,
+// also where an AMD CPU has AVX-512 (Zen 4/5: some OpenBLAS builds compute wrong results with
+// their AVX-512 kernels there, which is why some environments preset OPENBLAS_CORETYPE=Haswell).
+// On any other vendor nothing is chosen. nullopt when `core` fits or nothing is known to be better.
 std::optional<std::string> blas_core_for(const std::string& core,
                                          CpuVectorUnits cpu = CpuVectorUnits::of_this_cpu());
 
