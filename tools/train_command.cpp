@@ -51,6 +51,9 @@ void add_train_command(CLI::App& app, std::vector<std::string> args, int& exit_c
       "fashion-mnist",
       "ResNet18 on FashionMNIST with DistributedDataParallel (the seed's Ray Train job). Run bare "
       "it starts --workers local ranks itself; under `trainyard run` it is one rank of that job.");
+  // A flag given twice takes its last value, as in most launchers: `scripts/quickstart.sh
+  // --epochs 1` appends to the seed's `--epochs 10`.
+  fm->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   fm->add_option("--workers", o.workers, "Ranks to start when run bare")->capture_default_str();
   fm->add_option("--epochs", o.epochs, "Passes over the training set")->capture_default_str();
   fm->add_option("--batch-size", o.batch_size, "Batch size per rank")->capture_default_str();
