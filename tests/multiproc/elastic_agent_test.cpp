@@ -74,6 +74,21 @@ std::vector<std::string> agent(const std::string& backend,
   return argv;
 }
 
+// Reads the non-blocking pipe `fd` into `seen` until `seen` holds `part`; false when `timeout`
+// passes first.
+bool read_until(int fd,
+                const std::string& part,
+                std::chrono::milliseconds timeout,
+                std::string& seen) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!contains(seen, part)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+    seen += pending_output(fd);
+  }
+  return true;
+}
+
 const std::vector<std::string> kPrintEnv = {
     "/bin/sh", "-c", R"(echo "R=$RANK W=$WORLD_SIZE G=$GROUP_RANK/$GROUP_WORLD_SIZE")"};
 
@@ -99,7 +114,8 @@ TEST(ElasticAgent, TwoNodesMeetOverC10dAndGetDistinctRanks) {
 
 TEST(ElasticAgent, PythonDdpScriptSurvivesARestartAcrossTwoNodes) {
   auto probe = mptest::run_program({"/usr/bin/python3", "-c", "import torch.distributed"});
-  if (!probe.status.success()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch.distributed";
+  if (!probe.status.success())
+    TY_MISSING_PREREQUISITE("/usr/bin/python3 cannot import torch.distributed (python3-torch)");
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   const std::vector<std::string> script = {
       "/usr/bin/python3", std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py"};
@@ -123,7 +139,8 @@ TEST(ElasticAgent, PythonDdpScriptSurvivesARestartAcrossTwoNodes) {
 }
 
 TEST(ElasticAgent, TwoNodesMeetThroughEtcd) {
-  if (access(kEtcd, X_OK) != 0) GTEST_SKIP() << kEtcd << " is missing; run scripts/setup.sh";
+  if (access(kEtcd, X_OK) != 0)
+    TY_MISSING_PREREQUISITE(kEtcd << " is missing; run scripts/setup.sh");
   EtcdServer etcd;
   auto out = run_agents({agent("etcd", etcd.endpoint(), "2", kPrintEnv),
                          agent("etcd", etcd.endpoint(), "2", kPrintEnv)});
@@ -137,7 +154,7 @@ TEST(ElasticAgent, UnreachableEtcdIsAClearErrorWithinTheJoinTimeout) {
       mptest::run_program(agent("etcd", endpoint, "2", kPrintEnv, {}, "join_timeout=2"), {}, 30s);
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(r.status.exit_code, 0);
-  EXPECT_LT(r.elapsed, 10s);
+  EXPECT_LT(r.elapsed, 25s) << "the join timeout is 2 s; the rest is margin for a loaded machine";
   EXPECT_TRUE(contains(r.err, "etcd at http://" + endpoint)) << r.err;
   EXPECT_TRUE(contains(r.err, "HINT")) << r.err;
 }
@@ -149,7 +166,7 @@ TEST(ElasticAgent, TooFewNodesTimeOutNamingTheCount) {
       30s);
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(r.status.exit_code, 0);
-  EXPECT_LT(r.elapsed, 10s);
+  EXPECT_LT(r.elapsed, 25s) << "the join timeout is 2 s; the rest is margin for a loaded machine";
   EXPECT_TRUE(contains(r.err, "completed within 1.5 s")) << r.err;
   EXPECT_TRUE(contains(r.err, "1 node(s) joined, 2 needed")) << r.err;
 }
@@ -162,9 +179,12 @@ TEST(ElasticAgent, ALateNodeJoinsAtTheNextRound) {
   std::vector<Subprocess> agents;
   for (int i = 0; i < 2; ++i)
     agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", wait_for_three)});
-  std::this_thread::sleep_for(3s);  // the first round (2 nodes) completes after the last call
-  agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", wait_for_three)});
+  // The third starts once the first round (2 nodes, after the last call) runs on both.
   std::string all_out, all_err;
+  for (auto& a : agents) {
+    ASSERT_TRUE(read_until(a.stdout_fd(), "W=2", 20s, all_out)) << all_out;
+  }
+  agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", wait_for_three)});
   for (auto& a : agents) {
     auto o = mptest::collect(a, 40s);
     ASSERT_FALSE(o.timed_out) << o.err;
@@ -189,22 +209,12 @@ TEST(ElasticAgent, AnAgentStoppedBySigtermLeavesAndTheOthersGoOnWithoutIt) {
     if (i > 0) continue;
     // The first serves the store (the c10d backend needs it to stay); the one stopped is not it.
     std::string first;
-    const auto serving = std::chrono::steady_clock::now() + 20s;
-    while (!contains(first, "Serving the rendezvous store") &&
-           std::chrono::steady_clock::now() < serving) {
-      std::this_thread::sleep_for(20ms);
-      first += pending_output(agents[0].stderr_fd());
-    }
-    ASSERT_TRUE(contains(first, "Serving the rendezvous store")) << first;
+    ASSERT_TRUE(read_until(agents[0].stderr_fd(), "Serving the rendezvous store", 20s, first))
+        << first;
   }
   // All three form a round of 3 (max_nodes closes it at once); wait for it, then stop one.
   std::string seen;
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (!contains(seen, "W=3") && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(50ms);
-    seen += pending_output(agents[2].stdout_fd());
-  }
-  ASSERT_TRUE(contains(seen, "W=3")) << seen;
+  ASSERT_TRUE(read_until(agents[2].stdout_fd(), "W=3", 20s, seen)) << seen;
   agents[2].send_signal(SIGTERM);
   auto stopped = mptest::collect(agents[2], 20s);
   EXPECT_EQ(stopped.status.exit_code, 128 + SIGTERM) << stopped.err;

@@ -77,8 +77,9 @@ class EtcdRendezvousTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(kEtcd)) {
-      GTEST_SKIP() << "etcd is not installed at " << kEtcd
-                   << "; run scripts/setup.sh to install it (Debian package etcd-server).";
+      TY_MISSING_PREREQUISITE(
+          "etcd is not installed at "
+          << kEtcd << "; run scripts/setup.sh to install it (Debian package etcd-server).");
     }
     etcd_ = std::make_unique<EtcdServer>();
   }
@@ -182,7 +183,7 @@ TEST_F(EtcdRendezvousTest, ConcurrentCompareAndSetLosesNoUpdate) {
 TEST_F(EtcdRendezvousTest, CompareAndSetAfterTheKeyWasDeletedIsAnError) {
   constexpr const char* kEtcdctl = "/usr/bin/etcdctl";
   if (!std::filesystem::exists(kEtcdctl)) {
-    GTEST_SKIP() << kEtcdctl << " is not installed; run scripts/setup.sh (etcd-client).";
+    TY_MISSING_PREREQUISITE(kEtcdctl << " is not installed; run scripts/setup.sh (etcd-client).");
   }
   auto b = backend();
   const auto created = b->set_state("one", std::nullopt);
@@ -242,7 +243,7 @@ TEST_F(EtcdRendezvousTest, OneNodeCompletesAloneAfterTheLastCall) {
   const double took = seconds_since(start);
 
   EXPECT_GE(took, 0.3);  // the last-call window waits for more nodes
-  EXPECT_LT(took, 3.0);
+  EXPECT_LT(took, 6.0) << "the window is short; the rest is margin for a loaded machine";
   EXPECT_EQ(infos[0].group_rank, 0);
   EXPECT_EQ(infos[0].group_world_size, 1);
   EXPECT_EQ(infos[0].world_size, 4);
@@ -261,14 +262,14 @@ TEST_F(EtcdRendezvousTest, WatchReportsAParticipantWhoseHeartbeatStopped) {
   const auto silent_since = SteadyClock::now();
 
   RoundChange change = RoundChange::kNone;
-  while (change == RoundChange::kNone && seconds_since(silent_since) < 5.0) {
+  while (change == RoundChange::kNone && seconds_since(silent_since) < 10.0) {
     std::this_thread::sleep_for(20ms);
     change = a->watch();  // also keeps a's own heartbeat fresh
   }
   const double took = seconds_since(silent_since);
   EXPECT_EQ(change, RoundChange::kParticipantLost);
   EXPECT_GE(took, 0.5);  // keep_alive_interval * keep_alive_max_attempt = 0.6 s, less clock slack
-  EXPECT_LT(took, 2.0);
+  EXPECT_LT(took, 5.0) << "0.6 s plus a generous margin for a loaded machine";
 }
 
 TEST(EtcdBackendTest, UnreachableEtcdThrowsNetworkErrorWithinTheTimeout) {

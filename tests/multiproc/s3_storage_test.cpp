@@ -124,8 +124,8 @@ class S3StorageTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(kS3rver)) {
-      GTEST_SKIP() << "s3rver is not installed at " << kS3rver
-                   << "; run scripts/setup.sh to install it.";
+      TY_MISSING_PREREQUISITE("s3rver is not installed at "
+                              << kS3rver << "; run scripts/setup.sh to install it.");
     }
     server_ = std::make_unique<S3rver>();
   }

@@ -131,7 +131,7 @@ TEST(Subprocess, WaitForTimesOutThenSeesTheExit) {
   auto status = child.wait_for(5s);
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(status->success());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "a 0.3 s child; margin for load";
 }
 
 TEST(Subprocess, TerminateStopsTheWholeGroup) {
@@ -175,7 +175,7 @@ TEST(Subprocess, TerminateEscalatesToSigkill) {
   EXPECT_EQ(status->torchrun_code(), -9);
   EXPECT_EQ(status->shell_code(), 137);
   EXPECT_GE(took, 300ms);
-  EXPECT_LT(took, 3s);
+  EXPECT_LT(took, 15s) << "the child would sleep 30 s unless killed";
 }
 
 TEST(Subprocess, DestructorStopsAndReapsARunningChild) {
@@ -186,7 +186,7 @@ TEST(Subprocess, DestructorStopsAndReapsARunningChild) {
     pid = child.pid();
     ASSERT_TRUE(child.running());
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s) << "the child would sleep 30 s";
   // Reaped: no such process, and it is no longer our child.
   EXPECT_EQ(kill(pid, 0), -1);
   EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), -1);
