@@ -2,7 +2,9 @@
 // bridge, running a trainyard agent and its rank. A whole node (agent and rank) is killed in the
 // middle of training with --nnodes 2:3 on 3 nodes; the other two re-rendezvous at world size 2,
 // resume from the checkpoint, and a node started again later joins at the next round. Skipped
-// where network namespaces cannot be created (not root, no CAP_SYS_ADMIN).
+// where network namespaces cannot be created (not root, no CAP_SYS_ADMIN), failed there under CI.
+// Addresses come from 198.18.0.0/15, the range reserved for benchmarking: no test traffic ever
+// aims at a real private or public network.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -27,7 +29,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A bridge and N namespaces ty<pid>n<i> with addresses 10.213.0.<i+1>/24; all removed on
+// A bridge and N namespaces ty<pid>n<i> with addresses 198.18.213.<i+1>/24; all removed on
 // destruction.
 class Hosts {
  public:
@@ -40,7 +42,7 @@ class Hosts {
     for (int i = 0; i < n; ++i) {
       const std::string ns = "ty" + tag + "n" + std::to_string(i);
       const std::string host_side = "tyv" + tag + "_" + std::to_string(i);
-      const std::string addr = "10.213.0." + std::to_string(i + 1);
+      const std::string addr = "198.18.213." + std::to_string(i + 1);
       names_.push_back(ns);
       if (!ip({"netns", "add", ns}) ||
           !ip({"link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", ns}) ||
@@ -71,12 +73,31 @@ class Hosts {
 
   // SIGKILL to every process in namespace i: the node is gone.
   void kill_all(int i) {
-    auto r = run_program({"ip", "netns", "pids", names_[i]}, {}, 5s);
-    std::istringstream pids(r.out);
-    for (int pid; pids >> pid;) kill(pid, SIGKILL);
+    for (int pid : pids(i)) kill(pid, SIGKILL);
+  }
+
+  // `sig` to the training ranks in namespace i (the processes with RANK in their environment),
+  // not to the agent. Returns how many got it.
+  int signal_ranks(int i, int sig) {
+    int n = 0;
+    for (int pid : pids(i)) {
+      const auto environ = read_file("/proc/" + std::to_string(pid) + "/environ");
+      if (environ.starts_with("RANK=") || contains(environ, std::string("\0RANK=", 6))) {
+        n += kill(pid, sig) == 0 ? 1 : 0;
+      }
+    }
+    return n;
   }
 
  private:
+  std::vector<int> pids(int i) {
+    auto r = run_program({"ip", "netns", "pids", names_[i]}, {}, 5s);
+    std::istringstream in(r.out);
+    std::vector<int> out;
+    for (int pid; in >> pid;) out.push_back(pid);
+    return out;
+  }
+
   bool ip(std::vector<std::string> args) {
     args.insert(args.begin(), "ip");
     auto r = run_program(args, {}, 10s);
@@ -89,21 +110,35 @@ class Hosts {
   bool ok_ = false;
 };
 
-// Waits at most `timeout` for `part` to appear in the file.
-bool wait_for_text(const std::filesystem::path& file,
-                   const std::string& part,
-                   std::chrono::seconds timeout) {
+std::size_t count_of(const std::string& text, const std::string& part) {
+  std::size_t n = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// Waits at most `timeout` for the file's text to satisfy `done`.
+template <typename Done>
+bool wait_for(const std::filesystem::path& file, Done done, std::chrono::seconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (contains(read_file(file), part)) return true;
+    if (done(read_file(file))) return true;
     std::this_thread::sleep_for(50ms);
   }
   return false;
 }
 
+// Waits at most `timeout` for `part` to appear in the file.
+bool wait_for_text(const std::filesystem::path& file,
+                   const std::string& part,
+                   std::chrono::seconds timeout) {
+  return wait_for(
+      file, [&](const std::string& text) { return contains(text, part); }, timeout);
+}
+
 TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
   Hosts hosts(3);
-  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here: " << hosts.error();
+  if (!hosts.ok())
+    TY_MISSING_PREREQUISITE("cannot create network namespaces here: " << hosts.error());
   TempDir dir;
   const std::string endpoint = hosts.addr(0) + ":29400";
   auto node = [&](int i, const std::string& log) {
@@ -170,8 +205,28 @@ TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
   ASSERT_TRUE(
       wait_for_text(dir.path() / "n0.log", "First step after resuming from checkpoint_", 60s))
       << read_file(dir.path() / "n0.log");
-  // The node comes back and joins at the next round.
+  // The node comes back and joins at the next round. So that this never depends on it starting
+  // before the survivors finish, their ranks are paused (SIGSTOP) until it has joined: the agents
+  // stay responsive and end the round for it, and the paused ranks are stopped with the group.
+  ASSERT_EQ(hosts.signal_ranks(0, SIGSTOP) + hosts.signal_ranks(1, SIGSTOP), 2);
+  const std::string changed = "Membership changed";
+  const auto changes0 = count_of(read_file(dir.path() / "n0.log"), changed);
+  const auto changes1 = count_of(read_file(dir.path() / "n1.log"), changed);
   auto n2_again = node(2, "n2_again.log");
+  // Both survivors' agents end the round for it; the paused ranks are then let go, so that they
+  // act on the agents' SIGTERM at once.
+  ASSERT_TRUE(wait_for(
+      dir.path() / "n0.log",
+      [&](const std::string& log) { return count_of(log, changed) > changes0; }, 60s))
+      << read_file(dir.path() / "n0.log") << read_file(dir.path() / "n2_again.log");
+  ASSERT_TRUE(wait_for(
+      dir.path() / "n1.log",
+      [&](const std::string& log) { return count_of(log, changed) > changes1; }, 60s))
+      << read_file(dir.path() / "n1.log");
+  hosts.signal_ranks(0, SIGCONT);
+  hosts.signal_ranks(1, SIGCONT);
+  ASSERT_TRUE(wait_for_text(dir.path() / "n0.log", "group_world_size=3", 60s))
+      << read_file(dir.path() / "n0.log") << read_file(dir.path() / "n2_again.log");
   for (auto* n : {&n0, &n1, &n2_again}) {
     auto status = n->wait_for(120s);
     ASSERT_TRUE(status.has_value()) << read_file(dir.path() / "n0.log");
@@ -180,13 +235,21 @@ TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
   }
   const auto log0 = read_file(dir.path() / "n0.log");
   const auto log1 = read_file(dir.path() / "n1.log");
-  // A survivor whose rank failed first ends the round; the other may see only the round end
-  // ("Membership changed") if the agent notices it before its own rank fails.
-  EXPECT_TRUE(contains(log0 + log1, "Worker group FAILED")) << log0 << log1;
-  EXPECT_TRUE(contains(log0, "group_world_size=3")) << log0;
+  // What the design guarantees of each survivor: it left the round with the lost node, either
+  // because its own rank failed ("Worker group FAILED ...") or because its agent saw the round
+  // end first (the lost node's heartbeat, or the other survivor ending it: "Membership
+  // changed"), and it restarted at world size 2, then 3.
+  for (const auto* log : {&log0, &log1}) {
+    EXPECT_TRUE(contains(*log, "Worker group FAILED") || contains(*log, "Membership changed"))
+        << *log;
+    EXPECT_TRUE(contains(*log, "group_world_size=2")) << *log;
+    EXPECT_TRUE(contains(*log, "group_world_size=3")) << *log;
+  }
   const auto result = nlohmann::json::parse(read_file(dir.path() / "mn" / "result.json"));
   EXPECT_EQ(result["world_size"].get<int>(), 3) << result.dump();
-  EXPECT_GT(result["accuracy"].get<double>(), 0.1) << result.dump();
+  // 2304 images of ten balanced classes, one epoch: clearly above chance (0.1), which a run
+  // that lost its training state on the way would not reach.
+  EXPECT_GT(result["accuracy"].get<double>(), 0.3) << result.dump();
 }
 
 }  // namespace
