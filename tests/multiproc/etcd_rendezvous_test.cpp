@@ -284,7 +284,7 @@ TEST(EtcdBackendTest, UnreachableEtcdThrowsNetworkErrorWithinTheTimeout) {
   std::string msg = error_of<NetworkError>([&] { refused->get_state(); });
   EXPECT_LT(seconds_since(start), 3.0);
   EXPECT_NE(msg.find("etcd at " + endpoint), std::string::npos) << msg;
-  EXPECT_NE(msg.find("2 attempt(s)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("2 attempt(s) over "), std::string::npos) << msg;
   EXPECT_NE(msg.find("curl error 7"), std::string::npos) << msg;
   EXPECT_NE(msg.find("HINT: is etcd running at " + endpoint), std::string::npos) << msg;
 
