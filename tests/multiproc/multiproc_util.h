@@ -24,6 +24,19 @@
 
 namespace trainyard::mptest {
 
+// True on CI (CI=true), where a missing tool or capability must fail a test, never skip it.
+inline bool in_ci() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && std::string(ci) == "true";
+}
+
+// Skips the test with `reason` (a stream expression), or fails it on CI; see in_ci().
+#define TY_SKIP_OR_FAIL(reason)                                                     \
+  do {                                                                              \
+    if (::trainyard::mptest::in_ci()) FAIL() << "CI=true, cannot skip: " << reason; \
+    GTEST_SKIP() << reason;                                                         \
+  } while (0)
+
 // A fresh directory under $TMPDIR, removed with everything in it on destruction.
 class TempDir {
  public:
