@@ -47,6 +47,9 @@ struct RunFlags {
   std::string local_addr;
   bool standalone = false;
   int max_restarts = 0;
+  double monitor_interval = 0.5;      // seconds
+  double restart_backoff = 1.0;       // seconds
+  double restart_backoff_max = 30.0;  // seconds
   std::string log_dir;
   std::string role = "default";
   bool no_prefix = false;
@@ -71,6 +74,27 @@ CLI::Validator whole_number(int min, int max, const std::string& envname, const 
                               value, "' (from the flag or ", envname, "). HINT: ", hint);
       },
       "");
+}
+
+// A validator for a number of seconds in [min, max].
+CLI::Validator seconds_in(double min, double max, const std::string& envname) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        std::size_t used = 0;
+        double v = -1;
+        try {
+          v = std::stod(value, &used);
+        } catch (const std::exception&) {
+        }
+        if (used == value.size() && v >= min && v <= max) return {};
+        return detail::concat("must be a number of seconds between ", min, " and ", max, ", got '",
+                              value, "' (from the flag or ", envname, ").");
+      },
+      "");
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
 // --nnodes: "N" or "MIN:MAX".
@@ -211,17 +235,24 @@ std::shared_ptr<elastic::Rendezvous> make_rendezvous(const RunFlags& f,
   const int port = endpoint.port.value_or(etcd ? 2379 : 29400);
   r.local_addr = !f.local_addr.empty() ? f.local_addr : route_address(endpoint.host, port);
   const std::string key = "/trainyard/rdzv/" + run_id + "/state";
-  // Reaching the backend is bounded by the join timeout (and a minute at most per request).
+  // Reaching the backend at start is bounded by the join timeout (and a minute at most); each
+  // later request by a few seconds, so that the agent's monitor never stalls long: outages are
+  // ridden out by the rendezvous (Note [Backend outages]).
   const auto timeout = std::min(r.join_timeout, std::chrono::milliseconds(60'000));
   std::unique_ptr<elastic::RendezvousBackend> backend;
   if (etcd) {
-    backend = elastic::make_etcd_backend(
-        {.endpoint = endpoint.host + ":" + std::to_string(port), .key = key, .timeout = timeout});
+    backend =
+        elastic::make_etcd_backend({.endpoint = endpoint.host + ":" + std::to_string(port),
+                                    .key = key,
+                                    .timeout = std::min(timeout, std::chrono::milliseconds(5'000)),
+                                    .max_attempts = 2});
   } else {
-    backend = elastic::make_c10d_backend({.host = endpoint.host,
-                                          .port = static_cast<std::uint16_t>(port),
-                                          .key = key,
-                                          .timeout = timeout});
+    backend = elastic::make_c10d_backend(
+        {.host = endpoint.host,
+         .port = static_cast<std::uint16_t>(port),
+         .key = key,
+         .timeout = timeout,
+         .request_timeout = std::min(timeout, std::chrono::milliseconds(10'000))});
   }
   return std::make_shared<elastic::Rendezvous>(std::move(backend), r);
 }
@@ -240,6 +271,9 @@ elastic::LaunchOptions resolve(const RunFlags& f, const CLI::App& cmd) {
   o.master_addr = f.master_addr;
   o.run_id = f.rdzv_id;
   o.max_restarts = f.max_restarts;
+  o.monitor_interval = to_ms(f.monitor_interval);
+  o.restart_backoff = to_ms(f.restart_backoff);
+  o.restart_backoff_max = to_ms(std::max(f.restart_backoff_max, f.restart_backoff));
   o.log_dir = f.log_dir;
   o.role = f.role;
   o.prefix_output = !f.no_prefix;
@@ -371,7 +405,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->envname("PET_RDZV_ENDPOINT");
   cmd->add_option("--rdzv-conf,--rdzv_conf", flags->rdzv_conf,
                   "Rendezvous settings key=value,...: join_timeout, last_call_timeout, "
-                  "keep_alive_interval, keep_alive_max_attempt (seconds)")
+                  "keep_alive_interval, keep_alive_max_attempt, backend_timeout (seconds)")
       ->envname("PET_RDZV_CONF");
   cmd->add_option("--local-addr,--local_addr", flags->local_addr,
                   "This node's address for the other nodes (default: the one on the route to "
@@ -385,6 +419,23 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->envname("PET_MAX_RESTARTS")
       ->check(whole_number(0, 1 << 20, "PET_MAX_RESTARTS",
                            "how many times to restart the ranks, e.g. 3."))
+      ->capture_default_str();
+  cmd->add_option("--monitor-interval,--monitor_interval", flags->monitor_interval,
+                  "Seconds between the agent's checks of the rendezvous while ranks run "
+                  "(torchrun's flag; rank exits are seen at once)")
+      ->envname("PET_MONITOR_INTERVAL")
+      ->check(seconds_in(0.01, 3600, "PET_MONITOR_INTERVAL"))
+      ->capture_default_str();
+  cmd->add_option("--restart-backoff,--restart_backoff", flags->restart_backoff,
+                  "Seconds to wait before the first restart; doubles for each further restart "
+                  "(0: restart at once)")
+      ->envname("TRAINYARD_RESTART_BACKOFF")
+      ->check(seconds_in(0, 86400, "TRAINYARD_RESTART_BACKOFF"))
+      ->capture_default_str();
+  cmd->add_option("--restart-backoff-max,--restart_backoff_max", flags->restart_backoff_max,
+                  "The longest wait before a restart, in seconds")
+      ->envname("TRAINYARD_RESTART_BACKOFF_MAX")
+      ->check(seconds_in(0, 86400, "TRAINYARD_RESTART_BACKOFF_MAX"))
       ->capture_default_str();
   cmd->add_option("--log-dir,--log_dir", flags->log_dir,
                   "Also write each rank's output to LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/")

@@ -6,7 +6,10 @@
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <chrono>
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include "trainyard/comm/address.h"
 #include "trainyard/error.h"
@@ -23,30 +26,24 @@ std::string text(const std::vector<std::uint8_t>& b) {
 }
 
 // The state's token is the state itself: TCPStore's compareSet compares whole values.
+//
+// A client whose request failed is dropped and the next call connects afresh: after a timeout the
+// old connection may still deliver the late answer, which would be read as the next one's.
 class C10dBackend final : public RendezvousBackend {
-  // Store failures become NetworkError naming the store.
-  template <typename F>
-  auto guarded(F&& f) -> decltype(f()) {
-    try {
-      return f();
-    } catch (const c10::Error& e) {
-      throw store_error(e.what_without_backtrace());
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {  // c10d's socket errors and timeouts, system errors
-      throw store_error(e.what());
-    }
-  }
-
-  NetworkError store_error(const std::string& what) const {
-    return NetworkError(detail::concat("The rendezvous store (", where_, ") failed: ", what,
-                                       " HINT: the agent serving it may have exited; it is the "
-                                       "one started with --rdzv-endpoint on its own host."));
-  }
-
  public:
-  C10dBackend(c10::intrusive_ptr<c10d::TCPStore> store, std::string key, std::string where)
-      : store_(std::move(store)), key_(std::move(key)), where_(std::move(where)) {}
+  // `store` is the connected store; `serving` when this agent serves it (then it is never dropped).
+  C10dBackend(c10::intrusive_ptr<c10d::TCPStore> store,
+              c10d::TCPStoreOptions client_options,
+              std::string host,
+              std::string key,
+              std::string where,
+              bool serving)
+      : store_(std::move(store)),
+        client_options_(client_options),
+        host_(std::move(host)),
+        key_(std::move(key)),
+        where_(std::move(where)),
+        serving_(serving) {}
 
   std::optional<std::pair<std::string, std::string>> get_state() override {
     return guarded([&]() -> std::optional<std::pair<std::string, std::string>> {
@@ -67,9 +64,46 @@ class C10dBackend final : public RendezvousBackend {
   std::string describe() const override { return where_; }
 
  private:
-  c10::intrusive_ptr<c10d::TCPStore> store_;
-  std::string key_;
-  std::string where_;
+  // Runs f on a connected store; store failures become NetworkError naming the store.
+  template <typename F>
+  auto guarded(F&& f) -> decltype(f()) {
+    std::string what;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      if (!store_) store_ = c10::make_intrusive<c10d::TCPStore>(host_, client_options_);
+      auto result = f();
+      failing_since_.reset();
+      return result;
+    } catch (const c10::Error& e) {
+      what = e.what_without_backtrace();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {  // c10d's socket errors and timeouts, system errors
+      what = e.what();
+    }
+    if (!serving_) store_.reset();
+    if (!failing_since_) failing_since_ = start;
+    throw store_error(what);
+  }
+
+  NetworkError store_error(const std::string& what) const {
+    const double silent_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - *failing_since_).count();
+    return NetworkError(fmt::format(
+        "No answer from the rendezvous store at {}:{} for {:.1f} s: either this node's network is "
+        "down or the agent serving it exited (it is the one started with --rdzv-endpoint on its "
+        "own host). Last error: {}",
+        host_, client_options_.port, silent_s, what));
+  }
+
+  c10::intrusive_ptr<c10d::TCPStore> store_;  // null after a failure, until the next call
+  const c10d::TCPStoreOptions client_options_;
+  const std::string host_;
+  const std::string key_;
+  const std::string where_;
+  const bool serving_;
+  // When the first of the calls failing since the last success began.
+  std::optional<std::chrono::steady_clock::time_point> failing_since_;
 };
 
 // Whether host:port can be bound now (as TCPStore binds it, with SO_REUSEADDR); checked first so
@@ -102,13 +136,14 @@ std::unique_ptr<RendezvousBackend> make_c10d_backend(const C10dBackendOptions& o
   c10d::TCPStoreOptions options;
   options.port = o.port;
   options.waitWorkers = false;
-  options.timeout = o.timeout;
+  options.timeout = o.request_timeout;
   if (o.may_serve && is_local_address(o.host) && port_is_free(o.host, o.port)) {
     options.isServer = true;
     try {
       auto store = c10::make_intrusive<c10d::TCPStore>(o.host, options);
       log->info("Serving the rendezvous store on {}:{}.", o.host, o.port);
-      return std::make_unique<C10dBackend>(std::move(store), o.key, where + " (served here)");
+      return std::make_unique<C10dBackend>(std::move(store), options, o.host, o.key,
+                                           where + " (served here)", /*serving=*/true);
     } catch (const std::exception& e) {
       // Another agent on this host serves it already (we lost the race): join as a client.
       log->debug("Not serving the rendezvous store on {}:{} ({}); connecting to it.", o.host,
@@ -116,15 +151,24 @@ std::unique_ptr<RendezvousBackend> make_c10d_backend(const C10dBackendOptions& o
     }
     options.isServer = false;
   }
-  try {
-    auto store = c10::make_intrusive<c10d::TCPStore>(o.host, options);
-    return std::make_unique<C10dBackend>(std::move(store), o.key, where);
-  } catch (const std::exception& e) {
-    throw NetworkError(
-        detail::concat("Cannot reach the rendezvous ", where, " within ",
-                       o.timeout.count() / 1000.0, " s: ", e.what(),
-                       " HINT: start the agent on that host first (it serves the store), and check "
-                       "--rdzv-endpoint and the network."));
+  // The serving agent may start later: connect with the request timeout, again until o.timeout.
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  while (true) {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(o.host, options);
+      return std::make_unique<C10dBackend>(std::move(store), options, o.host, o.key, where,
+                                           /*serving=*/false);
+    } catch (const std::exception& e) {
+      if (std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      throw NetworkError(detail::concat(
+          "Cannot reach the rendezvous ", where, " within ", o.timeout.count() / 1000.0,
+          " s: ", e.what(),
+          " HINT: start the agent on that host first (it serves the store), and check "
+          "--rdzv-endpoint and the network."));
+    }
   }
 }
 

@@ -193,6 +193,7 @@ class EtcdBackend final : public RendezvousBackend {
     const std::string url = endpoint_ + path;
     const std::string payload = body.dump();
     std::string failures;
+    const auto first_start = std::chrono::steady_clock::now();
     for (int attempt = 1;; ++attempt) {
       const auto start = std::chrono::steady_clock::now();
       const Reply r = perform(url, payload);
@@ -218,10 +219,12 @@ class EtcdBackend final : public RendezvousBackend {
       }
       failures += detail::concat(" Attempt ", attempt, ": ", r.describe());
       if (attempt >= options_.max_attempts) {
-        throw NetworkError(detail::concat("Could not reach ", describe(), " (POST ", path, ") in ",
-                                          attempt, " attempt(s) of ", options_.timeout.count(),
-                                          " ms.", failures, " HINT: is etcd running at ", endpoint_,
-                                          "? Check --rdzv-endpoint."));
+        const auto spent = std::chrono::duration_cast<milliseconds>(
+            std::chrono::steady_clock::now() - first_start);
+        throw NetworkError(detail::concat(
+            "Could not reach ", describe(), " (POST ", path, "): ", attempt, " attempt(s) over ",
+            spent.count(), " ms failed (each limited to ", options_.timeout.count(), " ms).",
+            failures, " HINT: is etcd running at ", endpoint_, "? Check --rdzv-endpoint."));
       }
       const auto backoff =
           std::min(milliseconds(50) * (1 << std::min(attempt - 1, 5)), kMaxBackoff);

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "elastic/line_forwarder.h"
+#include "trainyard/comm/dist_env.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
@@ -641,6 +643,54 @@ RoundOutcome run_round(const LaunchOptions& options,
   return outcome;
 }
 
+// Checks the restart and monitor options (LaunchOptions' own validate() covers the rest).
+void validate_restart_options(const LaunchOptions& o) {
+  TY_CHECK(o.restart_backoff.count() >= 0, "LaunchOptions.restart_backoff must be >= 0 ms, got ",
+           o.restart_backoff.count(), " ms.");
+  TY_CHECK(o.restart_backoff_max >= o.restart_backoff,
+           "LaunchOptions.restart_backoff_max must be >= restart_backoff, got ",
+           o.restart_backoff_max.count(), " ms < ", o.restart_backoff.count(), " ms.");
+  TY_CHECK(o.monitor_interval.count() > 0, "LaunchOptions.monitor_interval must be > 0 ms, got ",
+           o.monitor_interval.count(), " ms.");
+}
+
+// The options with TRAINYARD_JOB_INSTANCE added to every rank's environment.
+LaunchOptions with_job_instance(const LaunchOptions& options, const std::string& instance) {
+  LaunchOptions o = options;
+  o.extra_env.emplace_back(kJobInstanceEnv, instance);
+  return o;
+}
+
+std::string random_job_instance() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+// Waits the restart backoff before restart `restart_count` (0 for the first). Returns the signal
+// that ended the wait early, or 0. See LaunchOptions::restart_backoff.
+int back_off_before_restart(const LaunchOptions& o, int restart_count, SignalScope& signals) {
+  auto delay = o.restart_backoff;
+  for (int k = 0; k < restart_count && delay < o.restart_backoff_max; ++k) delay *= 2;
+  delay = std::min(delay, o.restart_backoff_max);
+  if (delay.count() == 0) return 0;
+  logger("launcher")
+      ->warn("[{}] Restarting the worker group in {:.1f} s (restart {} of {}).", o.role,
+             delay.count() / 1000.0, restart_count + 1, o.max_restarts);
+  const auto until = Clock::now() + delay;
+  while (true) {
+    const auto left = std::chrono::ceil<milliseconds>(until - Clock::now());
+    if (left.count() <= 0) return 0;
+    pollfd fd{.fd = signals.fd(), .events = POLLIN, .revents = 0};
+    if (::poll(&fd, 1, static_cast<int>(left.count())) > 0) {
+      if (int sig = signals.take()) {
+        logger("launcher")
+            ->warn("Received {} while waiting to restart; stopping.", signal_name(sig));
+        return sig;
+      }
+    }
+  }
+}
+
 // torchrun's line for a restart after the `restart_count`-th failure.
 void log_restart(const LaunchOptions& options, int restart_count) {
   logger("launcher")
@@ -649,11 +699,12 @@ void log_restart(const LaunchOptions& options, int restart_count) {
 }
 
 // Static membership: the flags fix the node's place; rounds differ only by restart count.
-LaunchResult launch_static(const LaunchOptions& options,
+LaunchResult launch_static(const LaunchOptions& launch_options,
                            SignalScope& signals,
                            OutputSink& out,
                            OutputSink& err) {
-  auto log = logger("launcher");
+  validate_restart_options(launch_options);
+  const LaunchOptions options = with_job_instance(launch_options, random_job_instance());
   for (int restart_count = 0;; ++restart_count) {
     const RoundSpec round{
         .restart_count = restart_count,
@@ -671,7 +722,9 @@ LaunchResult launch_static(const LaunchOptions& options,
     // A signal to the agent means stop, not retry.
     if (result.received_signal == 0 && restart_count < options.max_restarts) {
       log_restart(options, restart_count);
-      continue;
+      result.received_signal = back_off_before_restart(options, restart_count, signals);
+      if (result.received_signal == 0) continue;
+      outcome.signal_time = std::chrono::system_clock::now();
     }
     err.write(format_summary(options, result, outcome.signal_time));
     return result;
@@ -685,6 +738,7 @@ LaunchResult launch_elastic(const LaunchOptions& options,
                             SignalScope& signals,
                             OutputSink& out,
                             OutputSink& err) {
+  validate_restart_options(options);
   auto log = logger("launcher");
   Rendezvous& rdzv = *options.rendezvous;
   const auto pick_port = [&] { return pick_free_port(rdzv.options().local_addr); };
@@ -704,6 +758,23 @@ LaunchResult launch_elastic(const LaunchOptions& options,
     return signal_while_waiting != 0;
   };
   int restart_count = 0;
+  // Counts a restart that is not a rank failure (the backend stayed away) and waits its backoff.
+  // False when no restart is left or a signal ended the wait (signal_while_waiting).
+  const auto rejoin = [&](const std::string& why) {
+    if (restart_count >= options.max_restarts) return false;
+    log->warn("[{}] {}; trying to rejoin the rendezvous ({}/{} attempts left).", options.role, why,
+              options.max_restarts - restart_count, options.max_restarts);
+    signal_while_waiting = back_off_before_restart(options, restart_count++, signals);
+    return signal_while_waiting == 0;
+  };
+  const auto stopped_by_signal = [&] {
+    log->warn("Received {} while waiting for the rendezvous; left it.",
+              signal_name(signal_while_waiting));
+    LaunchResult stopped;
+    stopped.restart_count = restart_count;
+    stopped.received_signal = signal_while_waiting;
+    return stopped;
+  };
   while (true) {
     std::optional<RendezvousInfo> info;
     try {
@@ -713,6 +784,13 @@ LaunchResult launch_elastic(const LaunchOptions& options,
       LaunchResult closed;
       closed.restart_count = restart_count;
       return closed;
+    } catch (const NetworkError& e) {
+      // The backend stayed away past backend_timeout (or the join timeout) while joining.
+      if (signal_while_waiting != 0) return stopped_by_signal();
+      log->error("{}", e.what());
+      if (rejoin("The rendezvous backend could not be reached")) continue;
+      if (signal_while_waiting != 0) return stopped_by_signal();
+      throw;
     }
     if (!info) {
       log->warn("Received {} while waiting for the rendezvous; left it.",
@@ -722,6 +800,7 @@ LaunchResult launch_elastic(const LaunchOptions& options,
       stopped.received_signal = signal_while_waiting;
       return stopped;
     }
+    const LaunchOptions round_options = with_job_instance(options, info->job_instance);
     const RoundSpec round{.restart_count = restart_count,
                           .group_rank = info->group_rank,
                           .group_world_size = info->group_world_size,
@@ -730,14 +809,18 @@ LaunchResult launch_elastic(const LaunchOptions& options,
                           .master_addr = info->master_addr,
                           .master_port = info->master_port};
     auto next_watch = Clock::now();
-    std::string fatal;         // the rendezvous failed or closed while the ranks ran
-    bool consequence = false;  // this node's ranks failed after another node ended the round
+    std::string fatal;          // the rendezvous failed or closed while the ranks ran
+    bool backend_lost = false;  // fatal: the backend stayed away past backend_timeout
+    bool consequence = false;   // this node's ranks failed after another node ended the round
     Monitor::Hooks hooks{
         .on_failure =
             [&] {
               try {
                 consequence =
                     !rdzv.start_next_round("a rank failed on node " + rdzv.options().node_id);
+              } catch (const NetworkError& e) {
+                // Restart as usual: joining the next round ends this one once the backend answers.
+                log->warn("Could not end the round: {}", e.what());
               } catch (const Error& e) {
                 fatal = e.what();
               }
@@ -746,11 +829,12 @@ LaunchResult launch_elastic(const LaunchOptions& options,
         .should_stop =
             [&] {
               if (Clock::now() < next_watch) return false;
-              next_watch = Clock::now() + std::chrono::milliseconds(500);
+              next_watch = Clock::now() + options.monitor_interval;
               std::string change;
               try {
                 switch (rdzv.watch()) {
                   case RoundChange::kNone:
+                  case RoundChange::kBackendUnreachable:  // See Note [Backend outages].
                     return false;
                   case RoundChange::kNewRound:
                     change = "another node ended the round";
@@ -766,6 +850,7 @@ LaunchResult launch_elastic(const LaunchOptions& options,
                 }
               } catch (const Error& e) {
                 fatal = e.what();
+                backend_lost = dynamic_cast<const NetworkError*>(&e) != nullptr;
                 log->error("[{}] Stopping the worker group: {}", options.role, fatal);
                 return true;
               }
@@ -773,7 +858,7 @@ LaunchResult launch_elastic(const LaunchOptions& options,
                         options.role, change);
               return true;
             }};
-    auto outcome = run_round(options, round, signals, out, err, std::move(hooks));
+    auto outcome = run_round(round_options, round, signals, out, err, std::move(hooks));
     auto& result = outcome.result;
     if (result.succeeded) {
       // As torchrun's exit barrier: stay until every node is done, so that an agent serving the
@@ -787,6 +872,11 @@ LaunchResult launch_elastic(const LaunchOptions& options,
       });
       return result;
     }
+    if (backend_lost && result.received_signal == 0 &&
+        rejoin("The rendezvous backend stayed unreachable")) {
+      continue;
+    }
+    if (signal_while_waiting != 0) result.received_signal = signal_while_waiting;
     if (result.received_signal != 0 || !fatal.empty()) {
       // Exit code 1 when the rendezvous is gone and no rank failed; else the root cause.
       if (result.first_failure >= 0 || result.received_signal != 0) {
@@ -803,8 +893,13 @@ LaunchResult launch_elastic(const LaunchOptions& options,
       continue;
     }
     if (restart_count < options.max_restarts) {
-      log_restart(options, restart_count++);
-      continue;
+      log_restart(options, restart_count);
+      signal_while_waiting = back_off_before_restart(options, restart_count++, signals);
+      if (signal_while_waiting == 0) continue;
+      tolerate("leave", [&] { rdzv.leave(); });
+      result.received_signal = signal_while_waiting;
+      err.write(format_summary(options, result, std::chrono::system_clock::now()));
+      return result;
     }
     tolerate("close", [&] {
       rdzv.close(detail::concat("node ", rdzv.options().node_id, " used all ", options.max_restarts,

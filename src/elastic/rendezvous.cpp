@@ -25,6 +25,21 @@ std::int64_t now_ms() {
       .count();
 }
 
+// See Note [Backend outages].
+constexpr milliseconds kOutageFirstBackoff{100};
+constexpr milliseconds kOutageMaxBackoff{2'000};
+constexpr milliseconds kOutageLogEvery{10'000};
+
+double seconds_of(SteadyClock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// A random id for a fresh state; see Note [Job instances].
+std::string new_instance() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
 std::string default_node_id() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
@@ -45,7 +60,10 @@ struct Rendezvous::State {
   std::int64_t round = 0;
   bool complete = false;
   bool closed = false;
+  bool finished = false;  // closed because every participant finished
   std::string closed_reason;
+  std::string instance;               // see Note [Job instances]
+  std::vector<std::string> previous;  // the last complete round's participants (ids)
   std::int64_t last_call_ms = 0;   // when the round completes once min_nodes have joined; 0: unset
   std::vector<Node> participants;  // in join order: group rank = position
   std::vector<Node> waiting;       // joined while the round was complete and full
@@ -64,6 +82,9 @@ struct Rendezvous::State {
       s.complete = j.at("complete").get<bool>();
       s.closed = j.at("closed").get<bool>();
       s.closed_reason = j.value("closed_reason", "");
+      s.finished = j.value("finished", false);
+      s.instance = j.value("instance", "");
+      s.previous = j.value("previous", std::vector<std::string>{});
       s.last_call_ms = j.at("last_call_ms").get<std::int64_t>();
       auto nodes = [](const nlohmann::json& list) {
         std::vector<Node> out;
@@ -95,6 +116,9 @@ struct Rendezvous::State {
                           {"complete", complete},
                           {"closed", closed},
                           {"closed_reason", closed_reason},
+                          {"finished", finished},
+                          {"instance", instance},
+                          {"previous", previous},
                           {"last_call_ms", last_call_ms},
                           {"participants", nodes(participants)},
                           {"waiting", nodes(waiting)},
@@ -126,6 +150,10 @@ struct Rendezvous::State {
   }
   // The next round: nobody has joined it yet.
   void advance() {
+    if (complete) {
+      previous.clear();
+      for (const auto& n : participants) previous.push_back(n.id);
+    }
     ++round;
     complete = false;
     last_call_ms = 0;
@@ -174,6 +202,70 @@ Rendezvous::State Rendezvous::update(const std::function<bool(State&)>& edit) {
   }
 }
 
+void Rendezvous::note_outage(const std::string& error) {
+  const auto now = SteadyClock::now();
+  if (!outage_since_) {
+    outage_since_ = now;
+    outage_attempts_ = 0;
+    outage_logged_at_ = now - kOutageLogEvery;
+  }
+  ++outage_attempts_;
+  const double unreachable_s = seconds_of(now - *outage_since_);
+  if (now - *outage_since_ >= options_.backend_timeout || now >= join_deadline_) {
+    const int attempts = outage_attempts_;
+    outage_since_.reset();  // a later call (a rejoin) gets a whole backend_timeout again
+    throw NetworkError(detail::concat(
+        "The rendezvous backend (", description_, ") has been unreachable for ",
+        fmt::format("{:.1f}", unreachable_s), " s (", attempts,
+        " failed attempt(s); backend_timeout is ", options_.backend_timeout.count() / 1000.0,
+        " s). Last error: ", error,
+        " HINT: raise --rdzv-conf backend_timeout=SECONDS to ride out longer outages."));
+  }
+  const auto backoff = std::min<milliseconds>(
+      kOutageFirstBackoff * (1 << std::min(outage_attempts_ - 1, 10)), kOutageMaxBackoff);
+  outage_retry_at_ = now + backoff;
+  if (now - outage_logged_at_ >= kOutageLogEvery) {
+    outage_logged_at_ = now;
+    logger("rendezvous")
+        ->warn(
+            "The rendezvous backend ({}) has been unreachable for {:.1f} s ({} failed "
+            "attempt(s)); retrying until {} s have passed (backend_timeout). Last error: {}",
+            description_, unreachable_s, outage_attempts_,
+            options_.backend_timeout.count() / 1000.0, error);
+  }
+}
+
+void Rendezvous::note_recovered() {
+  if (!outage_since_) return;
+  const auto now = SteadyClock::now();
+  logger("rendezvous")
+      ->warn(
+          "The rendezvous backend ({}) answers again after {:.1f} s unreachable ({} failed "
+          "attempt(s)).",
+          description_, seconds_of(now - *outage_since_), outage_attempts_);
+  outage_since_.reset();
+  recovered_at_ = now;
+  last_heartbeat_ = {};  // beat at the next watch: the others may think this node dead
+}
+
+template <typename F>
+auto Rendezvous::ride_out(F&& call, const std::function<bool()>& interrupted) -> decltype(call()) {
+  while (true) {
+    try {
+      auto result = call();
+      note_recovered();
+      return result;
+    } catch (const NetworkError& e) {
+      note_outage(e.what());  // throws past backend_timeout
+      while (SteadyClock::now() < outage_retry_at_) {
+        if (interrupted && interrupted()) throw;
+        std::this_thread::sleep_for(std::min<SteadyClock::duration>(
+            options_.poll_interval, outage_retry_at_ - SteadyClock::now()));
+      }
+    }
+  }
+}
+
 std::optional<RendezvousInfo> Rendezvous::next_round(
     const std::function<std::uint16_t()>& pick_port, const std::function<bool()>& interrupted) {
   auto log = logger("rendezvous");
@@ -182,24 +274,39 @@ std::optional<RendezvousInfo> Rendezvous::next_round(
   const std::int64_t dead_after =
       options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
   const auto give_up = SteadyClock::now() + options_.join_timeout;
+  // An outage while joining is ridden out no longer than the join may take.
+  join_deadline_ = give_up;
+  struct ResetDeadline {
+    SteadyClock::time_point& deadline;
+    ~ResetDeadline() { deadline = SteadyClock::time_point::max(); }
+  } reset_deadline{join_deadline_};
   auto closed_error = [&](const State& s) {
     return RendezvousClosedError(detail::concat("The rendezvous of run '", options_.run_id, "' (",
                                                 description_, ") is closed: ", s.closed_reason,
                                                 "."));
   };
 
+  // See Note [Job instances].
+  const auto replaced = [&](const State& s) {
+    return s.token && !instance_.empty() && s.instance != instance_;
+  };
   auto join = [&] {
     return update([&](State& s) {
       const auto now = now_ms();
-      // A run id reused after an earlier run ended (or died): nobody of that run is alive.
+      if (replaced(s)) return false;
+      const bool mine = !instance_.empty();  // this node was in a round of this state
+      // Nobody else of that run is alive (a run id reused, or a run whose nodes all died).
       const bool stale = std::all_of(s.heartbeats.begin(), s.heartbeats.end(), [&](const auto& h) {
         return h.first == me || now - h.second > dead_after;
       });
-      if (s.token && stale) {
-        const auto round = s.round;
-        s = State{.round = round + 1, .token = s.token};
+      const bool fresh = !s.token || (s.closed ? !mine && (s.finished || stale) : stale);
+      if (fresh) {
+        s = State{.round = s.token ? s.round + 1 : 0,
+                  .instance = mine ? instance_ : new_instance(),
+                  .token = s.token};
       }
       if (s.closed) return false;
+      if (s.instance.empty()) s.instance = new_instance();  // a state written before instances
       s.heartbeats[me] = now;
       std::erase_if(s.waiting,
                     [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
@@ -233,7 +340,14 @@ std::optional<RendezvousInfo> Rendezvous::next_round(
     });
   };
 
-  State s = join();
+  const auto replaced_error = [&] {
+    return RendezvousClosedError(detail::concat(
+        "The rendezvous of run '", options_.run_id, "' (", description_, ") was closed and a new ",
+        "job with the same run id started in it; this node's job (instance ", instance_,
+        ") is over."));
+  };
+  State s = ride_out(join, interrupted);
+  if (replaced(s)) throw replaced_error();
   if (s.closed) throw closed_error(s);
   log->info("Node {} joined round {} of run '{}' ({}{} node(s) so far, {}..{} wanted).", me,
             s.round, options_.run_id, s.is_waiting(me) ? "waiting; " : "", s.participants.size(),
@@ -254,19 +368,36 @@ std::optional<RendezvousInfo> Rendezvous::next_round(
       return true;
     });
   };
+  // See Note [Short last call].
+  const auto rest_known_dead = [&](const State& st) {
+    const auto now = now_ms();
+    return !st.previous.empty() &&
+           std::all_of(st.previous.begin(), st.previous.end(), [&](const std::string& id) {
+             return st.index_of(id) >= 0 || st.expired(id, now, dead_after);
+           });
+  };
+  // Leaving is best effort when the backend is away: the round then ends without this node anyway.
+  const auto try_withdraw = [&] {
+    try {
+      withdraw();
+    } catch (const NetworkError& e) {
+      log->warn("Could not leave round {} of run '{}': {}", s.round, options_.run_id, e.what());
+    }
+  };
   while (true) {
     if (interrupted && interrupted()) {
-      withdraw();
+      try_withdraw();
       return std::nullopt;
     }
     if (SteadyClock::now() >= give_up) {
-      withdraw();
+      try_withdraw();
       throw TimeoutError(detail::concat(
           "No rendezvous round of run '", options_.run_id, "' completed within ",
           options_.join_timeout.count() / 1000.0, " s (", description_,
           "): ", s.participants.size(), " node(s) joined, ", options_.min_nodes,
           " needed. HINT: start the other nodes, or lower the minimum of --nnodes."));
     }
+    if (replaced(s)) throw replaced_error();
     if (s.closed) throw closed_error(s);
     const int mine = s.index_of(me);
     if (s.complete && mine >= 0) {
@@ -280,48 +411,61 @@ std::optional<RendezvousInfo> Rendezvous::next_round(
           throw;
         }
         const auto round = s.round;
-        s = update([&](State& st) {
-          if (st.round != round || !st.master_addr.empty()) return false;
-          st.master_addr = options_.local_addr;
-          st.master_port = port;
-          return true;
-        });
+        s = ride_out(
+            [&] {
+              return update([&](State& st) {
+                if (st.round != round || !st.master_addr.empty()) return false;
+                st.master_addr = options_.local_addr;
+                st.master_port = port;
+                return true;
+              });
+            },
+            interrupted);
         continue;
       }
       if (s.expired(s.participants[0].id, now_ms(), dead_after)) {
         // Group rank 0 died before publishing the master address: start over without it.
         const auto round = s.round;
-        s = update([&](State& st) {
-          if (st.round != round) return false;
-          st.advance();
-          return true;
-        });
+        s = ride_out(
+            [&] {
+              return update([&](State& st) {
+                if (st.round != round) return false;
+                st.advance();
+                return true;
+              });
+            },
+            interrupted);
         continue;
       }
     } else if (mine < 0 && (!s.is_waiting(me) || !s.complete)) {
       // The round moved on (or dropped this node), or a waiting node's chance came: join it.
-      s = join();
+      s = ride_out(join, interrupted);
       continue;
-    } else if (!s.complete && s.last_call_ms != 0 && now_ms() >= s.last_call_ms) {
+    } else if (!s.complete && s.last_call_ms != 0 &&
+               (now_ms() >= s.last_call_ms || rest_known_dead(s))) {
       const auto round = s.round;
       bool changed = false;
-      s = update([&](State& st) {
-        if (st.round != round || st.complete) return false;
-        const auto now = now_ms();
-        std::erase_if(st.participants, [&](const Node& n) {
-          return n.id != me && st.expired(n.id, now, dead_after);
-        });
-        if (static_cast<int>(st.participants.size()) >= options_.min_nodes) {
-          st.complete = true;
-        } else {
-          st.last_call_ms = 0;  // too few left: wait for min_nodes again
-        }
-        return changed = true;
-      });
+      s = ride_out(
+          [&] {
+            return update([&](State& st) {
+              if (st.round != round || st.complete) return false;
+              const auto now = now_ms();
+              std::erase_if(st.participants, [&](const Node& n) {
+                return n.id != me && st.expired(n.id, now, dead_after);
+              });
+              if (static_cast<int>(st.participants.size()) >= options_.min_nodes) {
+                st.complete = true;
+              } else {
+                st.last_call_ms = 0;  // too few left: wait for min_nodes again
+              }
+              return changed = true;
+            });
+          },
+          interrupted);
       if (changed) continue;
     }
     std::this_thread::sleep_for(options_.poll_interval);
-    s = read_and_beat();
+    s = ride_out([&] { return read_and_beat(); }, interrupted);
   }
 
   RendezvousInfo info;
@@ -335,6 +479,8 @@ std::optional<RendezvousInfo> Rendezvous::next_round(
   for (const auto& n : s.participants) info.world_size += n.nproc;
   info.master_addr = s.master_addr;
   info.master_port = static_cast<std::uint16_t>(s.master_port);
+  info.job_instance = s.instance;
+  instance_ = s.instance;
   round_ = s.round;
   last_heartbeat_ = SteadyClock::now();
   return info;
@@ -344,7 +490,7 @@ Rendezvous::State Rendezvous::read_and_beat() {
   if (SteadyClock::now() - last_heartbeat_ < options_.keep_alive_interval) return read();
   last_heartbeat_ = SteadyClock::now();
   return update([&](State& st) {
-    if (st.closed) return false;
+    if (st.closed || (!instance_.empty() && st.instance != instance_)) return false;
     st.heartbeats[options_.node_id] = now_ms();
     return true;
   });
@@ -354,12 +500,30 @@ RoundChange Rendezvous::watch() {
   const auto& me = options_.node_id;
   const std::int64_t dead_after =
       options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
-  const State s = read_and_beat();
+  // See Note [Backend outages].
+  if (outage_since_ && SteadyClock::now() < outage_retry_at_)
+    return RoundChange::kBackendUnreachable;
+  State s;
+  try {
+    s = read_and_beat();
+  } catch (const NetworkError& e) {
+    note_outage(e.what());  // throws past backend_timeout
+    return RoundChange::kBackendUnreachable;
+  }
+  note_recovered();
   if (s.closed) {
     throw RendezvousClosedError(detail::concat("The rendezvous of run '", options_.run_id,
                                                "' was closed: ", s.closed_reason, "."));
   }
+  if (!instance_.empty() && s.instance != instance_) {
+    throw RendezvousClosedError(detail::concat(
+        "The rendezvous of run '", options_.run_id, "' was closed and a new job with the same ",
+        "run id started in it (instance ", s.instance, ", this node's was ", instance_, ")."));
+  }
   if (s.round != round_) return RoundChange::kNewRound;
+  // After an outage nobody could beat: give every node time to beat again first.
+  const auto grace = milliseconds(dead_after) + kOutageMaxBackoff + options_.keep_alive_interval;
+  if (SteadyClock::now() - recovered_at_ < grace) return RoundChange::kNone;
   const auto now = now_ms();
   const bool waiting = std::any_of(s.waiting.begin(), s.waiting.end(), [&](const Node& n) {
     return !s.expired(n.id, now, dead_after);
@@ -411,6 +575,7 @@ void Rendezvous::mark_done() {
     if (std::all_of(st.participants.begin(), st.participants.end(),
                     [&](const Node& n) { return st.done.contains(n.id); })) {
       st.closed = true;
+      st.finished = true;
       st.closed_reason = "every node finished";
     }
     return true;
@@ -421,7 +586,8 @@ bool Rendezvous::wait_closed(std::chrono::milliseconds timeout,
                              const std::function<bool()>& interrupted) {
   const auto give_up = SteadyClock::now() + timeout;
   while (SteadyClock::now() < give_up && !(interrupted && interrupted())) {
-    if (read_and_beat().closed) return true;
+    const State s = read_and_beat();
+    if (s.closed || (!instance_.empty() && s.instance != instance_)) return true;
     std::this_thread::sleep_for(options_.poll_interval);
   }
   return false;
@@ -469,6 +635,8 @@ void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options) 
       options.last_call_timeout = seconds(key, value);
     } else if (key == "keep_alive_interval") {
       options.keep_alive_interval = seconds(key, value);
+    } else if (key == "backend_timeout") {
+      options.backend_timeout = seconds(key, value);
     } else if (key == "keep_alive_max_attempt") {
       const int n = std::atoi(value.c_str());
       TY_CHECK(n >= 1 && std::to_string(n) == value,
@@ -482,7 +650,7 @@ void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options) 
       throw InvalidArgumentError(detail::concat(
           "Unknown --rdzv-conf key '", key,
           "'. HINT: known keys are join_timeout, last_call_timeout, keep_alive_interval, "
-          "keep_alive_max_attempt."));
+          "keep_alive_max_attempt, backend_timeout."));
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "etcd_server.h"
@@ -228,6 +229,84 @@ TEST(ElasticAgent, AnAgentStoppedBySigtermLeavesAndTheOthersGoOnWithoutIt) {
   }
   EXPECT_TRUE(contains(rest, "W=2")) << rest;
   EXPECT_TRUE(contains(rest, "Membership changed")) << rest;
+}
+
+TEST(ElasticAgent, ShortEtcdOutageLeavesTheRanksRunning) {
+  if (access(kEtcd, X_OK) != 0)
+    TY_MISSING_PREREQUISITE(kEtcd << " is missing; run scripts/setup.sh");
+  EtcdServer etcd;
+  const std::vector<std::string> train = {
+      "/bin/sh", "-c",
+      R"(echo "start R=$RANK I=$TRAINYARD_JOB_INSTANCE"; sleep 8; echo "end R=$RANK")"};
+  const std::string conf = std::string(kFastConf) + ",backend_timeout=20";
+  std::vector<Subprocess> agents;
+  for (int i = 0; i < 2; ++i) {
+    agents.emplace_back(SubprocessOptions{
+        .argv = agent("etcd", etcd.endpoint(), "2", train, {"--max-restarts", "1"}, conf)});
+  }
+  std::string seen;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!contains(seen, "start R=") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+    seen += pending_output(agents[0].stdout_fd());
+  }
+  ASSERT_TRUE(contains(seen, "start R=")) << seen;
+  etcd.stop();
+  std::this_thread::sleep_for(4s);
+  etcd.start();
+  std::string all;
+  for (auto& a : agents) {
+    auto o = mptest::collect(a, 40s);
+    ASSERT_FALSE(o.timed_out) << o.err;
+    EXPECT_EQ(o.status.exit_code, 0) << o.err;
+    all += seen + o.out + o.err;
+  }
+  EXPECT_TRUE(contains(all, "has been unreachable for")) << all;
+  EXPECT_TRUE(contains(all, "answers again after")) << all;
+  EXPECT_FALSE(contains(all, "restart_count=1")) << all;
+  EXPECT_FALSE(contains(all, "Membership changed")) << all;
+  EXPECT_TRUE(contains(all, "end R=0") && contains(all, "end R=1")) << all;
+}
+
+TEST(ElasticAgent, EtcdGoneLongerThanBackendTimeoutEndsTheRoundStatingTheTime) {
+  if (access(kEtcd, X_OK) != 0)
+    TY_MISSING_PREREQUISITE(kEtcd << " is missing; run scripts/setup.sh");
+  EtcdServer etcd;
+  const std::vector<std::string> train = {"/bin/sh", "-c", "echo started; exec sleep 60"};
+  Subprocess a(SubprocessOptions{.argv = agent("etcd", etcd.endpoint(), "1", train, {},
+                                               std::string(kFastConf) + ",backend_timeout=2")});
+  std::string seen;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!contains(seen, "started") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+    seen += pending_output(a.stdout_fd());
+  }
+  ASSERT_TRUE(contains(seen, "started")) << seen;
+  etcd.stop();
+  const auto stopped = std::chrono::steady_clock::now();
+  auto o = mptest::collect(a, 30s);
+  const auto took = std::chrono::steady_clock::now() - stopped;
+  ASSERT_FALSE(o.timed_out) << o.err;
+  EXPECT_NE(o.status.exit_code, 0) << o.err;
+  EXPECT_GT(took, 1.5s);
+  EXPECT_LT(took, 20s);
+  EXPECT_TRUE(contains(o.err, "has been unreachable for 2.")) << o.err;
+  EXPECT_TRUE(contains(o.err, "backend_timeout is 2 s")) << o.err;
+}
+
+TEST(ElasticAgent, TheSameRunIdRunsTwiceInARowOverEtcd) {
+  if (access(kEtcd, X_OK) != 0)
+    TY_MISSING_PREREQUISITE(kEtcd << " is missing; run scripts/setup.sh");
+  EtcdServer etcd;
+  const std::vector<std::string> print = {
+      "/bin/sh", "-c",
+      R"(echo "R=$RANK W=$WORLD_SIZE G=$GROUP_RANK/$GROUP_WORLD_SIZE I=$TRAINYARD_JOB_INSTANCE")"};
+  for (int run = 0; run < 2; ++run) {
+    auto out = run_agents(
+        {agent("etcd", etcd.endpoint(), "2", print), agent("etcd", etcd.endpoint(), "2", print)});
+    expect_two_distinct_ranks(out);
+    EXPECT_FALSE(contains(out[0].out, "I= ") || contains(out[0].out + "\n", "I=\n")) << out[0].out;
+  }
 }
 
 }  // namespace

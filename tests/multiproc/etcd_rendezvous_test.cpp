@@ -272,6 +272,106 @@ TEST_F(EtcdRendezvousTest, WatchReportsAParticipantWhoseHeartbeatStopped) {
   EXPECT_LT(took, 5.0) << "0.6 s plus a generous margin for a loaded machine";
 }
 
+TEST_F(EtcdRendezvousTest, ARunIdCanBeReusedOnceTheRunFinished) {
+  auto a = node("node-a", 2, 2, 1);
+  auto b = node("node-b", 2, 2, 1);
+  const auto first = next_round_all({a.get(), b.get()});
+  EXPECT_FALSE(first[0].job_instance.empty());
+  EXPECT_EQ(first[0].job_instance, first[1].job_instance);
+  a->mark_done();
+  b->mark_done();
+  EXPECT_TRUE(a->wait_closed(2s));
+
+  // A new job with the same id, at once: a fresh generation, not RendezvousClosedError.
+  auto c = node("node-c", 2, 2, 1);
+  auto d = node("node-d", 2, 2, 1);
+  const auto second = next_round_all({c.get(), d.get()});
+  EXPECT_FALSE(second[0].job_instance.empty());
+  EXPECT_NE(second[0].job_instance, first[0].job_instance);
+  EXPECT_EQ(second[0].job_instance, second[1].job_instance);
+  EXPECT_EQ(second[0].world_size, 2);
+  // An agent of the old job finds its job over.
+  const std::string msg =
+      error_of<RendezvousClosedError>([&] { a->next_round([] { return kMasterPort; }); });
+  EXPECT_NE(msg.find("new job with the same run id"), std::string::npos) << msg;
+}
+
+TEST_F(EtcdRendezvousTest, LastCallIsShortWhenTheMissingNodeIsKnownDead) {
+  auto make = [&](const std::string& id) {
+    return std::make_unique<Rendezvous>(backend(), RendezvousOptions{.run_id = "etcd-test",
+                                                                     .min_nodes = 1,
+                                                                     .max_nodes = 2,
+                                                                     .node_id = id,
+                                                                     .local_addr = "127.0.0.1",
+                                                                     .join_timeout = 30s,
+                                                                     .last_call_timeout = 20s,
+                                                                     .keep_alive_interval = 200ms,
+                                                                     .keep_alive_max_attempt = 3,
+                                                                     .poll_interval = 20ms});
+  };
+  auto a = make("node-a");
+  auto b = make("node-b");
+  next_round_all({a.get(), b.get()});  // max_nodes: complete at once
+  // b dies (stops beating); a ends the round and joins the next one alone.
+  const auto start = SteadyClock::now();
+  a->start_next_round("test");
+  const auto info = a->next_round([] { return kMasterPort; });
+  const double took = seconds_since(start);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->group_world_size, 1);
+  EXPECT_LT(took, 5.0) << "waited for the 20 s last call although node-b was known dead";
+}
+
+TEST_F(EtcdRendezvousTest, WatchRidesOutAnOutageAndGivesUpPastBackendTimeout) {
+  auto make = [&](std::chrono::milliseconds backend_timeout) {
+    return std::make_unique<Rendezvous>(backend(),
+                                        RendezvousOptions{.run_id = "etcd-test",
+                                                          .node_id = "solo",
+                                                          .local_addr = "127.0.0.1",
+                                                          .join_timeout = 10s,
+                                                          .last_call_timeout = 300ms,
+                                                          .keep_alive_interval = 200ms,
+                                                          .poll_interval = 20ms,
+                                                          .backend_timeout = backend_timeout});
+  };
+  auto a = make(1500ms);
+  ASSERT_TRUE(a->next_round([] { return kMasterPort; }).has_value());
+  etcd_->stop();
+  const auto start = SteadyClock::now();
+  std::string msg;
+  while (seconds_since(start) < 10.0) {
+    try {
+      EXPECT_EQ(a->watch(), RoundChange::kBackendUnreachable);
+    } catch (const NetworkError& e) {
+      msg = e.what();
+      break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  const double took = seconds_since(start);
+  EXPECT_GE(took, 1.4);
+  EXPECT_LT(took, 5.0);
+  EXPECT_NE(msg.find("has been unreachable for 1."), std::string::npos) << msg;
+  EXPECT_NE(msg.find("backend_timeout is 1.5 s"), std::string::npos) << msg;
+  // Back within the limit: the round still stands.
+  etcd_->start();
+  auto b = make(30s);
+  ASSERT_TRUE(b->next_round([] { return kMasterPort; }).has_value());
+  etcd_->stop();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(b->watch(), RoundChange::kBackendUnreachable);
+    std::this_thread::sleep_for(50ms);
+  }
+  etcd_->start();
+  RoundChange change = RoundChange::kBackendUnreachable;
+  const auto back = SteadyClock::now();
+  while (change == RoundChange::kBackendUnreachable && seconds_since(back) < 10.0) {
+    std::this_thread::sleep_for(50ms);
+    change = b->watch();
+  }
+  EXPECT_EQ(change, RoundChange::kNone);
+}
+
 TEST(EtcdBackendTest, UnreachableEtcdThrowsNetworkErrorWithinTheTimeout) {
   // Nothing listens: each attempt is refused at once.
   int port = 0;
@@ -285,7 +385,7 @@ TEST(EtcdBackendTest, UnreachableEtcdThrowsNetworkErrorWithinTheTimeout) {
   std::string msg = error_of<NetworkError>([&] { refused->get_state(); });
   EXPECT_LT(seconds_since(start), 3.0);
   EXPECT_NE(msg.find("etcd at " + endpoint), std::string::npos) << msg;
-  EXPECT_NE(msg.find("2 attempt(s)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("2 attempt(s) over "), std::string::npos) << msg;
   EXPECT_NE(msg.find("curl error 7"), std::string::npos) << msg;
   EXPECT_NE(msg.find("HINT: is etcd running at " + endpoint), std::string::npos) << msg;
 

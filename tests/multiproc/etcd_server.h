@@ -33,7 +33,8 @@ inline std::string pending_output(int fd) {
   return out;
 }
 
-// A one-member etcd cluster on free loopback ports; stopped (SIGTERM) on destruction.
+// A one-member etcd cluster on free loopback ports; stopped (SIGTERM) on destruction. stop() and
+// start() take it away and bring it back on the same ports and data (an outage).
 class EtcdServer {
  public:
   EtcdServer() {
@@ -45,6 +46,14 @@ class EtcdServer {
     }
     endpoint_ = "127.0.0.1:" + std::to_string(client_port);
     peer_endpoint_ = "127.0.0.1:" + std::to_string(peer_port);
+    start();
+  }
+
+  // Stops etcd (SIGTERM, waits for it); the data stays.
+  void stop() { child_.reset(); }
+
+  // Starts etcd (again) and waits until it answers.
+  void start() {
     const std::string client_url = "http://" + endpoint_;
     const std::string peer_url = "http://" + peer_endpoint_;
     const std::string log = (dir_.path() / "etcd.log").string();

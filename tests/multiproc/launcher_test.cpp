@@ -466,6 +466,42 @@ TEST(LauncherCli, ExhaustedRestartsExitWithTheSummary) {
   EXPECT_TRUE(contains(r.err, "rank      : 1 (local_rank: 1)")) << r.err;
 }
 
+TEST(LauncherCli, RestartsBackOffAndASignalEndsTheWait) {
+  auto r = run_cli({"run", "--nproc-per-node", "1", "--max-restarts", "2", "--restart-backoff",
+                    "0.5", "--", "/bin/sh", "-c", "exit 3"},
+                   {}, 30s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.status.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "Restarting the worker group in 0.5 s (restart 1 of 2)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "Restarting the worker group in 1.0 s (restart 2 of 2)")) << r.err;
+  EXPECT_GE(r.elapsed, 1500ms);
+  EXPECT_LT(r.elapsed, 15s);
+
+  // A long backoff ends at SIGTERM.
+  Subprocess agent(
+      SubprocessOptions{.argv = {kCli, "run", "--max-restarts", "3", "--restart-backoff", "60",
+                                 "--", "/bin/sh", "-c", "exit 3"}});
+  std::string err;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!contains(err, "Restarting the worker group in 60.0 s") &&
+         std::chrono::steady_clock::now() < deadline) {
+    pollfd p{.fd = agent.stderr_fd(), .events = POLLIN, .revents = 0};
+    char buf[4096];
+    if (::poll(&p, 1, 50) > 0) {
+      const ssize_t n = ::read(agent.stderr_fd(), buf, sizeof buf);
+      if (n > 0) err.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ASSERT_TRUE(contains(err, "Restarting the worker group in 60.0 s")) << err;
+  const auto signalled = std::chrono::steady_clock::now();
+  agent.send_signal(SIGTERM);
+  auto o = mptest::collect(agent, 20s);
+  ASSERT_FALSE(o.timed_out) << o.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, 5s);
+  EXPECT_EQ(o.status.exit_code, 3) << err << o.err;
+  EXPECT_TRUE(contains(err + o.err, "while waiting to restart")) << err << o.err;
+}
+
 TEST(LauncherCli, SignalToTheAgentStopsWithoutRestarting) {
   Subprocess agent(
       SubprocessOptions{.argv = {kCli, "run", "--nproc-per-node", "2", "--max-restarts", "3", "--",

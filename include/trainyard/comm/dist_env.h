@@ -10,6 +10,11 @@
 
 namespace trainyard {
 
+// Set by the launcher for every rank: an id of this job, the same on every node and across
+// restarts, different for a new job that reuses the run id (elastic: the rendezvous state's
+// instance, Note [Job instances] in elastic/rendezvous.h; static: random per launch).
+inline constexpr const char* kJobInstanceEnv = "TRAINYARD_JOB_INSTANCE";
+
 struct DistEnv {
   int rank = 0;
   int world_size = 1;

@@ -34,6 +34,14 @@ struct LaunchOptions {
   std::shared_ptr<Rendezvous> rendezvous{};
   // Elastic: after its ranks succeed, how long an agent waits for the other nodes to finish.
   std::chrono::milliseconds exit_barrier_timeout = std::chrono::seconds(300);
+  // Elastic (torchrun's --monitor-interval): how often the agent asks the rendezvous whether the
+  // round still stands while its ranks run. Rank exits are seen at once regardless.
+  std::chrono::milliseconds monitor_interval = std::chrono::milliseconds(500);
+  // Before restart k (0 for the first) the agent waits min(restart_backoff_max,
+  // restart_backoff * 2^k), so that a short outage (storage, network) does not use up every
+  // restart in seconds; 0 restarts at once. A signal during the wait stops the run.
+  std::chrono::milliseconds restart_backoff = std::chrono::seconds(1);
+  std::chrono::milliseconds restart_backoff_max = std::chrono::seconds(30);
 };
 
 // How one rank ended.
@@ -62,7 +70,10 @@ struct LaunchResult {
 
 // Runs the ranks to completion. Blocks. When a rank fails, the others are stopped and, while
 // fewer than max_restarts restarts have happened, all ranks start again as a new round
-// (TORCHELASTIC_RESTART_COUNT counts them; each round prints torchrun's rendezvous result). Throws
+// (TORCHELASTIC_RESTART_COUNT counts them; each round prints torchrun's rendezvous result), after
+// the restart backoff. Every rank gets TRAINYARD_JOB_INSTANCE (kJobInstanceEnv). Elastic: a
+// rendezvous backend outage shorter than its backend_timeout leaves the ranks running; a longer
+// one stops them, and the agent rejoins as a restart while restarts remain. Throws
 // InvalidArgumentError on bad options and Error when a rank cannot be started; rank failures are
 // reported in the result (and on stderr as a summary). While it runs, SIGINT, SIGTERM, SIGHUP and
 // SIGQUIT stop the ranks (SIGTERM, then SIGKILL after term_timeout) and SIGPIPE is ignored; the

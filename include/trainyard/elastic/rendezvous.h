@@ -15,7 +15,33 @@
 //     (a dead node). Every agent watches the state while its workers run and restarts them in
 //     the new round when the round number changes.
 // A node that finishes its work is marked done (its silence then is not death); the run is closed
-// when every participant is done or an agent gives up, and a closed run refuses joins.
+// when every participant is done or an agent gives up, and a closed run refuses joins from the
+// agents of that run.
+//
+// Note [Job instances]
+// The state carries a random instance id, made when a state is created fresh; every agent that
+// completed a round remembers it (RendezvousInfo::job_instance, TRAINYARD_JOB_INSTANCE for the
+// ranks). A new job reusing the run id must work, as torchrun's users expect after a finished job:
+// an agent that has not yet been in a round of this state starts a fresh state (new instance,
+// next round number, nobody joined) by compare-and-set when the state is closed and either every
+// participant finished or no other node's heartbeat is alive, or when it is open and every
+// heartbeat has expired. A closed state with live participants (an agent just gave up; the others
+// are stopping) refuses the join. An agent of the old instance that finds the state replaced or
+// closed gets RendezvousClosedError: its job is over.
+//
+// Note [Backend outages]
+// Ranks do not need the backend while they train, so a backend that stops answering (etcd
+// restarted, the store's host briefly unreachable) must not stop them. watch() and next_round()
+// retry a failed call with exponential backoff (0.1 s doubling to 2 s), log a warning at most every
+// 10 s with the time the backend has been unreachable, and give up (NetworkError stating the real
+// time and attempts) only after backend_timeout of continuous failure. Heartbeats cannot be
+// written during an outage, so for a grace period after it ends watch() does not take an expired
+// heartbeat for a dead node.
+//
+// Note [Short last call]
+// The last-call window waits for nodes that may still come. A node of the previous round whose
+// heartbeat has expired will not: when every node of the previous round has either rejoined or
+// is known dead, a round with min_nodes joined completes at once.
 #pragma once
 
 #include <chrono>
@@ -60,6 +86,9 @@ struct RendezvousOptions {
   std::chrono::milliseconds keep_alive_interval{5'000};
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds poll_interval{100};  // how often a waiting node reads the state
+  // How long the backend may stay unreachable before a round (or a join) gives up on it; see
+  // Note [Backend outages].
+  std::chrono::milliseconds backend_timeout{60'000};
 };
 
 // What a completed round gives this node.
@@ -71,14 +100,16 @@ struct RendezvousInfo {
   int world_size = 1;        // workers over all nodes
   std::string master_addr;
   std::uint16_t master_port = 0;
+  std::string job_instance;  // the state's instance id; see Note [Job instances]
 };
 
 // Why an agent must restart its workers, from watching the state while they run.
 enum class RoundChange {
   kNone,
-  kNewRound,        // another agent started the next round (a failure elsewhere, or a leave)
-  kNodesWaiting,    // nodes wait to join and the round has room: this agent starts the next
-  kParticipantLost  // a participant's heartbeat expired: this agent starts the next round
+  kNewRound,           // another agent started the next round (a failure elsewhere, or a leave)
+  kNodesWaiting,       // nodes wait to join and the round has room: this agent starts the next
+  kParticipantLost,    // a participant's heartbeat expired: this agent starts the next round
+  kBackendUnreachable  // the backend does not answer (yet): keep the ranks running and ask again
 };
 
 class Rendezvous {
@@ -90,13 +121,17 @@ class Rendezvous {
   // master_addr and a free port picked by `pick_port`. Throws RendezvousClosedError when the run
   // is closed and TimeoutError when no round completes within join_timeout. Returns nullopt,
   // having left the round, as soon as `interrupted` (asked while waiting) answers true.
-  // A state whose heartbeats have all expired (a run id reused, or a run whose nodes all died)
-  // is started afresh.
+  // A state whose heartbeats have all expired (a run id reused, or a run whose nodes all died),
+  // or a finished one, is started afresh (Note [Job instances]). A backend outage shorter than
+  // backend_timeout is ridden out; a longer one throws NetworkError.
   std::optional<RendezvousInfo> next_round(const std::function<std::uint16_t()>& pick_port,
                                            const std::function<bool()>& interrupted = {});
 
   // While the workers run: refreshes this node's heartbeat (at most once per keep_alive_interval)
-  // and reports whether the round is over. Throws RendezvousClosedError when the run was closed.
+  // and reports whether the round is over. Throws RendezvousClosedError when the run was closed
+  // (or replaced by a new job with the same id), NetworkError when the backend has been
+  // unreachable for backend_timeout (Note [Backend outages]). Blocks for at most one backend
+  // call; during an outage's backoff it returns kBackendUnreachable without calling.
   RoundChange watch();
 
   // Ends the current round so that every agent re-rendezvous (after this node's workers failed,
@@ -131,17 +166,35 @@ class Rendezvous {
   State read();
   // read(), or, once keep_alive_interval has passed since the last one, a heartbeat update.
   State read_and_beat();
+  // Runs `call` (backend work), retrying NetworkError with backoff until backend_timeout of
+  // continuous failure or `interrupted`; see Note [Backend outages].
+  template <typename F>
+  auto ride_out(F&& call, const std::function<bool()>& interrupted) -> decltype(call());
+  // Records a failed backend call; throws NetworkError once the outage is past backend_timeout.
+  void note_outage(const std::string& error);
+  void note_recovered();
 
   std::unique_ptr<RendezvousBackend> backend_;
   RendezvousOptions options_;
   std::string description_;
   std::int64_t round_ = -1;  // the round this node last completed
   std::chrono::steady_clock::time_point last_heartbeat_{};
+  std::string instance_;  // the job instance of the rounds this node completed; "" before
+  // The current backend outage (Note [Backend outages]), if any.
+  std::optional<std::chrono::steady_clock::time_point> outage_since_;
+  int outage_attempts_ = 0;
+  std::chrono::steady_clock::time_point outage_retry_at_{};
+  std::chrono::steady_clock::time_point outage_logged_at_{};
+  std::chrono::steady_clock::time_point recovered_at_{};
+  // While next_round runs: its join_timeout also ends an outage's retries.
+  std::chrono::steady_clock::time_point join_deadline_ =
+      std::chrono::steady_clock::time_point::max();
 };
 
 // Parses torchrun's --rdzv-conf "key=value,key=value" into options: join_timeout,
 // last_call_timeout, close_timeout (accepted, unused), keep_alive_interval,
-// keep_alive_max_attempt, read_timeout (accepted, unused). Times are seconds (fractions allowed).
+// keep_alive_max_attempt, backend_timeout (how long the backend may stay unreachable; Note
+// [Backend outages]), read_timeout (accepted, unused). Times are seconds (fractions allowed).
 void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options);
 
 }  // namespace trainyard::elastic
