@@ -10,6 +10,11 @@
 
 namespace trainyard {
 
+// Seconds: InitOptions::timeout, the bound on every collective (init_options_from_env()).
+inline constexpr const char* kCollectiveTimeoutEnv = "TRAINYARD_COLLECTIVE_TIMEOUT";
+// Seconds: InitOptions::join_timeout, the bound on reaching MASTER_ADDR:MASTER_PORT.
+inline constexpr const char* kJoinTimeoutEnv = "TRAINYARD_JOIN_TIMEOUT";
+
 struct DistEnv {
   int rank = 0;
   int world_size = 1;
