@@ -71,15 +71,19 @@ TEST(Watchdog, CollectiveTimeoutFlagReachesConfigJson) {
   EXPECT_EQ(config.at("collective_timeout_s").get<double>(), 42.5) << config.dump();
 }
 
-// A namespace whose only route to 198.18.0.0/15 (reserved for benchmarking) is a dummy device:
-// packets sent there vanish, as to a host behind a firewall that drops them.
+// A namespace whose route to 198.18.0.0/15 (reserved for benchmarking) is a veth pair with both
+// ends inside it; 198.18.0.2 has a static neighbour entry but no host behind it, so packets sent
+// there vanish, as to a host behind a firewall that drops them.
 class DroppingNamespace {
  public:
   DroppingNamespace() : name_("tywd" + std::to_string(getpid() % 100000)) {
     ok_ = ip({"netns", "add", name_}) && ip({"-n", name_, "link", "set", "lo", "up"}) &&
-          ip({"-n", name_, "link", "add", "drop0", "type", "dummy"}) &&
+          ip({"-n", name_, "link", "add", "drop0", "type", "veth", "peer", "name", "drop1"}) &&
           ip({"-n", name_, "addr", "add", "198.18.0.1/15", "dev", "drop0"}) &&
-          ip({"-n", name_, "link", "set", "drop0", "up"});
+          ip({"-n", name_, "link", "set", "drop0", "up"}) &&
+          ip({"-n", name_, "link", "set", "drop1", "up"}) &&
+          ip({"-n", name_, "neigh", "add", "198.18.0.2", "lladdr", "02:00:c6:12:00:02", "dev",
+              "drop0", "nud", "permanent"});
   }
   ~DroppingNamespace() { ip({"netns", "del", name_}); }
   bool ok() const { return ok_; }
@@ -106,7 +110,8 @@ TEST(Watchdog, UnreachableMasterFailsWithinTheJoinTimeoutNamingTheAddress) {
   if (!ns.ok()) {
     // CI must run this test: there, a missing capability is a failure, not a skip.
     if (in_ci()) FAIL() << "cannot create a network namespace in CI: " << ns.error();
-    GTEST_SKIP() << "network namespaces need root (CAP_SYS_ADMIN): " << ns.error();
+    GTEST_SKIP() << "cannot set up a network namespace (needs root, CAP_SYS_ADMIN and veth): "
+                 << ns.error();
   }
   TempDir dir;
   // Rank 1 of 2, as a static multi-node launch would start it; rank 0 is never started.
