@@ -7,9 +7,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -53,8 +56,20 @@ struct RunFlags {
   std::string log_dir;
   std::string role = "default";
   bool no_prefix = false;
+  std::string hang_timeout;  // seconds; empty: $TRAINYARD_HANG_TIMEOUT or the default
   std::vector<std::string> command;
 };
+
+// Seconds in [0, 1e6] (0: off), as the hang timeout; nullopt when text is not such a number.
+std::optional<std::chrono::milliseconds> parse_hang_timeout(const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double seconds = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == nullptr || *end != '\0' || errno != 0 || !(seconds >= 0) ||
+      seconds > 1e6)
+    return std::nullopt;
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
 
 std::optional<int> parse_int(std::string_view text) {
   int value = 0;
@@ -277,6 +292,17 @@ elastic::LaunchOptions resolve(const RunFlags& f, const CLI::App& cmd) {
   o.log_dir = f.log_dir;
   o.role = f.role;
   o.prefix_output = !f.no_prefix;
+  // The flag (or PET_HANG_TIMEOUT), else TRAINYARD_HANG_TIMEOUT, else the default.
+  std::string hang_timeout = f.hang_timeout;
+  const char* hang_env = std::getenv(elastic::kHangTimeoutEnv);
+  if (hang_timeout.empty() && hang_env != nullptr) hang_timeout = hang_env;
+  if (!hang_timeout.empty()) {
+    auto parsed = parse_hang_timeout(hang_timeout);
+    TY_CHECK(parsed.has_value(), "--hang-timeout (or PET_HANG_TIMEOUT, ", elastic::kHangTimeoutEnv,
+             ") must be a number of seconds in [0, 1000000], got '", hang_timeout,
+             "'. HINT: 0 turns the hang watchdog off.");
+    o.hang_timeout = *parsed;
+  }
 
   auto nodes = parse_nnodes(f.nnodes);
   TY_CHECK(nodes.has_value(), "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got '", f.nnodes,
@@ -440,6 +466,19 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--log-dir,--log_dir", flags->log_dir,
                   "Also write each rank's output to LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/")
       ->envname("PET_LOG_DIR");
+  cmd->add_option("--hang-timeout,--hang_timeout", flags->hang_timeout,
+                  "Restart (or stop) the ranks when one that reports progress (trainyard's "
+                  "heartbeat) makes none for this many seconds; 0: off (default: " +
+                      std::to_string(elastic::kDefaultHangTimeout.count()) + ")")
+      ->envname("PET_HANG_TIMEOUT")
+      ->type_name("SECONDS")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (parse_hang_timeout(value)) return {};
+            return "must be a number of seconds in [0, 1000000], got '" + value +
+                   "' (from the flag or PET_HANG_TIMEOUT). HINT: 0 turns the watchdog off.";
+          },
+          ""));
   cmd->add_option("--role", flags->role, "Role name of the ranks (ROLE_NAME)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix,--no_prefix", flags->no_prefix,

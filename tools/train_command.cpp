@@ -24,6 +24,8 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o,
   launch.nproc_per_node = o.workers;
   launch.run_id = o.name;
   launch.max_restarts = o.max_restarts;
+  launch.hang_timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(o.hang_timeout_s * 1000));
   launch.extra_env = {{kParentEnv, "1"}};
   // The ranks run this same command line; under the launcher's environment each is one rank.
   launch.command = {elastic::self_executable()};
@@ -82,6 +84,15 @@ void add_train_command(CLI::App& app, std::vector<std::string> args, int& exit_c
   fm->add_option("--seed", o.seed, "Seed for initialisation and shuffling")->capture_default_str();
   fm->add_option("--data-dir", o.data_dir, "Folder with the FashionMNIST IDX files")
       ->default_str(data::kFashionMnistDir);
+  fm->add_option("--collective-timeout", o.collective_timeout_s,
+                 "Seconds a collective or store wait may take before it fails")
+      ->envname(kCollectiveTimeoutEnv)
+      ->capture_default_str();
+  fm->add_option("--hang-timeout", o.hang_timeout_s,
+                 "Run bare: restart (or stop) the ranks when one makes no progress for this many "
+                 "seconds; 0: off")
+      ->envname(elastic::kHangTimeoutEnv)
+      ->capture_default_str();
   fm->add_flag("--no-progress", no_progress, "Never draw a progress bar");
   fm->callback([&exit_code, args = std::move(args)] {
     o.progress = !no_progress;

@@ -1,9 +1,21 @@
 #include "trainyard/comm/address.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "trainyard/error.h"
+#include "trainyard/log.h"
 
 namespace trainyard {
 
@@ -31,6 +43,93 @@ bool is_local_address(const std::string& host) {
   }
   freeaddrinfo(found);
   return local;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kAttemptTimeout{5000};  // the longest one connect() may wait for an answer
+constexpr milliseconds kFirstPause{100};
+constexpr milliseconds kMaxPause{1000};
+
+// One connect to a: empty on success, else why it failed.
+std::string try_connect(const addrinfo& a, milliseconds wait) {
+  const int fd = socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a.ai_protocol);
+  if (fd < 0) return std::strerror(errno);
+  std::string error;
+  if (connect(fd, a.ai_addr, a.ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      error = std::strerror(errno);
+    } else {
+      pollfd p{.fd = fd, .events = POLLOUT, .revents = 0};
+      int n;
+      do {
+        n = poll(&p, 1, static_cast<int>(std::max<long>(1, wait.count())));
+      } while (n < 0 && errno == EINTR);
+      if (n == 0) {
+        error = fmt::format("no answer within {:.1f} s (packets dropped?)", wait.count() / 1000.0);
+      } else {
+        int so_error = 0;
+        socklen_t len = sizeof(so_error);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
+        if (so_error != 0) error = std::strerror(so_error);
+      }
+    }
+  }
+  close(fd);
+  return error;
+}
+
+}  // namespace
+
+void wait_until_reachable(const std::string& host,
+                          std::uint16_t port,
+                          milliseconds timeout,
+                          const std::string& what,
+                          const std::string& hint) {
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  auto next_log = start + std::chrono::seconds(10);
+  milliseconds pause = kFirstPause;
+  std::string last_error = "no attempt finished";
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    const std::string service = std::to_string(port);
+    if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+      last_error = detail::concat("cannot resolve '", host, "': ", gai_strerror(rc));
+    } else {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+        auto error = try_connect(*a, std::clamp(left, milliseconds(1), kAttemptTimeout));
+        if (error.empty()) {
+          freeaddrinfo(found);
+          return;
+        }
+        last_error = std::move(error);
+      }
+      freeaddrinfo(found);
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    if (now >= next_log) {
+      logger("comm")->warn("Still trying to reach {} ({} attempts, last: {}).", what, attempts,
+                           last_error);
+      next_log = now + std::chrono::seconds(10);
+    }
+    std::this_thread::sleep_for(std::min(pause, std::chrono::ceil<milliseconds>(deadline - now)));
+    pause = std::min(pause * 2, kMaxPause);
+  }
+  throw NetworkError(fmt::format(
+      "Cannot reach {} within {:.1f} s ({} attempts; the last: {}). HINT: {}", what,
+      std::chrono::duration<double>(Clock::now() - start).count(), attempts, last_error, hint));
 }
 
 }  // namespace trainyard

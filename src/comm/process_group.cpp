@@ -4,11 +4,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <optional>
 
 #include "trainyard/comm/address.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 
 namespace trainyard {
@@ -27,7 +30,45 @@ std::shared_ptr<::gloo::transport::Device> make_device(const InitOptions& option
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// A positive number of seconds from the variable `name`, or nullopt when it is unset or empty.
+std::optional<std::chrono::milliseconds> seconds_from_env(const EnvLookup& env, const char* name) {
+  const auto text = env(name);
+  if (!text || text->empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const double seconds = std::strtod(text->c_str(), &end);
+  TY_CHECK(end != nullptr && *end == '\0' && errno == 0 && seconds > 0 && seconds <= 1e6,
+           "Environment variable ", name, "='", *text,
+           "' is not a number of seconds in (0, 1000000]. HINT: e.g. ", name, "=120.");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+// How often wait_work() beats while it waits.
+constexpr std::chrono::seconds kWaitSlice{1};
+
 }  // namespace
+
+InitOptions init_options_from_env(const EnvLookup& env) {
+  InitOptions options;
+  if (auto t = seconds_from_env(env, kCollectiveTimeoutEnv)) options.timeout = *t;
+  if (auto t = seconds_from_env(env, kJoinTimeoutEnv)) options.join_timeout = *t;
+  return options;
+}
+
+void wait_work(const c10::intrusive_ptr<c10d::Work>& work) {
+  // Work::wait(timeout) throws when the timeout passes first, and the work goes on; a work that
+  // completed with an error rethrows it from a plain wait(). See Note [Hang watchdog].
+  while (!work->isCompleted()) {
+    try {
+      work->wait(kWaitSlice);
+      return;
+    } catch (const std::exception&) {
+      if (work->isCompleted()) break;  // its own error, or it finished just after the slice
+    }
+    heartbeat();
+  }
+  work->wait();
+}
 
 Distributed::Distributed(DistEnv env,
                          c10::intrusive_ptr<c10d::Store> store,
@@ -38,7 +79,7 @@ Distributed::~Distributed() = default;
 
 void Distributed::barrier() {
   if (env_.world_size == 1) return;
-  pg_->barrier()->wait();
+  wait_work(pg_->barrier());
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
@@ -54,6 +95,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
 }
 
+std::shared_ptr<Distributed> init() {
+  return init(parse_dist_env(), init_options_from_env());
+}
+
 std::shared_ptr<Distributed> init(const InitOptions& options) {
   return init(parse_dist_env(), options);
 }
@@ -67,6 +112,21 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
   store_options.numWorkers = env.world_size;
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
+  TY_CHECK(options.join_timeout.count() > 0, "InitOptions.join_timeout must be > 0 ms, got ",
+           options.join_timeout.count(), " ms.");
+
+  if (!store_options.isServer) {
+    // Without this, an address that drops packets is silent for the whole collective timeout and
+    // then LibTorch only warns about "?UNKNOWN?".
+    wait_until_reachable(
+        env.master_addr, env.master_port, options.join_timeout,
+        detail::concat("the rendezvous store at ", env.master_addr, ":", env.master_port,
+                       " (MASTER_ADDR:MASTER_PORT) from rank ", env.rank, "/", env.world_size),
+        detail::concat("check that MASTER_ADDR is the host of rank 0 (or of the agent serving the "
+                       "store) and reachable from here (routes, firewall), and that it is "
+                       "running; ",
+                       kJoinTimeoutEnv, " (seconds) sets this limit."));
+  }
 
   c10::intrusive_ptr<c10d::Store> store;
   try {

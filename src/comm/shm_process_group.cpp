@@ -21,6 +21,7 @@
 
 #include "comm/shared_segment.h"
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 
 namespace trainyard {
@@ -238,6 +239,7 @@ struct ShmProcessGroup::Impl {
         if (static_cast<std::int32_t>(seen - gen) >= 0) break;
         if (spins < kSpins) continue;
         futex_wait(counter, seen, kSlice);
+        heartbeat();  // waiting for a peer is progress; see Note [Hang watchdog]
         if (stop_waiting.load(std::memory_order_relaxed))
           throw Error(detail::concat("Rank ", rank, "/", world,
                                      ": the shared-memory process group was destroyed while a "

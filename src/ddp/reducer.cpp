@@ -8,6 +8,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
@@ -66,7 +67,7 @@ void wait_or_throw(const c10::intrusive_ptr<c10d::Work>& work,
                    int rank,
                    int world_size) {
   try {
-    work->wait();
+    wait_work(work);  // beats while it waits: Note [Hang watchdog]
   } catch (const std::exception& e) {
     throw NetworkError(detail::concat("DistributedDataParallel on rank ", rank, "/", world_size,
                                       ": ", what, " failed: ", e.what(),

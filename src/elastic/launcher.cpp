@@ -32,6 +32,7 @@
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 
 namespace trainyard::elastic {
@@ -150,6 +151,8 @@ void validate(const LaunchOptions& o) {
   TY_CHECK(o.term_timeout.count() >= 0, "LaunchOptions.term_timeout must be >= 0 ms, got ",
            o.term_timeout.count(), " ms.");
   TY_CHECK(!o.role.empty(), "LaunchOptions.role is empty.");
+  TY_CHECK(o.hang_timeout.count() >= 0, "LaunchOptions.hang_timeout must be >= 0 ms (0: off), got ",
+           o.hang_timeout.count(), " ms.");
   for (const auto& [key, value] : o.extra_env) {
     TY_CHECK(!key.empty() && key.find('=') == std::string::npos,
              "LaunchOptions.extra_env has a bad variable name '", key, "' (empty, or with '=').");
@@ -233,6 +236,40 @@ struct Rank {
   LineForwarder err;
   std::optional<RankExit> exit;
   bool stopped_by_launcher = false;
+  std::optional<HeartbeatFile> heartbeat;  // when the hang watchdog is on
+  milliseconds hang_silence{0};            // > 0: stopped by the watchdog
+};
+
+// A private folder for one round's heartbeat files (Note [Hang watchdog]), removed with it: in
+// /dev/shm when it is there (the files are written often; no disk behind them), else $TMPDIR.
+class HeartbeatDir {
+ public:
+  HeartbeatDir() {
+    std::string base = "/dev/shm";
+    if (::access(base.c_str(), W_OK | X_OK) != 0) {
+      const char* tmp = std::getenv("TMPDIR");
+      base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+    }
+    std::string pattern = base + "/trainyard-heartbeat-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw Error(detail::concat("Could not create a folder for the ranks' heartbeat files in ",
+                                 base, ": ", std::strerror(errno),
+                                 ". HINT: set TMPDIR to a writable folder, or turn the hang "
+                                 "watchdog off with --hang-timeout 0."));
+    }
+    path_ = pattern;
+  }
+  ~HeartbeatDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  HeartbeatDir(const HeartbeatDir&) = delete;
+  HeartbeatDir& operator=(const HeartbeatDir&) = delete;
+
+  std::string file(int local_rank) const { return detail::concat(path_, "/rank_", local_rank); }
+
+ private:
+  std::string path_;
 };
 
 // Where this node's ranks stand in one round: given by the flags (static) or by the rendezvous.
@@ -248,7 +285,8 @@ struct RoundSpec {
 
 std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& o,
                                                           const RoundSpec& round,
-                                                          int local_rank) {
+                                                          int local_rank,
+                                                          const std::string& heartbeat_file) {
   const int world_size = round.world_size;
   const std::string rank = std::to_string(round.rank_offset + local_rank);
   std::vector<std::pair<std::string, std::string>> env = {
@@ -268,6 +306,8 @@ std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& o
       {"TORCHELASTIC_RUN_ID", o.run_id},
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"PYTHONUNBUFFERED", "1"},
+      // Empty when the watchdog is off, so that no rank beats into an outer launcher's file.
+      {kHeartbeatFileEnv, heartbeat_file},
   };
   // torchrun's default: one OpenMP thread per rank when several share the node.
   if (std::getenv("OMP_NUM_THREADS") == nullptr && o.nproc_per_node > 1) {
@@ -286,6 +326,7 @@ std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& o
 Rank start_rank(const LaunchOptions& o,
                 const RoundSpec& round,
                 int local_rank,
+                const HeartbeatDir* heartbeat_dir,  // nullptr: the watchdog is off
                 OutputSink* out,
                 OutputSink* err) {
   const int rank = round.rank_offset + local_rank;
@@ -303,16 +344,20 @@ Rank start_rank(const LaunchOptions& o,
     err_log = open_log(dir / "stderr.log");
   }
   const std::string prefix = o.prefix_output ? detail::concat("[rank", rank, "]: ") : "";
-  Subprocess process(SubprocessOptions{.argv = o.command,
-                                       .env = rank_env(o, round, local_rank),
-                                       .destructor_term_timeout = o.term_timeout});
+  std::optional<HeartbeatFile> heartbeat;
+  if (heartbeat_dir != nullptr) heartbeat.emplace(heartbeat_dir->file(local_rank));
+  Subprocess process(
+      SubprocessOptions{.argv = o.command,
+                        .env = rank_env(o, round, local_rank, heartbeat ? heartbeat->path() : ""),
+                        .destructor_term_timeout = o.term_timeout});
   return Rank{.rank = rank,
               .local_rank = local_rank,
               .process = std::move(process),
               .out = LineForwarder(prefix, out, std::move(out_log)),
               .err = LineForwarder(prefix, err, std::move(err_log)),
               .exit = std::nullopt,
-              .stopped_by_launcher = false};
+              .stopped_by_launcher = false,
+              .heartbeat = std::move(heartbeat)};
 }
 
 // --- the summary ------------------------------------------------------------------------------
@@ -356,14 +401,28 @@ std::string host_name() {
   return buf;
 }
 
+std::string format_seconds(milliseconds d) {
+  return fmt::format("{:.1f} s", static_cast<double>(d.count()) / 1000.0);
+}
+
+// One entry of torchrun's failure list. `traceback` replaces the default text (torchrun's link
+// to its error docs, or the signal) when not empty.
 std::string format_failure(int idx,
                            const RankExit& e,
                            const std::string& host,
-                           const std::string& indent) {
-  const std::string traceback =
-      e.signal != 0 ? detail::concat("Signal ", e.signal, " (", signal_name(e.signal),
-                                     ") received by PID ", e.pid)
-                    : kTracebackHint;
+                           const std::string& indent,
+                           std::string traceback = {}) {
+  const std::string signal =
+      detail::concat("Signal ", e.signal, " (", signal_name(e.signal), ") received by PID ", e.pid);
+  if (!traceback.empty()) {
+    // set by the caller
+  } else if (e.hang_silence.count() > 0) {
+    traceback = detail::concat("hung: no progress for ", format_seconds(e.hang_silence),
+                               "; stopped by the launcher (",
+                               e.signal != 0 ? signal : "it then exited", ")");
+  } else {
+    traceback = e.signal != 0 ? signal : kTracebackHint;
+  }
   return fmt::format(
       "{0}[{1}]:\n"
       "{0}  time      : {2}\n"
@@ -376,41 +435,95 @@ std::string format_failure(int idx,
       e.signal != 0 ? -e.signal : e.exit_code, e.pid, traceback);
 }
 
-// torchrun's ChildFailedError report: the other failures, then the root cause.
+// The last lines a rank wrote, where a user looks first for the cause.
+std::string format_last_lines(const RankExit& e) {
+  if (e.last_lines.empty()) {
+    return detail::concat("Rank ", e.rank, " (local rank ", e.local_rank, ", pid ", e.pid,
+                          ") wrote nothing.\n");
+  }
+  std::string out = detail::concat("Last lines of rank ", e.rank, " (local rank ", e.local_rank,
+                                   ", pid ", e.pid, "):\n");
+  for (const auto& line : e.last_lines) out += detail::concat("[rank", e.rank, "]: ", line, "\n");
+  return out;
+}
+
+// torchrun's ChildFailedError report: the other failures, then the root cause; then, below
+// torchrun's shape, the root cause's own last lines.
 std::string format_summary(const LaunchOptions& o,
                            const LaunchResult& result,
                            std::chrono::system_clock::time_point signal_time) {
   const std::string host = host_name();
   const std::string border(60, '='), section(60, '-');
+  const int count = static_cast<int>(result.exits.size());
+  const bool has_failure = result.first_failure >= 0 && result.first_failure < count;
+  // See Note [Early exit]: a rank that left early with status 0 caused the failure that followed.
+  const bool early = has_failure && result.early_exit >= 0 && result.early_exit < count;
+  const int root_index = early ? result.early_exit : result.first_failure;
   std::string others, root;
   int idx = 0;
-  for (std::size_t i = 0; i < result.exits.size(); ++i) {
+  for (int i = 0; i < count; ++i) {
     const RankExit& e = result.exits[i];
-    if (!e.failed()) continue;
-    if (static_cast<int>(i) == result.first_failure) {
+    if (i == root_index && early) {
+      const RankExit& failed = result.exits[result.first_failure];
+      const auto gap = std::chrono::duration_cast<milliseconds>(failed.time - e.time);
+      root = format_failure(
+          idx++, e, host, "",
+          detail::concat("exited early with status 0 while the others were still running; rank ",
+                         failed.rank, "'s failure ", format_seconds(gap),
+                         " later followed from it"));
+    } else if (i == root_index) {
       root = format_failure(idx++, e, host, "");
-    } else {
+    } else if (e.failed()) {
       others += format_failure(idx++, e, host, "  ");
     }
   }
   if (others.empty()) others = "  <NO_OTHER_FAILURES>\n";
+  std::string last_lines;
   if (root.empty()) {
     root = detail::concat("[launcher]:\n  time      : ", format_time(signal_time),
                           "\n  host      : ", host, "\n  traceback : Signal ",
                           result.received_signal, " (", signal_name(result.received_signal),
                           ") received by the launcher (PID ", getpid(),
                           "), which stopped every rank\n");
+  } else {
+    if (early) last_lines = format_last_lines(result.exits[result.first_failure]);
+    last_lines += format_last_lines(result.exits[root_index]);
+    last_lines = section + "\n" + last_lines;
   }
   return detail::concat(border, "\n", std::filesystem::path(o.command.front()).filename().string(),
                         " FAILED\n", section, "\nFailures:\n", others, section,
-                        "\nRoot Cause (first observed failure):\n", root, border, "\n");
+                        "\nRoot Cause (first observed failure):\n", root, last_lines, border, "\n");
 }
 
 // --- the monitor ------------------------------------------------------------------------------
 
-// Watches the ranks: forwards their output, reaps them, and on the first failure (or a signal to
-// the launcher) stops the rest: SIGTERM, then SIGKILL after term_timeout, then gives up after
-// kKillWait. Every wait is bounded by those deadlines.
+// Note [Hang watchdog]: a rank that stops making progress (SIGSTOP, a deadlock, a kernel or file
+// system that never returns) does not exit, so reaping alone never notices it, and its peers wait
+// in collectives until the collective timeout. So ranks report progress: the launcher creates one
+// heartbeat file per rank and round (HeartbeatDir, $TRAINYARD_HEARTBEAT_FILE) and the rank calls
+// trainyard::heartbeat() (heartbeat.h), which stores the time into the mapped file, from
+//   - the training loop (each step, each evaluation batch, around checkpoint saves),
+//   - inside waits on peers: ShmProcessGroup's barrier slices and wait_work() around Gloo work,
+//     so a rank waiting for a hung peer keeps beating and the hung peer alone falls silent.
+// Every poll the monitor reads the files; a rank that has beaten at least once and then is silent
+// for longer than LaunchOptions::hang_timeout is reported by rank, pid and seconds, and treated as
+// that rank's failure: it is the root cause, the group is stopped and restarted while restarts
+// are left. The stop sends SIGCONT after SIGTERM, so a stopped process takes its SIGTERM at once
+// instead of waiting out term_timeout. A rank that never beats (any other program) is not
+// watched, and neither is the time before a rank's first beat (start-up, data loading, the
+// rendezvous: those have their own timeouts).
+//
+// Note [Early exit]: a rank that exits with status 0 is normal at the end of a job, when every
+// rank finishes at about the same time. But a rank that leaves while the others still train (a
+// user's bug: a return in the wrong place) makes the others fail ("Connection closed by peer", a
+// dead shared-memory peer, or a hang), and torchrun's summary then blames a survivor. So the first
+// rank that exits 0 while others still run is remembered; if a failure (or a hang) follows in the
+// same round, that early exit is reported as the root cause, with the failure that followed it.
+
+// Watches the ranks: forwards their output, reaps them, watches their heartbeats, and on the first
+// failure or hang (or a signal to the launcher) stops the rest: SIGTERM (and SIGCONT), then
+// SIGKILL after term_timeout, then gives up after kKillWait. Every wait is bounded by those
+// deadlines.
 class Monitor {
  public:
   // Hooks for the elastic agent: `on_failure` runs once, at the first failure, before the other
@@ -423,8 +536,17 @@ class Monitor {
     std::function<bool()> should_stop;
   };
 
-  Monitor(std::vector<Rank>& ranks, SignalScope& signals, milliseconds term_timeout, Hooks hooks)
-      : ranks_(ranks), signals_(signals), term_timeout_(term_timeout), hooks_(std::move(hooks)) {}
+  // hang_timeout 0: no hang watchdog.
+  Monitor(std::vector<Rank>& ranks,
+          SignalScope& signals,
+          milliseconds term_timeout,
+          milliseconds hang_timeout,
+          Hooks hooks)
+      : ranks_(ranks),
+        signals_(signals),
+        term_timeout_(term_timeout),
+        hang_timeout_(hang_timeout),
+        hooks_(std::move(hooks)) {}
 
   void run() {
     while (std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return !r.exit; })) {
@@ -432,6 +554,7 @@ class Monitor {
       for (Rank& r : ranks_) {
         if (!r.exit) reap(r);
       }
+      if (phase_ == Phase::kRunning) check_progress();
       if (phase_ == Phase::kRunning && hooks_.should_stop && hooks_.should_stop()) {
         stopped_by_hook_ = true;
         stop();
@@ -442,6 +565,7 @@ class Monitor {
 
   bool stopped_by_hook() const { return stopped_by_hook_; }
   int first_failure() const { return first_failure_; }
+  int early_exit() const { return early_exit_; }
   int received_signal() const { return received_signal_; }
   std::chrono::system_clock::time_point signal_time() const { return signal_time_; }
 
@@ -511,20 +635,72 @@ class Monitor {
   }
 
   void record(Rank& r, const ExitStatus& status) {
+    auto last_lines = r.err.last_lines();
+    if (last_lines.empty()) last_lines = r.out.last_lines();
     r.exit = RankExit{.rank = r.rank,
                       .local_rank = r.local_rank,
                       .pid = r.process.pid(),
                       .exit_code = status.exit_code,
                       .signal = status.signal,
                       .time = std::chrono::system_clock::now(),
-                      .stopped_by_launcher = r.stopped_by_launcher};
-    if (!status.success() && phase_ == Phase::kRunning) {
+                      .stopped_by_launcher = r.stopped_by_launcher,
+                      .hang_silence = r.hang_silence,
+                      .last_lines = std::move(last_lines)};
+    if (phase_ != Phase::kRunning) return;
+    if (!status.success()) {
       log_->error("Rank {} (local rank {}, pid {}) failed with {}; stopping the other ranks.",
                   r.rank, r.local_rank, r.process.pid(), status.to_string());
-      first_failure_ = r.local_rank;
-      if (hooks_.on_failure) hooks_.on_failure();
-      stop();
+      fail(r);
+    } else if (early_exit_candidate_ < 0 &&
+               std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& o) { return !o.exit; })) {
+      // See Note [Early exit].
+      early_exit_candidate_ = r.local_rank;
+      log_->debug("Rank {} (pid {}) exited with status 0 while other ranks still run.", r.rank,
+                  r.process.pid());
     }
+  }
+
+  // The first failure (an exit or a hang) of the round: stops the group.
+  void fail(Rank& r) {
+    first_failure_ = r.local_rank;
+    if (early_exit_candidate_ >= 0) {
+      // See Note [Early exit].
+      early_exit_ = early_exit_candidate_;
+      const Rank& early = ranks_[static_cast<std::size_t>(early_exit_)];
+      log_->error(
+          "Rank {} (pid {}) had exited early with status 0 while the others were still "
+          "running; rank {}'s failure followed from it.",
+          early.rank, early.process.pid(), r.rank);
+    }
+    if (hooks_.on_failure) hooks_.on_failure();
+    stop();
+  }
+
+  // See Note [Hang watchdog]. Reports the rank silent for longest, when one is past the limit.
+  void check_progress() {
+    if (hang_timeout_.count() == 0) return;
+    const auto now = Clock::now();
+    Rank* hung = nullptr;
+    milliseconds longest{0};
+    for (Rank& r : ranks_) {
+      if (r.exit || !r.heartbeat) continue;
+      const auto last = r.heartbeat->last_beat();
+      if (!last) continue;  // never beaten: not watched
+      const auto silent = std::chrono::duration_cast<milliseconds>(now - *last);
+      if (silent > hang_timeout_ && silent > longest) {
+        hung = &r;
+        longest = silent;
+      }
+    }
+    if (hung == nullptr) return;
+    hung->hang_silence = longest;
+    log_->error(
+        "Rank {} (local rank {}, pid {}) made no progress for {} (last heartbeat at {}; hang "
+        "timeout {}); stopping the worker group. HINT: it is stopped (SIGSTOP), deadlocked, or "
+        "stuck in the kernel (a hung file system, a driver).",
+        hung->rank, hung->local_rank, hung->process.pid(), format_seconds(longest),
+        format_time(std::chrono::system_clock::now() - longest), format_seconds(hang_timeout_));
+    fail(*hung);
   }
 
   void stop() {
@@ -534,6 +710,8 @@ class Monitor {
       // Exited ranks too: their process group may hold descendants they left behind.
       if (!r.exit) r.stopped_by_launcher = true;
       r.process.send_signal(SIGTERM);
+      // A stopped (SIGSTOP, SIGTSTP) process only acts on SIGTERM once continued.
+      r.process.send_signal(SIGCONT);
     }
   }
 
@@ -572,11 +750,14 @@ class Monitor {
   std::vector<Rank>& ranks_;  // owned by launch(), which outlives the monitor
   SignalScope& signals_;      // likewise
   const milliseconds term_timeout_;
+  const milliseconds hang_timeout_;  // 0: no watchdog
   Hooks hooks_;
   bool stopped_by_hook_ = false;
   Phase phase_ = Phase::kRunning;
   Clock::time_point deadline_;
   int first_failure_ = -1;
+  int early_exit_candidate_ = -1;  // see Note [Early exit]
+  int early_exit_ = -1;
   int received_signal_ = 0;
   std::chrono::system_clock::time_point signal_time_;
 };
@@ -610,11 +791,15 @@ RoundOutcome run_round(const LaunchOptions& options,
                        Monitor::Hooks hooks) {
   auto log = logger("launcher");
   err.write(format_round(options, round));
+  // Declared before the ranks, so that the folder outlives them. See Note [Hang watchdog].
+  std::optional<HeartbeatDir> heartbeats;
+  if (options.hang_timeout.count() > 0) heartbeats.emplace();
   std::vector<Rank> ranks;
   ranks.reserve(static_cast<std::size_t>(options.nproc_per_node));
   try {
     for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
-      ranks.push_back(start_rank(options, round, local_rank, &out, &err));
+      ranks.push_back(
+          start_rank(options, round, local_rank, heartbeats ? &*heartbeats : nullptr, &out, &err));
     }
   } catch (const Error&) {
     // Signal every started rank at once; their destructors then reap them.
@@ -625,7 +810,7 @@ RoundOutcome run_round(const LaunchOptions& options,
     for (Rank& r : ranks) r.process.send_signal(SIGTERM);
     throw;
   }
-  Monitor monitor(ranks, signals, options.term_timeout, std::move(hooks));
+  Monitor monitor(ranks, signals, options.term_timeout, options.hang_timeout, std::move(hooks));
   monitor.run();
 
   RoundOutcome outcome;
@@ -633,6 +818,7 @@ RoundOutcome run_round(const LaunchOptions& options,
   result.restart_count = round.restart_count;
   for (const Rank& r : ranks) result.exits.push_back(*r.exit);
   result.first_failure = monitor.first_failure();
+  result.early_exit = monitor.early_exit();
   result.received_signal = monitor.received_signal();
   outcome.membership_changed = monitor.stopped_by_hook() && result.first_failure < 0;
   result.succeeded = result.received_signal == 0 && !outcome.membership_changed &&

@@ -85,6 +85,15 @@ void LineForwarder::finish() {
 }
 
 void LineForwarder::append_line(std::string& out, std::string_view tail) {
+  // Every path here ends the line in tail, or in pending_ when tail is empty.
+  if ((tail.empty() ? std::string_view(pending_) : tail).ends_with('\n')) {
+    std::string text = pending_;
+    text += tail;
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    if (text.size() > kMaxKeptLineBytes) text.resize(kMaxKeptLineBytes);
+    kept_.push_back(std::move(text));
+    if (kept_.size() > kKeptLines) kept_.pop_front();
+  }
   out += prefix_;
   out += pending_;
   out += tail;

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "trainyard/elastic/subprocess.h"
 
@@ -32,11 +34,15 @@ class OutputSink {
 // Splits one rank stream into lines and forwards them, each behind prefix, to a sink in whole
 // lines only, so two ranks never mix within a line. '\n' and '\r' both end a line and stay with
 // it ("\r\n" is one ending), so a progress bar drawn with '\r' still works through the prefix.
-// Also copies the raw bytes to a log file when it has one.
+// Also copies the raw bytes to a log file when it has one, and keeps the last few lines for the
+// launcher's failure summary.
 class LineForwarder {
  public:
   // A line longer than this is forwarded in pieces, each a line of its own.
   static constexpr std::size_t kMaxLineBytes = 1 << 20;
+  // last_lines() keeps at most this many lines, each cut to kMaxKeptLineBytes.
+  static constexpr std::size_t kKeptLines = 10;
+  static constexpr std::size_t kMaxKeptLineBytes = 1000;
 
   LineForwarder(std::string prefix, OutputSink* sink, UniqueFd log_file)
       : prefix_(std::move(prefix)), sink_(sink), log_(std::move(log_file)) {}
@@ -44,6 +50,9 @@ class LineForwarder {
   void feed(std::string_view data);
   // Forwards a trailing partial line, with a '\n' added; call it when the rank has exited.
   void finish();
+  // The last lines that ended with '\n' (a line redrawn with '\r' alone, like a progress bar,
+  // is not kept), without their endings, oldest first.
+  std::vector<std::string> last_lines() const { return {kept_.begin(), kept_.end()}; }
 
  private:
   void append_line(std::string& out, std::string_view tail);
@@ -52,8 +61,9 @@ class LineForwarder {
   std::string prefix_;
   OutputSink* sink_;  // owned by launch(), which outlives every forwarder
   UniqueFd log_;
-  std::string pending_;    // the current line, not yet terminated
-  bool after_cr_ = false;  // the last byte fed was a '\r' that ended a line
+  std::string pending_;           // the current line, not yet terminated
+  bool after_cr_ = false;         // the last byte fed was a '\r' that ended a line
+  std::deque<std::string> kept_;  // see last_lines()
 };
 
 // Reads what the non-blocking fd holds now, at most max_bytes, into forwarder. Returns false once

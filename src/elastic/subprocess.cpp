@@ -393,6 +393,7 @@ bool Subprocess::send_signal(int sig) {
 std::optional<ExitStatus> Subprocess::terminate(std::chrono::milliseconds grace) {
   if (auto status = poll()) return status;
   send_signal(SIGTERM);
+  send_signal(SIGCONT);  // a stopped child acts on SIGTERM only once continued
   if (auto status = wait_for(grace)) return status;
   logger("subprocess")
       ->warn("'{}' (pid {}) is still running {} ms after SIGTERM; sending SIGKILL.", program_, pid_,

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "trainyard/checkpoint/torch_state.h"
+#include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/optim/fused_adam.h"
@@ -45,7 +46,7 @@ void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works,
   std::string first_error;
   for (auto& w : works) {
     try {
-      w->wait();
+      wait_work(w);  // beats while it waits: Note [Hang watchdog]
     } catch (const std::exception& e) {
       if (first_error.empty()) first_error = e.what();
     }

@@ -20,6 +20,7 @@
 #include "trainyard/data/fashion_mnist.h"
 #include "trainyard/ddp/distributed_data_parallel.h"
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 #include "trainyard/models/resnet.h"
 #include "trainyard/optim/sharded_adam.h"
@@ -114,7 +115,8 @@ nlohmann::json config_json(const FashionMnistOptions& o, int world_size, int thr
           {"storage", o.storage},
           {"name", o.name},
           {"checkpoint_every", o.checkpoint_every},
-          {"num_to_keep", o.num_to_keep}};
+          {"num_to_keep", o.num_to_keep},
+          {"collective_timeout_s", o.collective_timeout_s}};
 }
 
 }  // namespace
@@ -135,6 +137,10 @@ void FashionMnistOptions::validate() const {
            checkpoint_every, ".");
   TY_CHECK(num_to_keep >= 0, "--num-to-keep must be >= 0 (0: keep all), got ", num_to_keep, ".");
   TY_CHECK(max_restarts >= 0, "--max-restarts must be >= 0, got ", max_restarts, ".");
+  TY_CHECK(collective_timeout_s > 0 && collective_timeout_s <= 1e6,
+           "--collective-timeout must be in (0, 1000000] seconds, got ", collective_timeout_s, ".");
+  TY_CHECK(hang_timeout_s >= 0 && hang_timeout_s <= 1e6,
+           "--hang-timeout must be in [0, 1000000] seconds (0: off), got ", hang_timeout_s, ".");
   TY_CHECK(!name.empty() && name.find('/') == std::string::npos,
            "--name must be a non-empty folder name without '/', got '", name, "'.");
 }
@@ -142,7 +148,10 @@ void FashionMnistOptions::validate() const {
 FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   options.validate();
   const auto start = Clock::now();
-  auto dist = init();
+  auto init_options = init_options_from_env();  // the join timeout
+  init_options.timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(options.collective_timeout_s * 1000));
+  auto dist = init(init_options);
   const int rank = dist->rank();
   const int world = dist->world_size();
   const int restart_count = dist->env().restart_count;
@@ -178,7 +187,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
       torch::tensor({resume ? checkpoint::checkpoint_number(resume->name) : -1}, torch::kInt64);
   if (world > 1) {
     std::vector<torch::Tensor> v{chosen};
-    dist->process_group()->broadcast(v)->wait();
+    wait_work(dist->process_group()->broadcast(v));
   }
   if (rank != 0 && chosen.item<std::int64_t>() >= 0) {
     resume = checkpointer.load(checkpoint::checkpoint_name(chosen.item<std::int64_t>()));
@@ -229,6 +238,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   // all-reduce. Serialising is the stall; the files are written in the background while training
   // goes on.
   auto save_checkpoint = [&] {
+    heartbeat();  // around each phase that may take a while: Note [Hang watchdog]
     const auto t0 = Clock::now();
     auto optimizer_state = optimizer.state_to_bytes(/*root=*/0);
     last_checkpoint_step = progress.global_step;  // on every rank: it decides the final save
@@ -241,6 +251,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     c.files["state.json"] = json_text(to_json(progress));
     const double serialize_s = seconds_since(t0);
     checkpointer.save_in_background(std::move(c));  // waits for the previous save first
+    heartbeat();
     log->info("Checkpoint of step {}: training stalled {:.2f} s ({:.2f} s serialising)",
               progress.global_step, seconds_since(t0), serialize_s);
   };
@@ -287,6 +298,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
       t_comm += ddp.reducer().last_step_stats().exposed_comm_ms / 1e3;
       optimizer.step();
       take(t_optimizer);
+      heartbeat();  // one step of progress; see Note [Hang watchdog]
       samples_seen += batch->inputs.size(0);
       ++step;
       ++progress.global_step;
@@ -331,6 +343,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   if (last_checkpoint_step != progress.global_step) save_checkpoint();
   if (rank == 0) {
     if (auto name = checkpointer.wait()) last_checkpoint = *name;
+    heartbeat();
   }
 
   // Evaluation: rank r takes test images r, r+W, ...; sums are all-reduced, so every image
@@ -353,6 +366,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
       loss_sum += torch::cross_entropy_loss(logits, y, {}, torch::Reduction::Sum).item<double>();
       correct += logits.argmax(1).eq(y).sum().item<double>();
       count += static_cast<double>(idx.size());
+      heartbeat();
     }
   }
   // (4,): loss sum, correct, count, samples trained; summed over ranks.
@@ -360,7 +374,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
       torch::tensor({loss_sum, correct, count, static_cast<double>(samples_seen)}, torch::kFloat64);
   if (world > 1) {
     std::vector<torch::Tensor> v{totals};
-    dist->process_group()->allreduce(v)->wait();
+    wait_work(dist->process_group()->allreduce(v));
   }
   // The slowest rank's training time decides throughput.
   auto slowest = torch::tensor({train_time}, torch::kFloat64);
@@ -368,7 +382,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
     std::vector<torch::Tensor> v{slowest};
     c10d::AllreduceOptions max_op;
     max_op.reduceOp = c10d::ReduceOp::MAX;
-    dist->process_group()->allreduce(v, max_op)->wait();
+    wait_work(dist->process_group()->allreduce(v, max_op));
   }
 
   FashionMnistResult result;

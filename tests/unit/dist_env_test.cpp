@@ -4,6 +4,7 @@
 #include <map>
 
 #include "trainyard/comm/dist_env.h"
+#include "trainyard/comm/process_group.h"
 #include "trainyard/error.h"
 
 namespace {
@@ -73,6 +74,28 @@ TEST(DistEnv, DefaultsLocalValues) {
       env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1234"}}));
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.local_world_size, 2);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(InitOptions, TimeoutsFromTheEnvironment) {
+  using namespace std::chrono_literals;
+  auto defaults = trainyard::init_options_from_env(env_of({}));
+  EXPECT_EQ(defaults.timeout, trainyard::kDefaultCollectiveTimeout);
+  EXPECT_EQ(defaults.join_timeout, trainyard::kDefaultJoinTimeout);
+  auto set = trainyard::init_options_from_env(
+      env_of({{trainyard::kCollectiveTimeoutEnv, "42.5"}, {trainyard::kJoinTimeoutEnv, "3"}}));
+  EXPECT_EQ(set.timeout, 42500ms);
+  EXPECT_EQ(set.join_timeout, 3s);
+  try {
+    trainyard::init_options_from_env(env_of({{trainyard::kCollectiveTimeoutEnv, "soon"}}));
+    FAIL() << "accepted a timeout that is not a number";
+  } catch (const trainyard::InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("TRAINYARD_COLLECTIVE_TIMEOUT='soon'"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

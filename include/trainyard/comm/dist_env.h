@@ -14,6 +14,10 @@ namespace trainyard {
 // restarts, different for a new job that reuses the run id (elastic: the rendezvous state's
 // instance, Note [Job instances] in elastic/rendezvous.h; static: random per launch).
 inline constexpr const char* kJobInstanceEnv = "TRAINYARD_JOB_INSTANCE";
+// Seconds: InitOptions::timeout, the bound on every collective (init_options_from_env()).
+inline constexpr const char* kCollectiveTimeoutEnv = "TRAINYARD_COLLECTIVE_TIMEOUT";
+// Seconds: InitOptions::join_timeout, the bound on reaching MASTER_ADDR:MASTER_PORT.
+inline constexpr const char* kJoinTimeoutEnv = "TRAINYARD_JOIN_TIMEOUT";
 
 struct DistEnv {
   int rank = 0;

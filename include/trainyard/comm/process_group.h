@@ -14,9 +14,15 @@
 
 namespace trainyard {
 
+inline constexpr std::chrono::minutes kDefaultCollectiveTimeout{5};
+inline constexpr std::chrono::seconds kDefaultJoinTimeout{60};
+
 struct InitOptions {
   // Bound on every collective and store wait; a peer silent for longer fails the operation.
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  // Bound on reaching the store's host (MASTER_ADDR:MASTER_PORT) at all: a rank that cannot
+  // connect within it fails naming the address, instead of waiting out `timeout`.
+  std::chrono::milliseconds join_timeout = kDefaultJoinTimeout;
   // Address Gloo binds to. Empty: $GLOO_SOCKET_IFNAME's interface if set, else
   // $TRAINYARD_BIND_ADDR, else 127.0.0.1 when MASTER_ADDR is a loopback address, else this host's
   // name.
@@ -54,11 +60,25 @@ class Distributed {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
 };
 
+// The defaults, with timeout and join_timeout from $TRAINYARD_COLLECTIVE_TIMEOUT and
+// $TRAINYARD_JOIN_TIMEOUT (seconds, > 0) when set. Throws InvalidArgumentError naming a bad one.
+InitOptions init_options_from_env(const EnvLookup& env = process_env());
+
 // Reads the contract from the environment, connects to the store and builds the Gloo group.
-// Blocks until all ranks have joined or options.timeout passes (then TimeoutError/NetworkError
-// naming MASTER_ADDR:MASTER_PORT). Also sets the log prefix to this rank.
-std::shared_ptr<Distributed> init(const InitOptions& options = {});
+// A rank that does not host the store first waits until MASTER_ADDR:MASTER_PORT accepts a
+// connection, at most options.join_timeout (then NetworkError naming the address); then blocks
+// until all ranks have joined or options.timeout passes (then TimeoutError/NetworkError naming
+// MASTER_ADDR:MASTER_PORT). Also sets the log prefix to this rank. init() without options takes
+// init_options_from_env().
+std::shared_ptr<Distributed> init();
+std::shared_ptr<Distributed> init(const InitOptions& options);
 std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options = {});
+
+// Waits for a collective like work->wait() (rethrowing its error), calling trainyard::heartbeat()
+// about every second while it waits, so that the launcher's hang watchdog sees a rank waiting for
+// a slow peer as alive (Note [Hang watchdog] in src/elastic/launcher.cpp). Blocks; the work's own
+// timeout still bounds it. Thread-safe as Work::wait is.
+void wait_work(const c10::intrusive_ptr<c10d::Work>& work);
 
 // A Gloo process group over an existing store: for tests that run ranks as threads over a
 // c10d::HashStore, and for agents that own the store.

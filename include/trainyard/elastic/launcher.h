@@ -14,6 +14,13 @@ namespace trainyard::elastic {
 
 class Rendezvous;
 
+// A rank that has sent a heartbeat and then sends none for this long is reported as hung and its
+// group is stopped (and restarted while restarts are left). See Note [Hang watchdog].
+inline constexpr std::chrono::seconds kDefaultHangTimeout{30};
+// Seconds: the hang timeout for launchers started by trainyard's commands (PET_HANG_TIMEOUT and
+// the flag take precedence for `trainyard run`).
+inline constexpr const char* kHangTimeoutEnv = "TRAINYARD_HANG_TIMEOUT";
+
 struct LaunchOptions {
   std::vector<std::string> command{};  // program and its arguments; command[0] is looked up in PATH
   int nproc_per_node = 1;
@@ -42,6 +49,10 @@ struct LaunchOptions {
   // restart in seconds; 0 restarts at once. A signal during the wait stops the run.
   std::chrono::milliseconds restart_backoff = std::chrono::seconds(1);
   std::chrono::milliseconds restart_backoff_max = std::chrono::seconds(30);
+  // Hang watchdog: a rank that called trainyard::heartbeat() and then made no progress for this
+  // long is stopped as a failure (it is the root cause); 0 turns the watchdog off. Ranks that
+  // never beat (any program not built on trainyard) are never judged. See Note [Hang watchdog].
+  std::chrono::milliseconds hang_timeout = kDefaultHangTimeout;
 };
 
 // How one rank ended.
@@ -53,6 +64,12 @@ struct RankExit {
   int signal = 0;                                // the signal that ended it, or 0
   std::chrono::system_clock::time_point time{};  // when the launcher saw it exit
   bool stopped_by_launcher = false;              // not yet reaped when the launcher sent SIGTERM
+  // > 0: the hang watchdog stopped this rank after it made no progress for this long.
+  std::chrono::milliseconds hang_silence{0};
+  // The rank's last lines on stderr (on stdout when it wrote nothing to stderr), oldest first,
+  // without line endings; at most kLastLines.
+  std::vector<std::string> last_lines{};
+  static constexpr std::size_t kLastLines = 10;
   bool failed() const { return signal != 0 || exit_code != 0; }
 };
 
@@ -60,9 +77,12 @@ struct LaunchResult {
   bool succeeded = false;
   int restart_count = 0;          // restarts before the last round (TORCHELASTIC_RESTART_COUNT)
   std::vector<RankExit> exits{};  // one per local rank, of the last round
-  int first_failure = -1;         // index into exits of the root cause, or -1
-  int received_signal = 0;        // a signal (SIGINT, SIGTERM, ...) that made the launcher stop
-  // The launcher's exit code: 0 when every rank succeeded, else the root cause's exit code
+  int first_failure = -1;         // index into exits of the first failed (or hung) rank, or -1
+  // Index into exits of a rank that exited with status 0 while the others were still running,
+  // when first_failure followed it: then that early exit is the root cause. -1 otherwise.
+  int early_exit = -1;
+  int received_signal = 0;  // a signal (SIGINT, SIGTERM, ...) that made the launcher stop
+  // The launcher's exit code: 0 when every rank succeeded, else first_failure's exit code
   // (128 + signal for a signal, as a shell reports it; torchrun itself exits 1), or
   // 128 + received_signal when the launcher was interrupted before any rank failed.
   int exit_code() const;

@@ -19,7 +19,7 @@ struct FashionMnistOptions {
   int epochs = 10;
   std::int64_t batch_size = 128;  // per rank
   double lr = 1e-3;
-  std::string storage = "results";  // a directory, file:///dir or s3://bucket/prefix
+  std::string storage = "results";    // a directory, file:///dir or s3://bucket/prefix
   std::int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only the final one
   int num_to_keep = 2;                // newest complete checkpoints kept; 0: all
   int max_restarts = 0;               // when the recipe launches itself: agent restarts
@@ -30,6 +30,11 @@ struct FashionMnistOptions {
   double bucket_cap_mb = 25;  // DdpOptions::bucket_size_bytes in MiB
   std::string data_dir;       // empty: Debian's /usr/share/datasets/fashion-mnist
   bool progress = true;       // a progress bar on rank 0 when the output is a terminal
+  // Bound on every collective and store wait (InitOptions::timeout), in seconds.
+  double collective_timeout_s = 300;
+  // When the recipe launches itself: the launcher's hang watchdog (LaunchOptions::hang_timeout),
+  // in seconds; 0 turns it off. See Note [Hang watchdog].
+  double hang_timeout_s = 30;
 
   // Throws InvalidArgumentError naming the first bad field.
   void validate() const;
