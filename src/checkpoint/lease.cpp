@@ -30,11 +30,11 @@ constexpr std::string_view kLeasePrefix = "_lease/";
 // write into one checkpoint (FSDP), and a restarted rank continues its job at once. A foreign
 // lease is abandoned when it was not renewed for lease_timeout (by its holder's clock: hosts
 // must agree within seconds, as NTP keeps them), or when its holder is a process of this host,
-// same boot and pid namespace, that no longer exists (kill(pid, 0) == ESRCH); abandoned leases
-// are removed. Any other foreign lease refuses us. Before a manifest is written, check() makes
-// sure our lease is still there and no live foreign one appeared: a writer that lost its lease
-// (paused past the timeout, taken over) never commits over the new owner's checkpoints. The
-// renewal thread does not recreate a lease that vanished: it marks it lost.
+// same boot and pid namespace, that no longer exists (kill(pid, 0) == ESRCH, or a zombie);
+// abandoned leases are removed. Any other foreign lease refuses us. Before a manifest is written,
+// check() makes sure our lease is still there and no live foreign one appeared: a writer that lost
+// its lease (paused past the timeout, taken over) never commits over the new owner's checkpoints.
+// The renewal thread does not recreate a lease that vanished: it marks it lost.
 
 std::string read_first_line(const char* path) {
   std::ifstream in(path);
@@ -137,7 +137,13 @@ bool lease_abandoned(const LeaseRecord& lease, std::chrono::seconds timeout) {
       lease.writer.pid <= 0) {
     return false;
   }
-  return ::kill(static_cast<pid_t>(lease.writer.pid), 0) != 0 && errno == ESRCH;
+  if (::kill(static_cast<pid_t>(lease.writer.pid), 0) != 0) return errno == ESRCH;
+  // A zombie (killed, not yet reaped by its parent) is gone as well.
+  const std::string stat =
+      read_first_line(detail::concat("/proc/", lease.writer.pid, "/stat").c_str());
+  const auto paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() &&
+         (stat[paren + 2] == 'Z' || stat[paren + 2] == 'X');
 }
 
 RunLease::RunLease(Storage* storage, WriterIdentity writer, RunLeaseOptions options)

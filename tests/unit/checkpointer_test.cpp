@@ -344,9 +344,20 @@ TEST(Checkpointer, AbandonedLeasesAreTakenOver) {
   dead.job_instance = "job-dead";
   dead.pid = child;
   write_lease(*s, dead, now_unix());
+  // Killed but not yet reaped by its parent: a zombie is gone too.
+  const pid_t zombie = fork();
+  ASSERT_GE(zombie, 0);
+  if (zombie == 0) _exit(0);
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, zombie, &info, WEXITED | WNOWAIT), 0);  // exited, still unreaped
+  dead.token = "zombie";
+  dead.job_instance = "job-zombie";
+  dead.pid = zombie;
+  write_lease(*s, dead, now_unix());
   Checkpointer c(dir.path().string(), {.lease_timeout = 30s, .job_instance = "job-new"});
   EXPECT_EQ(s->list("_lease/"), std::vector<std::string>{"_lease/" + c.writer().token + ".json"});
   EXPECT_EQ(c.save(make(1)), "checkpoint_000000");
+  waitpid(zombie, nullptr, 0);
 }
 
 TEST(Checkpointer, ALiveLeaseOfTheSameJobLetsARestartedWriterInAtOnce) {
