@@ -261,6 +261,15 @@ void Checkpointer::commit(const std::string& name,
 
 void Checkpointer::abort(const std::string& name) noexcept {
   try {
+    // Only while the number is still ours alone: a writer that lost its lease may find its
+    // number claimed again by the new owner (Note [Run lease]).
+    const auto claims = storage_->list(name + "/" + kClaimPrefix);
+    if (claims != std::vector<std::string>{name + "/" + kClaimPrefix + writer_.token}) {
+      logger("checkpoint")
+          ->warn("Not removing {}: it is no longer claimed by this writer alone.",
+                 join_uri(storage_->uri(), name));
+      return;
+    }
     remove_checkpoint(*storage_, name);
   } catch (const std::exception& e) {
     logger("checkpoint")
