@@ -6,10 +6,14 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "trainyard/error.h"
@@ -22,27 +26,58 @@ constexpr std::string_view kPrefix = "checkpoint_";
 constexpr int kManifestFormat = 1;
 
 struct Listing {
-  std::set<std::int64_t> all;       // numbers of every checkpoint with a stored file
-  std::set<std::int64_t> complete;  // those with a manifest
+  std::set<std::int64_t> all;                               // every checkpoint with a stored file
+  std::set<std::int64_t> complete;                          // with a manifest, not damaged
+  std::set<std::int64_t> damaged;                           // marked DAMAGED by a load
+  std::map<std::int64_t, std::vector<std::string>> claims;  // number -> claimers' tokens
 };
 
 Listing scan(Storage& storage) {
   Listing out;
+  std::set<std::int64_t> manifests;
   for (const auto& key : storage.list(std::string(kPrefix))) {
     const auto slash = key.find('/');
     if (slash == std::string::npos) continue;
     const auto number = checkpoint_number(std::string_view(key).substr(0, slash));
     if (number < 0) continue;
     out.all.insert(number);
-    if (key.substr(slash + 1) == Checkpointer::kManifest) out.complete.insert(number);
+    const std::string_view file = std::string_view(key).substr(slash + 1);
+    if (file == Checkpointer::kManifest) manifests.insert(number);
+    if (file == Checkpointer::kDamaged) out.damaged.insert(number);
+    if (file.starts_with(Checkpointer::kClaimPrefix)) {
+      out.claims[number].emplace_back(file.substr(std::strlen(Checkpointer::kClaimPrefix)));
+    }
+  }
+  for (auto n : manifests) {
+    if (!out.damaged.contains(n)) out.complete.insert(n);
   }
   return out;
 }
 
+// Removes the manifest first: a checkpoint half removed is then incomplete, never "complete but
+// broken".
 void remove_checkpoint(Storage& storage, const std::string& name) {
-  // The manifest first: a checkpoint half removed is then incomplete, never "complete but broken".
   storage.remove(name + "/" + Checkpointer::kManifest);
   storage.remove_all(name + "/");
+}
+
+void check_file_name(const std::string& file) {
+  TY_CHECK(
+      !file.empty() && file.find('/') == std::string::npos && file != Checkpointer::kManifest &&
+          file != Checkpointer::kDamaged && !file.starts_with(Checkpointer::kClaimPrefix),
+      "Bad checkpoint file name '", file, "': plain names other than ", Checkpointer::kManifest,
+      ", ", Checkpointer::kDamaged, " and ", Checkpointer::kClaimPrefix, "*.");
+}
+
+nlohmann::json writer_json(const WriterIdentity& w) {
+  return {
+      {"job_instance", w.job_instance}, {"host", w.host}, {"pid", w.pid}, {"started", w.started}};
+}
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 }  // namespace
@@ -80,17 +115,32 @@ std::string sha256_hex(std::string_view data) {
 }
 
 Checkpointer::Checkpointer(const std::string& uri, CheckpointerOptions options)
-    : Checkpointer(open_storage(uri), options) {}
+    : Checkpointer(open_storage(uri), std::move(options)) {}
 
 Checkpointer::Checkpointer(std::unique_ptr<Storage> storage, CheckpointerOptions options)
-    : storage_(std::move(storage)), options_(options) {
+    : storage_(std::move(storage)),
+      options_(std::move(options)),
+      writer_(WriterIdentity::current()) {
   TY_CHECK(storage_ != nullptr, "Checkpointer needs a storage.");
   TY_CHECK(options_.num_to_keep >= 0, "num_to_keep must be >= 0 (0 keeps all), got ",
            options_.num_to_keep, ".");
+  if (!options_.job_instance.empty()) writer_.job_instance = options_.job_instance;
+  if (!options_.read_only) {
+    lease_ = std::make_unique<RunLease>(storage_.get(), writer_,
+                                        RunLeaseOptions{.lease_timeout = options_.lease_timeout});
+  }
 }
 
 Checkpointer::~Checkpointer() {
   if (background_.joinable()) background_.join();
+}
+
+void Checkpointer::require_writer(const char* what) const {
+  if (options_.read_only) {
+    throw InvalidArgumentError(detail::concat("Checkpointer::", what, " on ", storage_->uri(),
+                                              ": this Checkpointer is read_only (it holds no "
+                                              "lease). HINT: open it with read_only = false."));
+  }
 }
 
 void Checkpointer::save_in_background(Checkpoint checkpoint) {
@@ -118,47 +168,168 @@ std::optional<std::string> Checkpointer::wait() {
 }
 
 std::string Checkpointer::save(const Checkpoint& checkpoint) {
-  for (const auto& [file, unused] : checkpoint.files) {
-    TY_CHECK(!file.empty() && file.find('/') == std::string::npos && file != kManifest,
-             "Bad checkpoint file name '", file, "': plain names other than ", kManifest, ".");
+  require_writer("save");
+  for (const auto& [file, unused] : checkpoint.files) check_file_name(file);
+  const std::string name = begin();
+  try {
+    std::map<std::string, FileDigest> digests;
+    for (const auto& [file, contents] : checkpoint.files) {
+      digests[file] = write_file(name, file, contents);
+    }
+    commit(name, checkpoint.step, digests);
+  } catch (const std::exception& e) {
+    logger("checkpoint")
+        ->warn("Saving {} failed: {} Removing its partial files.", join_uri(storage_->uri(), name),
+               e.what());
+    abort(name);
+    throw;
   }
-  const auto before = scan(*storage_);
-  const std::int64_t number = before.all.empty() ? 0 : *before.all.rbegin() + 1;
-  const std::string name = checkpoint_name(number);
+  return name;
+}
 
-  nlohmann::json files = nlohmann::json::object();
-  for (const auto& [file, contents] : checkpoint.files) {
-    storage_->write(name + "/" + file, contents);
-    files[file] = {{"bytes", contents.size()}, {"sha256", sha256_hex(contents)}};
+// Note [Checkpoint numbers]
+// A writer takes the number after the highest one listed and claims it by writing
+// `checkpoint_N/_claim.<token>` (its own, unique name), then lists `checkpoint_N/_claim.`: when
+// its claim is the only one, N is its; otherwise it removes its claim and tries a higher number
+// after a short random pause. Of two writers racing for N, the one that lists later sees the
+// other's claim (claims are written before listing), so they never both win; both may lose and
+// move on. This needs only unique-named writes and a consistent listing, so the same code serves
+// file systems and S3 (strongly consistent since 2020). The claim also tells retention whose save
+// an incomplete checkpoint is: see Note [Retention].
+std::string Checkpointer::begin() {
+  require_writer("begin");
+  std::minstd_rand rng(std::random_device{}());
+  auto listing = scan(*storage_);
+  std::int64_t number = std::max(next_number_, listing.all.empty() ? 0 : *listing.all.rbegin() + 1);
+  const std::string claim_file = std::string(kClaimPrefix) + writer_.token;
+  const std::string claim_text = writer_json(writer_).dump(2) + "\n";
+  constexpr int kMaxTries = 100;
+  for (int attempt = 1;; ++attempt) {
+    const std::string name = checkpoint_name(number);
+    const std::string claim = name + "/" + claim_file;
+    storage_->write(claim, claim_text);
+    const auto claims = storage_->list(name + "/" + kClaimPrefix);
+    if (claims.size() == 1 && claims.front() == claim) {
+      next_number_ = number + 1;
+      return name;
+    }
+    storage_->remove(claim);
+    TY_CHECK_T(Error, attempt < kMaxTries, "Could not claim a checkpoint number in ",
+               storage_->uri(), " after ", attempt,
+               " tries: another writer claimed each one first (last: ", name,
+               "). HINT: are many writers saving into this run folder at once?");
+    std::this_thread::sleep_for(std::chrono::milliseconds(
+        std::uniform_int_distribution<int>(0, 10 * std::min(attempt, 20))(rng)));
+    listing = scan(*storage_);
+    number = std::max(number + 1, listing.all.empty() ? 0 : *listing.all.rbegin() + 1);
+  }
+}
+
+FileDigest Checkpointer::write_file(const std::string& name,
+                                    const std::string& file,
+                                    std::string_view bytes) {
+  require_writer("write_file");
+  TY_CHECK(checkpoint_number(name) >= 0, "Bad checkpoint name '", name,
+           "': expected checkpoint_NNNNNN, as begin() returns.");
+  check_file_name(file);
+  storage_->write(name + "/" + file, bytes);
+  return FileDigest{.bytes = bytes.size(), .sha256 = sha256_hex(bytes)};
+}
+
+void Checkpointer::commit(const std::string& name,
+                          std::int64_t step,
+                          const std::map<std::string, FileDigest>& files) {
+  require_writer("commit");
+  const std::int64_t number = checkpoint_number(name);
+  TY_CHECK(number >= 0, "Bad checkpoint name '", name,
+           "': expected checkpoint_NNNNNN, as begin() returns.");
+  nlohmann::json listed = nlohmann::json::object();
+  for (const auto& [file, digest] : files) {
+    check_file_name(file);
+    listed[file] = {{"bytes", digest.bytes}, {"sha256", digest.sha256}};
   }
   const nlohmann::json manifest = {{"format", kManifestFormat},
                                    {"name", name},
-                                   {"step", checkpoint.step},
+                                   {"step", step},
                                    {"created_unix", static_cast<std::int64_t>(std::time(nullptr))},
-                                   {"files", files}};
+                                   {"writer", writer_json(writer_)},
+                                   {"files", listed}};
+  lease_->check();  // See Note [Run lease]: a writer that lost the folder commits nothing.
   storage_->write(name + "/" + kManifest, manifest.dump(2) + "\n");
+  apply_retention(number);
+}
 
-  // Retention: the newest num_to_keep complete ones stay; incomplete ones older than this save
-  // are leftovers of killed saves (only one writer saves at a time). `before` plus this one is
-  // what is stored now, so no second listing is needed.
-  std::set<std::int64_t> complete = before.complete;
-  complete.insert(number);
-  std::set<std::int64_t> doomed;
-  if (options_.num_to_keep > 0 &&
-      complete.size() > static_cast<std::size_t>(options_.num_to_keep)) {
-    doomed.insert(complete.begin(), std::prev(complete.end(), options_.num_to_keep));
+void Checkpointer::abort(const std::string& name) noexcept {
+  try {
+    // Only while the number is still ours alone: a writer that lost its lease may find its
+    // number claimed again by the new owner (Note [Run lease]).
+    const auto claims = storage_->list(name + "/" + kClaimPrefix);
+    if (claims != std::vector<std::string>{name + "/" + kClaimPrefix + writer_.token}) {
+      logger("checkpoint")
+          ->warn("Not removing {}: it is no longer claimed by this writer alone.",
+                 join_uri(storage_->uri(), name));
+      return;
+    }
+    remove_checkpoint(*storage_, name);
+  } catch (const std::exception& e) {
+    logger("checkpoint")
+        ->error(
+            "Could not remove the partial checkpoint {}: {} It stays incomplete (never "
+            "loaded) until a later save's retention removes it.",
+            join_uri(storage_->uri(), name), e.what());
   }
-  for (auto n : before.all) {
-    if (!complete.contains(n)) doomed.insert(n);
+}
+
+// Note [Retention]
+// After committing N, a writer removes (a) complete checkpoints beyond the newest num_to_keep,
+// and (b) incomplete checkpoints numbered below N that are provably abandoned: no claim at all
+// (a writer claims before writing anything), or every claimer's lease is gone or abandoned
+// (Note [Run lease]), or the claim is this writer's own. Another live writer's save in progress
+// — another rank of this job writing its files, or a foreign job in the moment before it is
+// refused — is never touched, nor is a checkpoint marked DAMAGED (kept for inspection). What
+// a stale lease leaves behind goes at the next save after it expires.
+void Checkpointer::apply_retention(std::int64_t committed) {
+  std::set<std::int64_t> doomed;
+  std::map<std::string, LeaseRecord> leases;  // token -> lease, read when needed
+  bool leases_read = false;
+  try {
+    const auto listing = scan(*storage_);
+    if (options_.num_to_keep > 0 &&
+        listing.complete.size() > static_cast<std::size_t>(options_.num_to_keep)) {
+      doomed.insert(listing.complete.begin(),
+                    std::prev(listing.complete.end(), options_.num_to_keep));
+    }
+    for (auto n : listing.all) {
+      if (n >= committed || listing.complete.contains(n) || listing.damaged.contains(n)) continue;
+      const auto it = listing.claims.find(n);
+      bool abandoned = true;
+      if (it != listing.claims.end()) {
+        for (const auto& token : it->second) {
+          if (token == writer_.token) continue;
+          if (!leases_read) {
+            for (auto& l : list_leases(*storage_)) leases[l.writer.token] = std::move(l);
+            leases_read = true;
+          }
+          const auto lease = leases.find(token);
+          if (lease != leases.end() && !lease_abandoned(lease->second, options_.lease_timeout)) {
+            abandoned = false;
+          }
+        }
+      }
+      if (abandoned) doomed.insert(n);
+    }
+  } catch (const std::exception& e) {
+    logger("checkpoint")
+        ->warn("Retention skipped: could not list {}: {}", storage_->uri(), e.what());
+    return;
   }
   for (auto n : doomed) {
     try {
       remove_checkpoint(*storage_, checkpoint_name(n));
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       logger("checkpoint")->warn("Could not remove old {}: {}", checkpoint_name(n), e.what());
     }
   }
-  return name;
 }
 
 LoadedCheckpoint Checkpointer::load(const std::string& name) {
@@ -203,13 +374,34 @@ LoadedCheckpoint Checkpointer::load(const std::string& name) {
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::load_latest() {
-  const auto complete = list_complete();
-  for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
+  const auto listing = scan(*storage_);
+  std::vector<std::string> damaged;
+  for (auto n : listing.damaged) damaged.push_back(checkpoint_name(n));
+  for (auto it = listing.complete.rbegin(); it != listing.complete.rend(); ++it) {
+    const std::string name = checkpoint_name(*it);
     try {
-      return load(*it);
+      return load(name);
     } catch (const CheckpointCorruptError& e) {
-      logger("checkpoint")->warn("Skipping {} and trying the one before it: {}", *it, e.what());
+      logger("checkpoint")->warn("Skipping {} and trying the one before it: {}", name, e.what());
+      damaged.push_back(name);
+      if (options_.read_only) continue;
+      try {
+        // Marked, so that retention and later loads leave it alone (kept for inspection).
+        storage_->write(name + "/" + kDamaged,
+                        detail::concat(e.what(), "\nFound by ", writer_.describe(),
+                                       " at unix time ", std::time(nullptr), ".\n"));
+      } catch (const std::exception& m) {
+        logger("checkpoint")->warn("Could not mark {} as damaged: {}", name, m.what());
+      }
     }
+  }
+  if (!damaged.empty()) {
+    std::sort(damaged.begin(), damaged.end());
+    logger("checkpoint")
+        ->warn(
+            "No checkpoint of {} verifies: starting from scratch; the damaged ones ({}) are "
+            "kept for inspection.",
+            storage_->uri(), join_names(damaged));
   }
   return std::nullopt;
 }
@@ -217,6 +409,12 @@ std::optional<LoadedCheckpoint> Checkpointer::load_latest() {
 std::vector<std::string> Checkpointer::list_complete() {
   std::vector<std::string> names;
   for (auto n : scan(*storage_).complete) names.push_back(checkpoint_name(n));
+  return names;
+}
+
+std::vector<std::string> Checkpointer::list_damaged() {
+  std::vector<std::string> names;
+  for (auto n : scan(*storage_).damaged) names.push_back(checkpoint_name(n));
   return names;
 }
 

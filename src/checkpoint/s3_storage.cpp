@@ -28,7 +28,7 @@ namespace {
 constexpr std::size_t kMinPartSize = 5u << 20;     // S3's minimum for every part but the last
 constexpr std::size_t kMaxObjectPut = 5ull << 30;  // S3's limit for one PUT, and for one part
 constexpr std::size_t kMaxParts = 10'000;          // S3's limit on parts per upload
-constexpr std::chrono::milliseconds kMaxBackoff{20'000};
+constexpr std::chrono::milliseconds kMaxBackoff{10'000};
 
 std::string sha256_hex(std::string_view data) {
   unsigned char md[EVP_MAX_MD_SIZE];
@@ -279,6 +279,44 @@ struct CurlDeleter {
 };
 using CurlHandle = std::unique_ptr<CURL, CurlDeleter>;
 
+// Shared by send() and the progress callback of its attempts (same thread).
+struct Waiting {
+  using Clock = std::chrono::steady_clock;
+  const Request* req = nullptr;
+  const S3Config* config = nullptr;
+  const std::string* endpoint = nullptr;
+  Clock::time_point first{};          // the request's first attempt began
+  Clock::time_point attempt_start{};  // this attempt began
+  Clock::time_point last_warning{};   // a warning about this request was logged
+  int attempt = 0;
+
+  bool may_warn(Clock::time_point now) const {
+    return now - last_warning >= config->warn_every && now - attempt_start >= config->warn_every;
+  }
+};
+
+double seconds_between(std::chrono::steady_clock::time_point a,
+                       std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Called by curl about once a second during an attempt: warns while an answer is overdue.
+int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto* w = static_cast<Waiting*>(user);
+  const auto now = std::chrono::steady_clock::now();
+  if (w->may_warn(now)) {
+    w->last_warning = now;
+    logger("s3")->warn(
+        "Still waiting for {} to answer {} (attempt {}: {:.0f} s; {:.0f} s since the first "
+        "attempt). An attempt that moves no data for {} s is abandoned and retried until {} s "
+        "have passed.",
+        *w->endpoint, w->req->what, w->attempt, seconds_between(w->attempt_start, now),
+        seconds_between(w->first, now), w->config->stall_timeout.count(),
+        w->config->retry_deadline.count());
+  }
+  return 0;
+}
+
 // Thread-safe: each request runs on a curl handle of its own, taken from a pool of idle ones.
 class S3Storage final : public Storage {
  public:
@@ -300,7 +338,7 @@ class S3Storage final : public Storage {
   // final answer, which may be an HTTP error the caller handles; throws NetworkError when every
   // attempt failed transiently.
   Response send(Request req);
-  Response perform(CURL* h, const Request& req) const;
+  Response perform(CURL* h, const Request& req, Waiting* waiting) const;
   [[noreturn]] void fail(const Request& req, const Response& r) const;
   std::string hint(const Response& r) const;  // " HINT: ..." or ""
 
@@ -367,7 +405,7 @@ void S3Storage::release(CurlHandle h) {
 // header curl would add, so no such header may be set. The payload hash comes from our
 // x-amz-content-sha256 header. These were checked against an independent SigV4 implementation;
 // s3rver, which the tests run against, checks the access key but not the signature.
-Response S3Storage::perform(CURL* h, const Request& req) const {
+Response S3Storage::perform(CURL* h, const Request& req, Waiting* waiting) const {
   Response r;
   char errbuf[CURL_ERROR_SIZE] = {0};
   const std::string url =
@@ -389,6 +427,11 @@ Response S3Storage::perform(CURL* h, const Request& req) const {
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(c_.connect_timeout.count()));
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(c_.request_timeout.count()));
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);  // bytes/s, see S3Config.stall_timeout
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(c_.stall_timeout.count()));
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, waiting);
   curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4_.c_str());
   curl_easy_setopt(h, CURLOPT_USERNAME, c_.access_key_id.c_str());
   curl_easy_setopt(h, CURLOPT_PASSWORD, c_.secret_access_key.c_str());
@@ -415,49 +458,100 @@ Response S3Storage::perform(CURL* h, const Request& req) const {
   return r;
 }
 
+// Note [S3 retry deadline]
+// A frozen or failing endpoint must neither stall training for many minutes nor fail a job
+// within seconds of a short outage. Each attempt is bounded (connect_timeout, stall_timeout,
+// request_timeout); failed transient attempts are retried with exponential backoff (doubling
+// from initial_backoff to 10 s, half of it random so ranks do not retry in step) until the next
+// attempt would start after retry_deadline. A warning names the request, the endpoint, the
+// attempt and the time spent, at most every warn_every, both while an attempt waits and between
+// attempts; the final error says how many attempts over how long, with each failure.
 Response S3Storage::send(Request req) {
+  using Clock = std::chrono::steady_clock;
   req.payload_sha256 = sha256_hex(req.body);
-  std::string failures;
+  struct Failure {
+    std::string what;
+    int first = 0, last = 0;  // attempts
+  };
+  std::vector<Failure> failures;  // consecutive identical failures share one entry
   auto backoff = c_.initial_backoff;
   std::minstd_rand jitter(std::random_device{}());
+  Waiting w{.req = &req, .config = &c_, .endpoint = &endpoint_, .first = Clock::now()};
+  w.last_warning = w.first - c_.warn_every;
   for (int attempt = 1;; ++attempt) {
     CurlHandle h = acquire();
-    const auto start = std::chrono::steady_clock::now();
-    Response r = perform(h.get(), req);
+    w.attempt = attempt;
+    w.attempt_start = Clock::now();
+    Response r = perform(h.get(), req, &w);
     release(std::move(h));
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - start);
-    logger("s3")->debug("{} -> {} in {} ms (attempt {})", req.what,
+    const auto now = Clock::now();
+    logger("s3")->debug("{} -> {} in {:.3f} s (attempt {})", req.what,
                         r.curl_code == CURLE_OK ? std::to_string(r.status) : r.curl_error,
-                        ms.count(), attempt);
-    if (!r.failed(req)) return r;
+                        seconds_between(w.attempt_start, now), attempt);
+    if (!r.failed(req)) {
+      if (attempt > 1) {
+        logger("s3")->info("{} succeeded at attempt {}, {:.1f} s after the first.", req.what,
+                           attempt, seconds_between(w.first, now));
+      }
+      return r;
+    }
     if (!r.transient()) {
       if (r.curl_code == CURLE_OK) return r;  // an HTTP error the caller interprets
       throw NetworkError(detail::concat("S3 ", req.what, " failed against ", endpoint_, ": ",
                                         r.describe(), hint(r)));
     }
-    failures += detail::concat(" Attempt ", attempt, ": ", r.describe());
-    if (attempt >= c_.max_attempts) {
-      throw NetworkError(detail::concat("S3 ", req.what, " failed after ", attempt,
-                                        " attempt(s) against ", endpoint_, ".", failures, hint(r)));
+    const std::string what = r.describe();
+    if (!failures.empty() && failures.back().what == what) {
+      failures.back().last = attempt;
+    } else {
+      failures.push_back({what, attempt, attempt});
     }
     // Half the backoff plus a random half, so that many ranks retrying do not move in step.
     const auto half = backoff.count() / 2;
     const auto sleep = std::chrono::milliseconds(
         half + std::uniform_int_distribution<long long>(0, std::max<long long>(half, 0))(jitter));
-    logger("s3")->warn("{} attempt {}/{} failed: {} Retrying in {} ms.", req.what, attempt,
-                       c_.max_attempts, r.describe(), sleep.count());
-    std::this_thread::sleep_for(sleep);
     backoff = std::min(backoff * 2, kMaxBackoff);
+    const bool capped = c_.max_attempts > 0 && attempt >= c_.max_attempts;
+    if (capped || now + sleep - w.first > c_.retry_deadline) {
+      std::string listed;
+      for (std::size_t i = 0; i < failures.size(); ++i) {
+        if (failures.size() > 8 && i == 4) {
+          listed += detail::concat(" (", failures.size() - 8, " more kinds of failure)");
+          i = failures.size() - 4;
+        }
+        const auto& f = failures[i];
+        listed += f.first == f.last
+                      ? detail::concat(" Attempt ", f.first, ": ", f.what)
+                      : detail::concat(" Attempts ", f.first, "-", f.last, ": ", f.what);
+      }
+      throw NetworkError(
+          detail::concat("S3 ", req.what, " failed after ", attempt, " attempt(s) against ",
+                         endpoint_, " in ", fmt::format("{:.1f}", seconds_between(w.first, now)),
+                         " s (S3Config.retry_deadline = ", c_.retry_deadline.count(),
+                         " s, max_attempts = ", c_.max_attempts, ").", listed, hint(r)));
+    }
+    if (w.may_warn(now) || attempt == 1) {
+      w.last_warning = now;
+      logger("s3")->warn(
+          "{} against {} failed at attempt {} ({:.1f} s since the first): {} Retrying in {} ms, "
+          "until {} s have passed.",
+          req.what, endpoint_, attempt, seconds_between(w.first, now), what, sleep.count(),
+          c_.retry_deadline.count());
+    }
+    std::this_thread::sleep_for(sleep);
   }
 }
 
 std::string S3Storage::hint(const Response& r) const {
   if (r.curl_code == CURLE_OPERATION_TIMEDOUT) {
-    return detail::concat(" HINT: is ", endpoint_, " reachable? Requests time out after ",
-                          c_.connect_timeout.count(), " ms to connect and ",
-                          c_.request_timeout.count(),
-                          " ms in all (S3Config.connect_timeout, request_timeout).");
+    return detail::concat(" HINT: is ", endpoint_,
+                          " reachable and answering? An attempt times out "
+                          "after ",
+                          c_.connect_timeout.count(), " ms to connect, ", c_.stall_timeout.count(),
+                          " s without data or ", c_.request_timeout.count(),
+                          " ms in all (S3Config.connect_timeout, stall_timeout, request_timeout; "
+                          "retries end after retry_deadline, ",
+                          kS3RetryDeadlineEnv, ").");
   }
   if (r.curl_code == CURLE_COULDNT_RESOLVE_HOST) {
     return " HINT: check the endpoint's host name (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) and DNS.";
@@ -637,6 +731,13 @@ S3Config S3Config::from_uri(const std::string& uri, const EnvLookup& env) {
     c.region = region;
   }
   c.endpoint = env_or(env, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
+  if (const std::string deadline = env_or(env, kS3RetryDeadlineEnv); !deadline.empty()) {
+    char* end = nullptr;
+    const long seconds = std::strtol(deadline.c_str(), &end, 10);
+    TY_CHECK(*end == '\0' && seconds > 0 && seconds <= 86'400, kS3RetryDeadlineEnv, "='", deadline,
+             "' is not a number of seconds in [1, 86400].");
+    c.retry_deadline = std::chrono::seconds(seconds);
+  }
   return c;
 }
 
@@ -667,10 +768,14 @@ std::unique_ptr<Storage> make_s3_storage(S3Config config) {
   TY_CHECK(c.multipart_threshold <= kMaxObjectPut,
            "S3Config.multipart_threshold = ", c.multipart_threshold,
            " is above S3's 5 GiB limit for one PUT.");
-  TY_CHECK(c.max_attempts >= 1, "S3Config.max_attempts = ", c.max_attempts, " must be >= 1.");
-  TY_CHECK(c.connect_timeout.count() > 0 && c.request_timeout.count() > 0,
+  TY_CHECK(c.max_attempts >= 0, "S3Config.max_attempts = ", c.max_attempts,
+           " must be >= 0 (0: retry until retry_deadline).");
+  TY_CHECK(c.connect_timeout.count() > 0 && c.request_timeout.count() > 0 &&
+               c.stall_timeout.count() > 0 && c.retry_deadline.count() >= 0,
            "S3Config timeouts must be positive: connect_timeout = ", c.connect_timeout.count(),
-           " ms, request_timeout = ", c.request_timeout.count(), " ms.");
+           " ms, stall_timeout = ", c.stall_timeout.count(),
+           " s, request_timeout = ", c.request_timeout.count(),
+           " ms, retry_deadline = ", c.retry_deadline.count(), " s (0: no retries).");
   TY_CHECK(c.initial_backoff.count() >= 0, "S3Config.initial_backoff = ", c.initial_backoff.count(),
            " ms must not be negative.");
   return std::make_unique<S3Storage>(std::move(config));

@@ -167,7 +167,10 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
 
   const std::string run_uri = checkpoint::join_uri(options.storage, options.name);
-  checkpoint::Checkpointer checkpointer(run_uri, {.num_to_keep = options.num_to_keep});
+  // Rank 0 writes the checkpoints and holds the run's lease (Note [Run lease]); the others only
+  // read the one rank 0 chose.
+  checkpoint::Checkpointer checkpointer(
+      run_uri, {.num_to_keep = options.num_to_keep, .read_only = rank != 0});
   auto resolved = options;
   resolved.data_dir = data_dir;
   const auto config = config_json(resolved, world, threads);
@@ -227,6 +230,16 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
       std::printf("Resuming from %s at step %lld (epoch %d, %lld samples into it)\n",
                   resume->name.c_str(), static_cast<long long>(progress.global_step),
                   progress.epoch, static_cast<long long>(progress.epoch_position));
+      std::fflush(stdout);
+    }
+  } else if (rank == 0) {
+    if (const auto damaged = checkpointer.list_damaged(); !damaged.empty()) {
+      std::string names;
+      for (const auto& n : damaged) names += (names.empty() ? "" : ", ") + n;
+      std::printf(
+          "No checkpoint of %s verifies: starting from scratch; the damaged ones (%s) are kept "
+          "for inspection\n",
+          run_uri.c_str(), names.c_str());
       std::fflush(stdout);
     }
   }

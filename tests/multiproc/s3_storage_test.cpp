@@ -4,6 +4,8 @@
 #include "trainyard/checkpoint/s3_storage.h"
 #include "trainyard/checkpoint/checkpointer.h"
 
+#include <spdlog/sinks/ostream_sink.h>
+
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -22,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -30,6 +33,7 @@
 #include "multiproc_util.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
+#include "trainyard/log.h"
 
 #ifndef TRAINYARD_S3RVER_PATH
 #error "TRAINYARD_S3RVER_PATH must name the s3rver executable (a compile definition)"
@@ -438,7 +442,7 @@ TEST(S3StorageRetry, GivesUpAfterMaxAttemptsNamingEachFailure) {
   } catch (const NetworkError& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("GET s3://b/ckpt/k failed after 3 attempt(s)"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("Attempt 3: HTTP 503 SlowDown: Please reduce your request rate."),
+    EXPECT_NE(msg.find("Attempts 1-3: HTTP 503 SlowDown: Please reduce your request rate."),
               std::string::npos)
         << msg;
   }
@@ -505,7 +509,7 @@ TEST(S3StorageRetry, UnreachableEndpointIsANetworkError) {
                        std::to_string(port)),
               std::string::npos)
         << msg;
-    EXPECT_NE(msg.find("Attempt 1: curl error 7"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(": curl error 7"), std::string::npos) << msg;
     EXPECT_NE(msg.find("HINT: is the endpoint"), std::string::npos) << msg;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
@@ -532,6 +536,110 @@ TEST(S3StorageRetry, SilentEndpointTimesOut) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_GE(elapsed, 600ms);
   EXPECT_LT(elapsed, 2s);
+}
+
+// What a logger prints while it lives.
+class LogCapture {
+ public:
+  explicit LogCapture(const std::string& component)
+      : logger_(logger(component)), sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    logger_->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = logger_->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() {
+    logger_->flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> logger_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+TEST(S3StorageRetry, FrozenEndpointIsAbandonedWithinTheDeadlineWithWarnings) {
+  int port = 0;
+  // Connections complete (the listen backlog), but nothing is ever read or answered.
+  UniqueFd frozen = mptest::bind_loopback(/*listen=*/true, &port);
+  auto config = fake_config("http://127.0.0.1:" + std::to_string(port));
+  config.max_attempts = 0;  // only the deadline ends the retries
+  config.retry_deadline = 3s;
+  config.stall_timeout = 2s;
+  config.request_timeout = 300s;  // the old default: the stall timeout must end attempts first
+  config.initial_backoff = 100ms;
+  config.warn_every = 1s;
+  auto s = make_s3_storage(config);
+  LogCapture log("s3");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    s->read("ckpt/model.pt");
+    FAIL() << "expected a NetworkError";
+  } catch (const NetworkError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("GET s3://b/ckpt/model.pt failed after "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("S3Config.retry_deadline = 3 s"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("curl error 28"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("stall_timeout"), std::string::npos) << msg;
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, 3s) << "it retries until the deadline";
+  EXPECT_LT(elapsed, 60s) << "bounded by the deadline plus one stalled attempt (and a slow box)";
+  const std::string text = log.text();
+  EXPECT_NE(text.find("Still waiting for http://127.0.0.1:" + std::to_string(port) +
+                      " to answer GET s3://b/ckpt/model.pt (attempt 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("failed at attempt 1"), std::string::npos) << text;
+}
+
+TEST(S3StorageRetry, AShortOutageIsRiddenOut) {
+  // Six 503s in a row (about 3 to 6 s of backoff), then the answer.
+  std::vector<std::string> responses(6, kSlowDown);
+  responses.push_back(FakeEndpoint::response(200, "payload"));
+  FakeEndpoint fake(responses);
+  auto config = fake_config(fake.endpoint());
+  config.max_attempts = 0;
+  config.retry_deadline = 60s;
+  config.initial_backoff = 100ms;
+  auto s = make_s3_storage(config);
+  EXPECT_EQ(s->read("k"), "payload");
+  EXPECT_EQ(fake.requests().size(), 7u);
+}
+
+TEST_F(S3StorageTest, CheckpointerOnS3OwnsItsRunAndClaimsNumbersAtomically) {
+  Checkpointer a(make_s3_storage(server_->config("runs/owned")),
+                 {.num_to_keep = 2, .job_instance = "job-a"});
+  a.save(Checkpoint{.step = 1, .files = {{"model.pt", "one"}}});
+  try {
+    Checkpointer b(make_s3_storage(server_->config("runs/owned")), {.job_instance = "job-b"});
+    FAIL() << "a second job must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(getpid())), std::string::npos)
+        << e.what();
+  }
+  // Writers of one job racing for numbers.
+  Checkpointer sibling(make_s3_storage(server_->config("runs/owned")), {.job_instance = "job-a"});
+  std::vector<std::string> from_a, from_sibling;
+  std::thread t([&] {
+    for (int i = 0; i < 4; ++i) from_sibling.push_back(sibling.begin());
+  });
+  for (int i = 0; i < 4; ++i) from_a.push_back(a.begin());
+  t.join();
+  std::vector<std::string> all = from_a;
+  all.insert(all.end(), from_sibling.begin(), from_sibling.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::unique(all.begin(), all.end()), all.end()) << "a number was handed out twice";
+  // The sibling's claims are a live writer's saves in progress: a's retention leaves them.
+  const auto name = a.save(Checkpoint{.step = 2, .files = {{"model.pt", "two"}}});
+  for (const auto& n : from_sibling) {
+    if (n < name) {
+      EXPECT_FALSE(a.storage().list(n + "/").empty()) << n;
+    }
+  }
+  EXPECT_EQ(a.load_latest()->checkpoint.step, 2);
 }
 
 TEST(S3Config, ParsesUriAndEnvironment) {
@@ -563,6 +671,12 @@ TEST(S3Config, ParsesUriAndEnvironment) {
   c = S3Config::from_uri("s3://bucket/p", env_of(all));
   EXPECT_EQ(c.region, "us-west-2");
   EXPECT_EQ(c.endpoint, "http://other:1");
+  EXPECT_EQ(c.retry_deadline, 60s);
+
+  all[kS3RetryDeadlineEnv] = "7";
+  EXPECT_EQ(S3Config::from_uri("s3://bucket/p", env_of(all)).retry_deadline, 7s);
+  all[kS3RetryDeadlineEnv] = "soon";
+  EXPECT_THROW(S3Config::from_uri("s3://bucket/p", env_of(all)), InvalidArgumentError);
 }
 
 void expect_invalid(const std::function<void()>& f, const std::string& needle) {
@@ -606,7 +720,8 @@ TEST(S3Config, MakeValidatesFields) {
   expect_invalid(with([](S3Config& c) { c.endpoint = "localhost:9000"; }), "S3Config.endpoint");
   expect_invalid(with([](S3Config& c) { c.prefix = "/runs"; }), "S3Config.prefix");
   expect_invalid(with([](S3Config& c) { c.bucket = "a/b"; }), "S3Config.bucket");
-  expect_invalid(with([](S3Config& c) { c.max_attempts = 0; }), "S3Config.max_attempts");
+  expect_invalid(with([](S3Config& c) { c.max_attempts = -1; }), "S3Config.max_attempts");
+  expect_invalid(with([](S3Config& c) { c.stall_timeout = 0s; }), "stall_timeout = 0 s");
   expect_invalid(with([](S3Config& c) { c.secret_access_key = ""; }), "AWS_SECRET_ACCESS_KEY");
   expect_invalid([&] { make_s3_storage(good)->read(""); }, "non-empty relative path");
 }

@@ -1,5 +1,8 @@
 // Checkpointer and FileStorage: atomic saves with a manifest written last, SHA-256 verification
-// on load, skipping corrupt or partial checkpoints, retention, and a save killed halfway.
+// on load, skipping corrupt or partial checkpoints, retention, and a save killed halfway; the run
+// lease (a second job refused, abandoned leases taken over), numbers claimed by racing writers,
+// retention sparing live writers' saves, failed saves cleaned up, damaged checkpoints kept, and
+// one checkpoint written by several writers.
 #include "trainyard/checkpoint/checkpointer.h"
 
 #include <gtest/gtest.h>
@@ -13,8 +16,19 @@
 #include <fstream>
 #include <thread>
 
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <atomic>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "trainyard/checkpoint/lease.h"
 #include "trainyard/checkpoint/storage.h"
 #include "trainyard/error.h"
+#include "trainyard/log.h"
 
 namespace trainyard::checkpoint {
 namespace {
@@ -226,6 +240,351 @@ TEST(OpenStorage, UrisAndSchemes) {
   EXPECT_EQ(join_uri("s3://b/runs", "job7"), "s3://b/runs/job7");
   EXPECT_EQ(join_uri("s3://b/runs/", "job7"), "s3://b/runs/job7");
   EXPECT_EQ(join_uri("results", "job7"), "results/job7");
+}
+
+// ---- run lease, claims, retention, failures (issue 8) ----
+
+// What a logger prints while it lives.
+class LogCapture {
+ public:
+  explicit LogCapture(const std::string& component)
+      : logger_(logger(component)), sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    logger_->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = logger_->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() {
+    logger_->flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> logger_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+std::int64_t now_unix() {
+  return static_cast<std::int64_t>(std::time(nullptr));
+}
+
+// Writes a lease object by hand, as another writer would have.
+void write_lease(Storage& s, const WriterIdentity& w, std::int64_t renewed_unix) {
+  const nlohmann::json j = {{"writer",
+                             {{"token", w.token},
+                              {"job_instance", w.job_instance},
+                              {"host", w.host},
+                              {"process_space", w.process_space},
+                              {"pid", w.pid},
+                              {"started", w.started}}},
+                            {"renewed_unix", renewed_unix}};
+  s.write("_lease/" + w.token + ".json", j.dump());
+}
+
+WriterIdentity other_writer(std::string token, std::string job, std::string host = "far-away") {
+  return WriterIdentity{.token = std::move(token),
+                        .job_instance = std::move(job),
+                        .host = std::move(host),
+                        .process_space = "other-boot/1",
+                        .pid = 4242,
+                        .started = "2024-01-02 03:04:05 UTC"};
+}
+
+std::size_t count_leases(Storage& s) {
+  return s.list("_lease/").size();
+}
+
+TEST(Checkpointer, ASecondJobIsRefusedNamingTheHolderAndTouchesNothing) {
+  TempDir dir;
+  Checkpointer a(dir.path().string(), {.num_to_keep = 1, .job_instance = "job-a"});
+  a.save(make(1));
+  a.save(make(2));
+  const auto files_before = a.storage().list("checkpoint_");
+  try {
+    Checkpointer b(dir.path().string(), {.num_to_keep = 1, .job_instance = "job-b"});
+    FAIL() << "a second job must be refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("is in use by another job"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("host " + a.writer().host), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pid " + std::to_string(getpid())), std::string::npos) << msg;
+    EXPECT_NE(msg.find("started " + a.writer().started), std::string::npos) << msg;
+    EXPECT_NE(msg.find("job instance job-a"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("last renewed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HINT"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(a.storage().list("checkpoint_"), files_before) << "the holder's files are untouched";
+  EXPECT_EQ(count_leases(a.storage()), 1u) << "the refused writer removed its lease";
+  EXPECT_EQ(a.load_latest()->checkpoint.step, 2);
+  EXPECT_EQ(a.save(make(3)), "checkpoint_000002") << "the holder goes on";
+}
+
+TEST(Checkpointer, AReleasedLeaseLetsTheNextJobIn) {
+  TempDir dir;
+  { Checkpointer(dir.path().string(), {.job_instance = "job-a"}).save(make(1)); }
+  Checkpointer b(dir.path().string(), {.job_instance = "job-b"});
+  EXPECT_EQ(b.load_latest()->checkpoint.step, 1);
+  EXPECT_EQ(count_leases(b.storage()), 1u);
+}
+
+TEST(Checkpointer, AbandonedLeasesAreTakenOver) {
+  TempDir dir;
+  auto s = open_storage(dir.path().string());
+  // Not renewed for longer than the timeout, on another host.
+  write_lease(*s, other_writer("stale", "job-old"), now_unix() - 100);
+  // Fresh, but its process on this host is gone.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  WriterIdentity dead = Checkpointer(dir.path().string(), {.read_only = true}).writer();
+  dead.token = "deadpid";
+  dead.job_instance = "job-dead";
+  dead.pid = child;
+  write_lease(*s, dead, now_unix());
+  // Killed but not yet reaped by its parent: a zombie is gone too.
+  const pid_t zombie = fork();
+  ASSERT_GE(zombie, 0);
+  if (zombie == 0) _exit(0);
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, zombie, &info, WEXITED | WNOWAIT), 0);  // exited, still unreaped
+  dead.token = "zombie";
+  dead.job_instance = "job-zombie";
+  dead.pid = zombie;
+  write_lease(*s, dead, now_unix());
+  Checkpointer c(dir.path().string(), {.lease_timeout = 30s, .job_instance = "job-new"});
+  EXPECT_EQ(s->list("_lease/"), std::vector<std::string>{"_lease/" + c.writer().token + ".json"});
+  EXPECT_EQ(c.save(make(1)), "checkpoint_000000");
+  waitpid(zombie, nullptr, 0);
+}
+
+TEST(Checkpointer, ALiveLeaseOfTheSameJobLetsARestartedWriterInAtOnce) {
+  TempDir dir;
+  auto s = open_storage(dir.path().string());
+  write_lease(*s, other_writer("sibling", "job-a"), now_unix());  // e.g. another rank, elsewhere
+  {
+    Checkpointer c(dir.path().string(), {.job_instance = "job-a"});
+    EXPECT_EQ(count_leases(*s), 2u) << "leases of one job coexist";
+    EXPECT_EQ(c.save(make(1)), "checkpoint_000000");
+  }
+  try {
+    Checkpointer other(dir.path().string(), {.job_instance = "job-b"});
+    FAIL() << "the sibling's live lease still refuses another job";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host far-away, pid 4242"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpointer, RacingWritersNeverShareANumber) {
+  TempDir dir;
+  constexpr int kWriters = 4, kEach = 8;
+  std::vector<std::unique_ptr<Checkpointer>> writers;
+  for (int i = 0; i < kWriters; ++i) {
+    writers.push_back(std::make_unique<Checkpointer>(dir.path().string(),
+                                                     CheckpointerOptions{.job_instance = "job-a"}));
+  }
+  std::mutex mu;
+  std::vector<std::string> names;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWriters; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < kEach; ++k) {
+        const auto name = writers[i]->begin();
+        std::lock_guard<std::mutex> lock(mu);
+        names.push_back(name);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::set<std::string> unique(names.begin(), names.end());
+  EXPECT_EQ(unique.size(), names.size()) << "a number was handed out twice";
+  for (const auto& name : unique) {
+    EXPECT_EQ(writers[0]->storage().list(name + "/_claim.").size(), 1u) << name;
+  }
+}
+
+TEST(Checkpointer, RetentionSparesAnotherLiveWritersSaveInProgress) {
+  TempDir dir;
+  Checkpointer a(dir.path().string(), {.num_to_keep = 1, .job_instance = "job-a"});
+  a.save(make(1));  // 0
+  std::string in_progress;
+  {
+    Checkpointer b(dir.path().string(), {.job_instance = "job-a"});  // e.g. another rank
+    in_progress = b.begin();                                         // 1
+    b.write_file(in_progress, "part.pt", "half of it");
+    EXPECT_EQ(a.save(make(2)), "checkpoint_000002");
+    EXPECT_TRUE(fs::exists(dir.path() / in_progress / "part.pt")) << "b's lease is live";
+    EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000000")) << "beyond num_to_keep";
+  }
+  // b released its lease without committing: its checkpoint is provably abandoned now.
+  EXPECT_EQ(a.save(make(3)), "checkpoint_000003");
+  EXPECT_FALSE(fs::exists(dir.path() / in_progress));
+  // A foreign claim whose lease went stale is abandoned too; one with no lease at all as well.
+  a.storage().write("checkpoint_000004/_claim.ghost", "{}");
+  a.storage().write("checkpoint_000004/model.pt", "x");
+  write_lease(a.storage(), other_writer("ghost", "job-a"), now_unix() - 1000);
+  EXPECT_EQ(a.save(make(5)), "checkpoint_000005");
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000004"));
+  EXPECT_EQ(a.list_complete(), std::vector<std::string>{"checkpoint_000005"});
+}
+
+TEST(Checkpointer, ALiveForeignLeaseStopsTheCommitAndItsSaveIsLeftAlone) {
+  TempDir dir;
+  Checkpointer a(dir.path().string(), {.num_to_keep = 1, .job_instance = "job-a"});
+  a.save(make(1));
+  // Another job got in anyway (a writer that lost its lease keeps running, or a race): its lease
+  // and its save in progress.
+  write_lease(a.storage(), other_writer("intruder", "job-b"), now_unix());
+  a.storage().write("checkpoint_000001/_claim.intruder", "{}");
+  a.storage().write("checkpoint_000001/model.pt", "theirs");
+  try {
+    a.save(make(2));
+    FAIL() << "the commit must be refused";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("lost the lease"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("host far-away, pid 4242"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(a.list_complete(), std::vector<std::string>{"checkpoint_000000"});
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000002")) << "its partial files are removed";
+  EXPECT_EQ(*a.storage().read("checkpoint_000001/model.pt"), "theirs");
+}
+
+TEST(Checkpointer, AWriterWhoseLeaseWasTakenOverCommitsNothing) {
+  TempDir dir;
+  Checkpointer a(dir.path().string(), {.job_instance = "job-a"});
+  a.save(make(1));
+  a.storage().remove("_lease/" + a.writer().token + ".json");  // taken over as abandoned
+  try {
+    a.save(make(2));
+    FAIL() << "a writer without its lease must not commit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lost its lease"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.list_complete(), std::vector<std::string>{"checkpoint_000000"});
+}
+
+// Fails the n-th write (counting from 1) of a checkpoint file; leases and claims pass.
+class FailingStorage final : public Storage {
+ public:
+  FailingStorage(std::unique_ptr<Storage> inner, int fail_at)
+      : inner_(std::move(inner)), fail_at_(fail_at) {}
+  void write(const std::string& key, std::string_view data) override {
+    const bool counted =
+        key.starts_with("checkpoint_") && key.find("/_claim.") == std::string::npos;
+    if (counted && ++writes_ == fail_at_) {
+      throw Error("injected failure writing " + key + " (disk full)");
+    }
+    inner_->write(key, data);
+  }
+  std::optional<std::string> read(const std::string& key) override { return inner_->read(key); }
+  std::vector<std::string> list(const std::string& prefix) override { return inner_->list(prefix); }
+  void remove(const std::string& key) override { inner_->remove(key); }
+  void remove_all(const std::string& prefix) override { inner_->remove_all(prefix); }
+  std::string uri() const override { return inner_->uri(); }
+
+ private:
+  std::unique_ptr<Storage> inner_;
+  const int fail_at_;
+  std::atomic<int> writes_{0};
+};
+
+TEST(Checkpointer, AFailedSaveRemovesItsPartialFiles) {
+  TempDir dir;
+  Checkpoint big = make(1);
+  big.files["optimizer.pt"] = std::string(5000, 'o');
+  // Files are written in name order: model.pt, optimizer.pt, state.json; the third fails.
+  Checkpointer c(std::make_unique<FailingStorage>(open_storage(dir.path().string()), 3));
+  try {
+    c.save(big);
+    FAIL() << "the injected failure must surface";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint_000000/state.json"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000000")) << "partial files stay behind";
+  EXPECT_TRUE(c.list_complete().empty());
+  const auto name = c.save(make(2));  // the fourth write onwards succeed
+  EXPECT_EQ(c.load_latest()->name, name);
+  EXPECT_EQ(c.load_latest()->checkpoint.step, 2);
+}
+
+TEST(Checkpointer, WhenEveryCheckpointIsDamagedItStartsFromScratchAndKeepsThem) {
+  TempDir dir;
+  Checkpointer c(dir.path().string(), {.num_to_keep = 1});
+  c.save(make(1));
+  c.save(make(2));
+  EXPECT_EQ(c.list_complete(), std::vector<std::string>{"checkpoint_000001"});
+  c.storage().write("checkpoint_000000/model.pt", "left from an older layout");
+  c.storage().write("checkpoint_000000/MANIFEST.json", "{not json");
+  overwrite_byte(dir.path() / "checkpoint_000001" / "model.pt", 3);
+  LogCapture log("checkpoint");
+  EXPECT_FALSE(c.load_latest().has_value());
+  const auto text = log.text();
+  EXPECT_NE(text.find("starting from scratch"), std::string::npos) << text;
+  EXPECT_NE(text.find("checkpoint_000000, checkpoint_000001) are kept for inspection"),
+            std::string::npos)
+      << text;
+  const std::vector<std::string> both = {"checkpoint_000000", "checkpoint_000001"};
+  EXPECT_EQ(c.list_damaged(), both);
+  EXPECT_TRUE(c.list_complete().empty());
+  const auto why = c.storage().read("checkpoint_000001/DAMAGED.txt");
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("model.pt does not match its SHA-256"), std::string::npos) << *why;
+  // New saves neither count nor remove the damaged ones.
+  EXPECT_EQ(c.save(make(3)), "checkpoint_000002");
+  EXPECT_EQ(c.save(make(4)), "checkpoint_000003");
+  EXPECT_EQ(c.list_damaged(), both);
+  EXPECT_EQ(c.list_complete(), std::vector<std::string>{"checkpoint_000003"});
+  EXPECT_EQ(c.load_latest()->checkpoint.step, 4);
+}
+
+TEST(Checkpointer, SeveralWritersOfOneJobWriteOneCheckpoint) {
+  TempDir dir;
+  constexpr int kRanks = 3;
+  std::vector<std::unique_ptr<Checkpointer>> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.push_back(std::make_unique<Checkpointer>(
+        dir.path().string(), CheckpointerOptions{.num_to_keep = 1, .job_instance = "fsdp-job"}));
+  }
+  for (int round = 0; round < 2; ++round) {
+    const std::string name = ranks[0]->begin();  // rank 0 claims, then broadcasts the name
+    std::vector<FileDigest> digests(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        digests[r] = ranks[r]->write_file(name, "shard_" + std::to_string(r) + ".pt",
+                                          std::string(1000 + r, static_cast<char>('a' + r)));
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::map<std::string, FileDigest> files;  // gathered on rank 0
+    for (int r = 0; r < kRanks; ++r) files["shard_" + std::to_string(r) + ".pt"] = digests[r];
+    ranks[0]->commit(name, 10 * round, files);
+  }
+  EXPECT_EQ(ranks[0]->list_complete(), std::vector<std::string>{"checkpoint_000001"});
+  const auto loaded = ranks[2]->load_latest();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->checkpoint.step, 10);
+  ASSERT_EQ(loaded->checkpoint.files.size(), 3u);
+  EXPECT_EQ(loaded->checkpoint.files.at("shard_2.pt"), std::string(1002, 'c'));
+  const auto manifest =
+      nlohmann::json::parse(*ranks[0]->storage().read(loaded->name + "/MANIFEST.json"));
+  EXPECT_EQ(manifest["writer"]["job_instance"], "fsdp-job");
+  EXPECT_EQ(manifest["writer"]["pid"], getpid());
+}
+
+TEST(Checkpointer, AReaderTakesNoLeaseAndCannotWrite) {
+  TempDir dir;
+  Checkpointer(dir.path().string(), {.job_instance = "job-a"}).save(make(1));
+  Checkpointer writer(dir.path().string(), {.job_instance = "job-a"});
+  Checkpointer reader(dir.path().string(), {.read_only = true, .job_instance = "job-b"});
+  EXPECT_EQ(count_leases(reader.storage()), 1u);
+  EXPECT_EQ(reader.load_latest()->checkpoint.step, 1);
+  EXPECT_THROW(reader.save(make(2)), InvalidArgumentError);
+  EXPECT_THROW(reader.begin(), InvalidArgumentError);
 }
 
 }  // namespace
