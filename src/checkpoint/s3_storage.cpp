@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 
 namespace trainyard::checkpoint {
@@ -300,8 +301,12 @@ double seconds_between(std::chrono::steady_clock::time_point a,
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Called by curl about once a second during an attempt: warns while an answer is overdue.
+// Called by curl about once a second during an attempt: warns while an answer is overdue. A
+// request is bounded (stall_timeout per attempt, retry_deadline in all), so waiting for it is
+// progress for the hang watchdog (Note [Hang watchdog] in src/elastic/launcher.cpp): a rank
+// riding out a short S3 outage is not taken for hung; one stuck past the deadline fails.
 int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  heartbeat();
   auto* w = static_cast<Waiting*>(user);
   const auto now = std::chrono::steady_clock::now();
   if (w->may_warn(now)) {
@@ -538,7 +543,12 @@ Response S3Storage::send(Request req) {
           req.what, endpoint_, attempt, seconds_between(w.first, now), what, sleep.count(),
           c_.retry_deadline.count());
     }
-    std::this_thread::sleep_for(sleep);
+    // In slices, beating between them (see on_progress): backoffs reach kMaxBackoff.
+    for (auto left = sleep; left.count() > 0; left -= std::chrono::seconds(1)) {
+      heartbeat();
+      std::this_thread::sleep_for(
+          std::min<std::chrono::milliseconds>(left, std::chrono::seconds(1)));
+    }
   }
 }
 

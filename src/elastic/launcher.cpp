@@ -504,7 +504,10 @@ std::string format_summary(const LaunchOptions& o,
 // trainyard::heartbeat() (heartbeat.h), which stores the time into the mapped file, from
 //   - the training loop (each step, each evaluation batch, around checkpoint saves),
 //   - inside waits on peers: ShmProcessGroup's barrier slices and wait_work() around Gloo work,
-//     so a rank waiting for a hung peer keeps beating and the hung peer alone falls silent.
+//     so a rank waiting for a hung peer keeps beating and the hung peer alone falls silent,
+//   - inside bounded storage waits: an S3 request retrying within its retry_deadline, so a short
+//     S3 outage is ridden out instead of being taken for a hang (a frozen file system is not
+//     bounded, and its silence is reported).
 // Every poll the monitor reads the files; a rank that has beaten at least once and then is silent
 // for longer than LaunchOptions::hang_timeout is reported by rank, pid and seconds, and treated as
 // that rank's failure: it is the root cause, the group is stopped and restarted while restarts
