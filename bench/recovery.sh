@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# recovery.sh — how fast a training job recovers from a killed rank, and how much work it loses.
+# recovery.sh — how fast a training job recovers from a killed or hung rank, and how much work it
+# loses.
 #
 # Runs the FashionMNIST recipe bare with --max-restarts 1 and --checkpoint-every N, waits until
-# the job is half-way between its first and second checkpoint (step N + N/2), SIGKILLs rank 1,
-# and reads the job's own timestamped log (TRAINYARD_LOG_LEVEL=debug) to report:
+# the job is half-way between its first and second checkpoint (step N + N/2), sends rank 1 SIGKILL
+# (a crash) or SIGSTOP (a hang: only the agent's hang watchdog notices it), and reads the job's
+# own timestamped log (TRAINYARD_LOG_LEVEL=debug) to report:
 #   detect_s    kill -> the agent reports the failed worker group
 #   recovery_s  kill -> the first training step completed after the restart (all ranks)
 #   steps_lost  the last step completed before the kill - the step resumed from
@@ -11,10 +13,13 @@
 #
 #   bench/recovery.sh                          # N = 4, 3 repeats
 #   bench/recovery.sh --checkpoint-every 8 --repeats 5
+#   bench/recovery.sh --signal STOP --repeats 1   # a hung rank, default --hang-timeout (30 s)
 #
 # Flags (environment variable, default):
 #   --checkpoint-every N  BENCH_CHECKPOINT_EVERY  4
 #   --limit L             BENCH_LIMIT             6000  (enough steps for 2 checkpoints)
+#   --signal KILL|STOP    BENCH_SIGNAL            KILL
+#   --hang-timeout S      BENCH_HANG_TIMEOUT      the recipe's default (30)
 #   --repeats K, --ranks R, --threads T, --batch-size B, --seed S, --keep, --verbose, --json FILE
 #                         as in bench/common.sh
 set -euo pipefail
@@ -24,10 +29,14 @@ BENCH_NAME=recovery
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 EVERY=${BENCH_CHECKPOINT_EVERY:-4}
 REPEATS=${BENCH_REPEATS:-3}
+SIGNAL=${BENCH_SIGNAL:-KILL}
+HANG_TIMEOUT=${BENCH_HANG_TIMEOUT:-}
 
 while (($#)); do
   case $1 in
     --checkpoint-every) EVERY=${2:?}; shift 2 ;;
+    --signal) SIGNAL=${2:?}; shift 2 ;;
+    --hang-timeout) HANG_TIMEOUT=${2:?}; shift 2 ;;
     *)
       bench_common_flag "$@"
       ((BENCH_CONSUMED > 0)) || die "unknown argument '$1' (see --help)"
@@ -36,6 +45,9 @@ while (($#)); do
 done
 bench_validate
 [[ $EVERY =~ ^[1-9][0-9]*$ ]] || die "--checkpoint-every must be a positive integer, got '$EVERY'"
+[[ $SIGNAL == KILL || $SIGNAL == STOP ]] || die "--signal must be KILL or STOP, got '$SIGNAL'"
+hang_flag=()
+[[ -z $HANG_TIMEOUT ]] || hang_flag=(--hang-timeout "$HANG_TIMEOUT")
 steps_per_epoch=$(( (LIMIT / RANKS + BATCH_SIZE - 1) / BATCH_SIZE ))
 KILL_AT=$(( EVERY + (EVERY + 1) / 2 ))
 (( steps_per_epoch * EPOCHS > KILL_AT )) ||
@@ -56,7 +68,7 @@ rank_pid() {
   return 1
 }
 
-echo "Recovery from a SIGKILLed rank: $RANKS rank(s) x $THREADS thread(s), checkpoint every $EVERY steps, kill at step $KILL_AT, $REPEATS repeat(s)" >&2
+echo "Recovery from a SIG$SIGNAL to a rank: $RANKS rank(s) x $THREADS thread(s), checkpoint every $EVERY steps, kill at step $KILL_AT, $REPEATS repeat(s)" >&2
 : >"$TMP/kills.tsv"
 for ((i = 1; i <= REPEATS; i++)); do
   name=recovery-$i-$$
@@ -64,7 +76,7 @@ for ((i = 1; i <= REPEATS; i++)); do
   TRAINYARD_LOG_LEVEL=debug "$TRAINYARD" train fashion-mnist --workers "$RANKS" --threads "$THREADS" \
     --epochs "$EPOCHS" --batch-size "$BATCH_SIZE" --limit "$LIMIT" --seed "$SEED" \
     --storage "$TMP/runs" --name "$name" --checkpoint-every "$EVERY" --num-to-keep 2 \
-    --max-restarts 1 --no-progress >"$log" 2>&1 &
+    --max-restarts 1 --no-progress "${hang_flag[@]}" >"$log" 2>&1 &
   job=$!
   deadline=$((SECONDS + 300))
   until grep -q "rank 0/$RANKS train\] step $KILL_AT done" "$log"; do
@@ -74,16 +86,17 @@ for ((i = 1; i <= REPEATS; i++)); do
   done
   victim=$(rank_pid "$name" 1) || die "rank 1 of run $i not found"
   kill_time=$(date +%H:%M:%S.%3N)
-  kill -9 "$victim"
-  echo -n "  run $i/$REPEATS: killed rank 1 (pid $victim) at $kill_time ... " >&2
+  kill -"$SIGNAL" "$victim"
+  echo -n "  run $i/$REPEATS: SIG$SIGNAL to rank 1 (pid $victim) at $kill_time ... " >&2
   if wait "$job"; then echo "job finished" >&2; else die "run $i failed after the kill; see $log (use --keep)"; fi
   printf '%s\t%s\t%s\n' "$i" "$kill_time" "$log" >>"$TMP/kills.tsv"
   ((VERBOSE)) && cat "$log" >&2
 done
 
-"$PYTHON" - "$TMP/kills.tsv" "$JSON_OUT" "$EVERY" "$RANKS" <<'PY'
+"$PYTHON" - "$TMP/kills.tsv" "$JSON_OUT" "$EVERY" "$RANKS" "$SIGNAL" <<'PY'
 import json, re, statistics, sys
 kills_path, json_out, every, ranks = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+signal = sys.argv[5]
 def secs(hms):
     h, m, s = hms.split(":")
     return int(h) * 3600 + int(m) * 60 + float(s)
@@ -118,11 +131,11 @@ for r in rows:
     print(f"{r['run']:>3}  {r['detect_s']:>8.2f}  {r['recovery_s']:>10.2f}  {r['last_step_before_kill']:>9}  "
           f"{r['resumed_from_step']:>10}  {r['steps_lost']:>10}")
 med = statistics.median(r["recovery_s"] for r in rows)
-print(f"checkpoint every {every} steps: median recovery {med:.2f} s (kill -> first step after restart), "
+print(f"SIG{signal}, checkpoint every {every} steps: median recovery {med:.2f} s (kill -> first step after restart), "
       f"max {max(r['recovery_s'] for r in rows):.2f} s; steps lost {[r['steps_lost'] for r in rows]}")
 if json_out:
     with open(json_out, "w") as f:
-        json.dump({"benchmark": "recovery", "checkpoint_every": every, "ranks": ranks, "runs": rows,
+        json.dump({"benchmark": "recovery", "signal": signal, "checkpoint_every": every, "ranks": ranks, "runs": rows,
                    "median_recovery_s": med}, f, indent=2)
         f.write("\n")
 PY
