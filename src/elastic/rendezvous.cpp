@@ -301,9 +301,16 @@ std::optional<RendezvousInfo> Rendezvous::next_round(
       });
       const bool fresh = !s.token || (s.closed ? !mine && (s.finished || stale) : stale);
       if (fresh) {
-        s = State{.round = s.token ? s.round + 1 : 0,
-                  .instance = mine ? instance_ : new_instance(),
-                  .token = s.token};
+        State next{.round = s.token ? s.round + 1 : 0,
+                   .instance = mine ? instance_ : new_instance(),
+                   .token = s.token};
+        // This node's own run, every other node silent: the last round's nodes are still known,
+        // so the last call can be short (Note [Short last call]).
+        if (mine) {
+          s.advance();
+          next.previous = std::move(s.previous);
+        }
+        s = std::move(next);
       }
       if (s.closed) return false;
       if (s.instance.empty()) s.instance = new_instance();  // a state written before instances
