@@ -1,8 +1,10 @@
 // Several hosts on one machine: each "node" is a network namespace with its own address on a
 // bridge, running a trainyard agent and its rank. A whole node (agent and rank) is killed in the
 // middle of training with --nnodes 2:3 on 3 nodes; the other two re-rendezvous at world size 2,
-// resume from the checkpoint, and a node started again later joins at the next round. Skipped
-// where network namespaces cannot be created (not root, no CAP_SYS_ADMIN), failed there under CI.
+// resume from the checkpoint, and a node started again later joins at the next round. A node
+// whose link is cut keeps trying to rejoin and does so when the link returns, while the node that
+// stays up goes on alone at once. Skipped where network namespaces cannot be created (not root,
+// no CAP_SYS_ADMIN), failed there under CI.
 // Addresses come from 198.18.0.0/15, the range reserved for benchmarking: no test traffic ever
 // aims at a real private or public network.
 #include <gtest/gtest.h>
@@ -74,6 +76,13 @@ class Hosts {
   // SIGKILL to every process in namespace i: the node is gone.
   void kill_all(int i) {
     for (int pid : pids(i)) kill(pid, SIGKILL);
+  }
+
+  // Cuts (up = false) or restores node i's link: its own interface goes down, as when its cable
+  // is pulled, so its connections fail at once (no route) rather than after TCP's retries. The
+  // address stays, and its route returns with the interface.
+  bool set_link(int i, bool up) {
+    return ip({"-n", names_[i], "link", "set", "eth0", up ? "up" : "down"});
   }
 
   // `sig` to the training ranks in namespace i (the processes with RANK in their environment),
@@ -250,6 +259,108 @@ TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
   // 2304 images of ten balanced classes, one epoch: clearly above chance (0.1), which a run
   // that lost its training state on the way would not reach.
   EXPECT_GT(result["accuracy"].get<double>(), 0.3) << result.dump();
+}
+
+// Issue 8: a node cut off by the network keeps trying to rejoin within its restarts, and rejoins
+// once its link returns; the node that stays up goes on alone without waiting out the last call,
+// since the lost node is known dead. The ranks are a shell loop that runs until a file exists:
+// nothing in them needs the network, so every restart seen is the agents' doing.
+TEST(MultiNode, ACutOffNodeRejoinsWhenItsLinkReturns) {
+  Hosts hosts(2);
+  if (!hosts.ok())
+    TY_MISSING_PREREQUISITE("cannot create network namespaces here: " << hosts.error());
+  TempDir dir;
+  const auto finish = dir.path() / "finish";
+  const std::string store = hosts.addr(0) + ":29400";
+  // A node's heartbeat expires after keep_alive_interval * keep_alive_max_attempt = 2 s; the cut
+  // node gives up a round, or a join, after backend_timeout = 3 s of no answer, and then has 5
+  // restarts, 1 s then 2 s apart: about 25 s to be reached again. The last call (30 s) is long so
+  // that going on alone before it ends shows it was cut short.
+  auto node = [&](int i, const std::string& log) {
+    std::string cmd;
+    for (const auto& a :
+         hosts.in(i, {TRAINYARD_CLI_PATH,
+                      "run",
+                      "--nnodes",
+                      "1:2",
+                      "--nproc-per-node",
+                      "1",
+                      "--rdzv-backend",
+                      "c10d",
+                      "--rdzv-endpoint",
+                      store,
+                      "--rdzv-id",
+                      "cutoff",
+                      "--max-restarts",
+                      "5",
+                      "--restart-backoff",
+                      "1",
+                      "--restart-backoff-max",
+                      "2",
+                      "--rdzv-conf",
+                      "last_call_timeout=30,keep_alive_interval=0.5,keep_alive_max_attempt=4,"
+                      "backend_timeout=3,join_timeout=60",
+                      "--",
+                      "/bin/sh",
+                      "-c",
+                      "echo RANK=$RANK WORLD_SIZE=$WORLD_SIZE; while [ ! -e " + finish.string() +
+                          " ]; do sleep 0.1; done"})) {
+      cmd += "'" + a + "' ";
+    }
+    return trainyard::elastic::Subprocess(trainyard::elastic::SubprocessOptions{
+        .argv = {"/bin/sh", "-c", cmd + "> " + (dir.path() / log).string() + " 2>&1"}});
+  };
+  const auto log0 = dir.path() / "n0.log";
+  const auto log1 = dir.path() / "n1.log";
+  auto logs = [&] { return "node 0:\n" + read_file(log0) + "\nnode 1:\n" + read_file(log1); };
+  auto n0 = node(0, "n0.log");
+  ASSERT_TRUE(wait_for_text(log0, "Serving the rendezvous store", 20s)) << logs();
+  auto n1 = node(1, "n1.log");
+  // Both ranks run at world size 2 (bounds here and below: a loaded machine, not the design).
+  ASSERT_TRUE(wait_for_text(log0, "WORLD_SIZE=2", 30s)) << logs();
+  ASSERT_TRUE(wait_for_text(log1, "WORLD_SIZE=2", 30s)) << logs();
+
+  ASSERT_TRUE(hosts.set_link(1, false)) << hosts.error();
+  const auto cut = std::chrono::steady_clock::now();
+  // Node 0 sees node 1's heartbeat expire (2 s) and goes on alone: the round completes as soon
+  // as it joins, not after the 30 s last call.
+  ASSERT_TRUE(wait_for_text(log0, "WORLD_SIZE=1", 25s)) << logs();
+  const double alone_after_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  EXPECT_LT(alone_after_s, 15.0) << "node 0 seems to have waited out the 30 s last call\n"
+                                 << logs();
+  EXPECT_TRUE(contains(read_file(log0), "a node stopped sending heartbeats")) << logs();
+  EXPECT_EQ(count_of(read_file(log0), "group_world_size=1"), 1U) << logs();
+  // Node 1 says what it knows, gives up the round, and keeps trying to rejoin: a restart counted.
+  // About 15 s: its request in flight waits out the request timeout (10 s), then backend_timeout
+  // (3 s) of connects failing at once.
+  ASSERT_TRUE(wait_for_text(log1, "trying to rejoin the rendezvous", 30s)) << logs();
+  {
+    const auto text = read_file(log1);
+    EXPECT_TRUE(contains(text, "No answer from the rendezvous store at " + store + " for"))
+        << logs();
+    EXPECT_TRUE(contains(text, "either this node's network is down or the agent serving it exited"))
+        << logs();
+  }
+  EXPECT_TRUE(n1.running()) << logs();
+
+  // The link returns: node 1 joins (ending node 0's lone round) and both run at world size 2.
+  ASSERT_TRUE(hosts.set_link(1, true)) << hosts.error();
+  auto twice = [](const std::string& part) {
+    return [part](const std::string& text) { return count_of(text, part) >= 2; };
+  };
+  ASSERT_TRUE(wait_for(log1, twice("WORLD_SIZE=2"), 30s)) << logs();
+  ASSERT_TRUE(wait_for(log0, twice("WORLD_SIZE=2"), 30s)) << logs();
+  EXPECT_GE(count_of(read_file(log0), "group_world_size=2"), 2U) << logs();
+  EXPECT_GE(count_of(read_file(log1), "group_world_size=2"), 2U) << logs();
+
+  // The ranks finish; both agents pass the exit barrier and exit 0.
+  std::ofstream(finish).put('\n');
+  for (auto* n : {&n0, &n1}) {
+    const auto status = n->wait_for(30s);
+    ASSERT_TRUE(status.has_value()) << logs();
+    EXPECT_TRUE(status->success()) << logs();
+  }
 }
 
 }  // namespace
