@@ -51,11 +51,31 @@ std::int64_t now_ns() noexcept {
       .count();
 }
 
+void beat() noexcept {
+  static Slot* const slot = map_slot_from_env();  // mapped once, for the process's life
+  if (slot != nullptr) slot->store(now_ns(), std::memory_order_relaxed);
+}
+
+thread_local bool t_beats = false;  // this thread has called heartbeat()
+std::atomic<int> g_relays{0};       // live HeartbeatRelay scopes, in any thread
+
 }  // namespace
 
 void heartbeat() noexcept {
-  static Slot* const slot = map_slot_from_env();  // mapped once, for the process's life
-  if (slot != nullptr) slot->store(now_ns(), std::memory_order_relaxed);
+  t_beats = true;
+  beat();
+}
+
+void heartbeat_while_waiting() noexcept {
+  // See Note [Hang watchdog] in src/elastic/launcher.cpp.
+  if (t_beats || g_relays.load(std::memory_order_relaxed) > 0) beat();
+}
+
+HeartbeatRelay::HeartbeatRelay() noexcept {
+  g_relays.fetch_add(1, std::memory_order_relaxed);
+}
+HeartbeatRelay::~HeartbeatRelay() {
+  g_relays.fetch_sub(1, std::memory_order_relaxed);
 }
 
 HeartbeatFile::HeartbeatFile(std::string path) : path_(std::move(path)) {

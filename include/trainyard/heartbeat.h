@@ -24,6 +24,22 @@ inline constexpr const char* kHeartbeatFileEnv = "TRAINYARD_HEARTBEAT_FILE";
 // is what names it). A program that never calls it is never judged hung.
 void heartbeat() noexcept;
 
+// For bounded waits inside libraries, on whatever thread they run (an S3 request retrying within
+// its deadline): beats when this thread has called heartbeat() itself (it is a thread whose
+// progress matters, waiting), or while some thread is inside a HeartbeatRelay (it waits for this
+// one). A helper thread (a lease renewer) never keeps a hung training thread looking alive.
+void heartbeat_while_waiting() noexcept;
+
+// While one exists, heartbeat_while_waiting() beats from any thread: for a thread that blocks on
+// another's bounded work (joining a background checkpoint save to S3). Thread-safe.
+class HeartbeatRelay {
+ public:
+  HeartbeatRelay() noexcept;
+  ~HeartbeatRelay();
+  HeartbeatRelay(const HeartbeatRelay&) = delete;
+  HeartbeatRelay& operator=(const HeartbeatRelay&) = delete;
+};
+
 // The launcher's side of one rank's heartbeat file: creates it (empty: never beaten) and reads
 // the time of the last beat. Not thread-safe; one monitor thread owns it. Move-only.
 class HeartbeatFile {

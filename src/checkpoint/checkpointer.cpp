@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 
 namespace trainyard::checkpoint {
@@ -162,7 +163,11 @@ void Checkpointer::save_in_background(Checkpoint checkpoint) {
 }
 
 std::optional<std::string> Checkpointer::wait() {
-  if (background_.joinable()) background_.join();
+  if (background_.joinable()) {
+    // The background save's bounded storage waits (S3 retries) count as this thread's progress.
+    const HeartbeatRelay relay;
+    background_.join();
+  }
   if (background_error_) std::rethrow_exception(std::exchange(background_error_, nullptr));
   return background_name_;
 }
@@ -369,6 +374,7 @@ LoadedCheckpoint Checkpointer::load(const std::string& name) {
           detail::concat(where, "/", file, " does not match its SHA-256 in the manifest."));
     }
     out.checkpoint.files.emplace(file, std::move(*contents));
+    heartbeat_while_waiting();  // a rank loading a large checkpoint is making progress
   }
   return out;
 }

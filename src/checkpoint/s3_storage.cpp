@@ -303,10 +303,11 @@ double seconds_between(std::chrono::steady_clock::time_point a,
 
 // Called by curl about once a second during an attempt: warns while an answer is overdue. A
 // request is bounded (stall_timeout per attempt, retry_deadline in all), so waiting for it is
-// progress for the hang watchdog (Note [Hang watchdog] in src/elastic/launcher.cpp): a rank
-// riding out a short S3 outage is not taken for hung; one stuck past the deadline fails.
+// progress for the hang watchdog (Note [Hang watchdog] in src/elastic/launcher.cpp), when the
+// waiting thread is the training thread or one it waits for: a rank riding out a short S3 outage
+// is not taken for hung; one stuck past the deadline fails.
 int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
-  heartbeat();
+  heartbeat_while_waiting();
   auto* w = static_cast<Waiting*>(user);
   const auto now = std::chrono::steady_clock::now();
   if (w->may_warn(now)) {
@@ -545,7 +546,7 @@ Response S3Storage::send(Request req) {
     }
     // In slices, beating between them (see on_progress): backoffs reach kMaxBackoff.
     for (auto left = sleep; left.count() > 0; left -= std::chrono::seconds(1)) {
-      heartbeat();
+      heartbeat_while_waiting();
       std::this_thread::sleep_for(
           std::min<std::chrono::milliseconds>(left, std::chrono::seconds(1)));
     }
