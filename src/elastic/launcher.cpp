@@ -771,7 +771,9 @@ int LaunchResult::exit_code() const {
   if (succeeded) return 0;
   if (first_failure >= 0 && first_failure < static_cast<int>(exits.size())) {
     const RankExit& root = exits[first_failure];
-    return root.signal != 0 ? 128 + root.signal : root.exit_code;
+    if (root.signal != 0) return 128 + root.signal;
+    // A hung rank that exited 0 on the launcher's SIGTERM still failed.
+    return root.exit_code != 0 ? root.exit_code : 1;
   }
   if (received_signal != 0) return 128 + received_signal;
   return 1;
@@ -824,7 +826,9 @@ RoundOutcome run_round(const LaunchOptions& options,
   result.early_exit = monitor.early_exit();
   result.received_signal = monitor.received_signal();
   outcome.membership_changed = monitor.stopped_by_hook() && result.first_failure < 0;
+  // A hang is a failure even when every rank then exits 0 on SIGTERM (a preemption handler).
   result.succeeded = result.received_signal == 0 && !outcome.membership_changed &&
+                     result.first_failure < 0 &&
                      std::none_of(result.exits.begin(), result.exits.end(),
                                   [](const RankExit& e) { return e.failed(); });
   outcome.signal_time = monitor.signal_time();
@@ -855,9 +859,13 @@ std::string random_job_instance() {
   return fmt::format("{:08x}{:08x}", rd(), rd());
 }
 
-// Waits the restart backoff before restart `restart_count` (0 for the first). Returns the signal
-// that ended the wait early, or 0. See LaunchOptions::restart_backoff.
-int back_off_before_restart(const LaunchOptions& o, int restart_count, SignalScope& signals) {
+// Waits the restart backoff before restart `restart_count` (0 for the first), calling
+// `keep_alive` (when set) about every 500 ms meanwhile. Returns the signal that ended the wait
+// early, or 0. See LaunchOptions::restart_backoff.
+int back_off_before_restart(const LaunchOptions& o,
+                            int restart_count,
+                            SignalScope& signals,
+                            const std::function<void()>& keep_alive = {}) {
   auto delay = o.restart_backoff;
   for (int k = 0; k < restart_count && delay < o.restart_backoff_max; ++k) delay *= 2;
   delay = std::min(delay, o.restart_backoff_max);
@@ -869,8 +877,10 @@ int back_off_before_restart(const LaunchOptions& o, int restart_count, SignalSco
   while (true) {
     const auto left = std::chrono::ceil<milliseconds>(until - Clock::now());
     if (left.count() <= 0) return 0;
+    if (keep_alive) keep_alive();
     pollfd fd{.fd = signals.fd(), .events = POLLIN, .revents = 0};
-    if (::poll(&fd, 1, static_cast<int>(left.count())) > 0) {
+    if (::poll(&fd, 1, static_cast<int>(std::min<milliseconds>(left, milliseconds(500)).count())) >
+        0) {
       if (int sig = signals.take()) {
         logger("launcher")
             ->warn("Received {} while waiting to restart; stopping.", signal_name(sig));
@@ -893,7 +903,16 @@ LaunchResult launch_static(const LaunchOptions& launch_options,
                            OutputSink& out,
                            OutputSink& err) {
   validate_restart_options(launch_options);
-  const LaunchOptions options = with_job_instance(launch_options, random_job_instance());
+  // One instance for every node and restart of this job: the user's, or, across static nodes
+  // (which share no rendezvous state), one derived from what they share: the run id and the
+  // master's address, where one job at a time serves its store.
+  const char* given = std::getenv(kJobInstanceEnv);
+  const LaunchOptions options = with_job_instance(
+      launch_options, given != nullptr && *given != '\0' ? std::string(given)
+                      : launch_options.nnodes > 1
+                          ? fmt::format("{}@{}:{}", launch_options.run_id,
+                                        launch_options.master_addr, launch_options.master_port)
+                          : random_job_instance());
   for (int restart_count = 0;; ++restart_count) {
     const RoundSpec round{
         .restart_count = restart_count,
@@ -1083,7 +1102,10 @@ LaunchResult launch_elastic(const LaunchOptions& options,
     }
     if (restart_count < options.max_restarts) {
       log_restart(options, restart_count);
-      signal_while_waiting = back_off_before_restart(options, restart_count++, signals);
+      // This node's heartbeat stays fresh meanwhile, so the others' next round waits for it
+      // (Note [Short last call]) instead of completing without it.
+      signal_while_waiting = back_off_before_restart(
+          options, restart_count++, signals, [&] { tolerate("beat in", [&] { rdzv.watch(); }); });
       if (signal_while_waiting == 0) continue;
       tolerate("leave", [&] { rdzv.leave(); });
       result.received_signal = signal_while_waiting;
