@@ -295,9 +295,14 @@ std::optional<RendezvousInfo> Rendezvous::next_round(
       const auto now = now_ms();
       if (replaced(s)) return false;
       const bool mine = !instance_.empty();  // this node was in a round of this state
-      // Nobody else of that run is alive (a run id reused, or a run whose nodes all died).
+      // Nobody else of that run is alive (a run id reused, or a run whose nodes all died). For
+      // another job's state, silence must also outlast a backend outage its agents ride out
+      // (Note [Backend outages]): right after one, every heartbeat is old but the job lives.
+      const auto silent_for =
+          mine ? dead_after
+               : dead_after + static_cast<std::int64_t>(options_.backend_timeout.count());
       const bool stale = std::all_of(s.heartbeats.begin(), s.heartbeats.end(), [&](const auto& h) {
-        return h.first == me || now - h.second > dead_after;
+        return h.first == me || now - h.second > silent_for;
       });
       const bool fresh = !s.token || (s.closed ? !mine && (s.finished || stale) : stale);
       if (fresh) {

@@ -25,7 +25,9 @@
 // an agent that has not yet been in a round of this state starts a fresh state (new instance,
 // next round number, nobody joined) by compare-and-set when the state is closed and either every
 // participant finished or no other node's heartbeat is alive, or when it is open and every
-// heartbeat has expired. A closed state with live participants (an agent just gave up; the others
+// heartbeat has been silent for longer than a backend outage its agents ride out plus the
+// keep-alive window (backend_timeout + keep_alive_interval * keep_alive_max_attempt: right after an
+// outage every heartbeat is old, yet the job lives). A closed state with live participants (an agent just gave up; the others
 // are stopping) refuses the join. An agent of the old instance that finds the state replaced or
 // closed gets RendezvousClosedError: its job is over.
 //
