@@ -59,12 +59,17 @@ class FileStorage final : public Storage {
     check_key(key);
     const fs::path path = root_ / key;
     std::error_code ec;
-    fs::create_directories(path.parent_path(), ec);
-    if (ec) throw_io("Cannot create the directory", path.parent_path(), ec.value());
     fs::path tmp = path;
     tmp += detail::concat(kTempMarker, ::getpid());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw_io("Cannot create", tmp, errno);
+    int fd = -1;
+    // A concurrent remove() may delete the folder once it is empty, between its creation and the
+    // open (another writer's claim withdrawn): then create it again.
+    for (int attempt = 0; fd < 0; ++attempt) {
+      fs::create_directories(path.parent_path(), ec);
+      if (ec) throw_io("Cannot create the directory", path.parent_path(), ec.value());
+      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0 && (errno != ENOENT || attempt == 4)) throw_io("Cannot create", tmp, errno);
+    }
     std::size_t done = 0;
     int err = 0;
     while (done < data.size()) {
