@@ -67,9 +67,9 @@ std::optional<std::string> blas_core_for(const std::string& core, CpuVectorUnits
   if (cpu.vendor == Vendor::kIntel && cpu.avx512 &&
       !one_of(core, {"SkylakeX", "Cooperlake", "SapphireRapids"}))
     return "SkylakeX";
-  const bool avx2_is_best =
-      cpu.vendor == Vendor::kAmd || (cpu.vendor == Vendor::kIntel && !cpu.avx512);
-  if (avx2_is_best && cpu.avx2 &&
+  // On AMD also in place of OpenBLAS's own AVX-512 choice (it picks Cooperlake on Zen 4/5).
+  if (cpu.vendor == Vendor::kAmd && cpu.avx2 && !one_of(core, {"Haswell", "Zen"})) return "Haswell";
+  if (cpu.vendor == Vendor::kIntel && !cpu.avx512 && cpu.avx2 &&
       !one_of(core, {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"}))
     return "Haswell";
   return std::nullopt;

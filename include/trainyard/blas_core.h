@@ -22,12 +22,13 @@ struct CpuVectorUnits {
 };
 
 // Note [Kernels known to be correct]
-// The OPENBLAS_CORETYPE to use instead of OpenBLAS's kernel set `core` (compared without case)
-// when `core` uses fewer vector units than `cpu` could, choosing only kernels known to compute
-// correctly on that vendor: SkylakeX for AVX-512 on Intel; Haswell for AVX2 on Intel and on AMD,
-// also where an AMD CPU has AVX-512 (Zen 4/5: some OpenBLAS builds compute wrong results with
-// their AVX-512 kernels there, which is why some environments preset OPENBLAS_CORETYPE=Haswell).
-// On any other vendor nothing is chosen. nullopt when `core` fits or nothing is known to be better.
+// The OPENBLAS_CORETYPE to use instead of OpenBLAS's kernel set `core` (compared without case),
+// choosing only kernels known to compute correctly on that vendor: on Intel, SkylakeX for AVX-512
+// and Haswell for AVX2 where `core` uses fewer vector units than the CPU has; on AMD, Haswell
+// (AVX2) in place of anything else, OpenBLAS's own AVX-512 choice (Cooperlake on Zen 4/5)
+// included: some OpenBLAS builds compute wrong results with their AVX-512 kernels there, which is
+// why some environments preset OPENBLAS_CORETYPE=Haswell. On any other vendor nothing is chosen.
+// nullopt when `core` is already right.
 std::optional<std::string> blas_core_for(const std::string& core,
                                          CpuVectorUnits cpu = CpuVectorUnits::of_this_cpu());
 

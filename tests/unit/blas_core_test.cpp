@@ -66,14 +66,15 @@ TEST(BlasCore, KernelsBelowTheCpuAreReplacedByOnesKnownCorrectForTheVendor) {
   EXPECT_EQ(blas_core_for("Barcelona", kAmdAvx2), "Haswell");
 }
 
-TEST(BlasCore, KernelsThatFitOrAreOpenBlasOwnChoiceAreKept) {
+TEST(BlasCore, KernelsThatFitAreKept) {
   for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids", "SKYLAKEX"})
     EXPECT_EQ(blas_core_for(core, kIntelAvx512), std::nullopt) << core;
   for (const char* core : {"Haswell", "Zen", "HASWELL"}) {
     EXPECT_EQ(blas_core_for(core, kIntelAvx2), std::nullopt) << core;
     EXPECT_EQ(blas_core_for(core, kAmdAvx512), std::nullopt) << "AVX2 is what AMD gets: " << core;
   }
-  EXPECT_EQ(blas_core_for("SkylakeX", kAmdAvx512), std::nullopt) << "OpenBLAS's own choice stands";
+  for (const char* core : {"SkylakeX", "Cooperlake"})
+    EXPECT_EQ(blas_core_for(core, kAmdAvx512), "Haswell") << "AVX-512 kernels on AMD: " << core;
   EXPECT_EQ(blas_core_for("Prescott", kSse), std::nullopt) << "nothing better to choose";
   EXPECT_EQ(blas_core_for("Prescott", kOtherAvx512), std::nullopt)
       << "an unknown vendor gets no kernels that are not known to be correct on it";
