@@ -80,10 +80,12 @@ for outage in $ETCD_OUTAGES; do
   start_etcd "$dir" "$client" "$peer"
   start=$SECONDS
   # The ranks sleep through the outage and a little more; they need no etcd while they run.
+  agents=()
   for node in 0 1; do
     "$TRAINYARD" run --nnodes 2 --nproc-per-node 1 --rdzv-backend etcd \
       --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "outage-$outage" --max-restarts 0 -- \
       /bin/sh -c "echo started; sleep $((outage + 15))" >"$dir.node$node.log" 2>&1 &
+    agents+=($!)
   done
   wait_for "$dir.node1.log" "]: started" 60 || die "the agents did not start; see $dir.node*.log"
   wait_for "$dir.node0.log" "]: started" 60 || die "the agents did not start; see $dir.node*.log"
@@ -91,8 +93,9 @@ for outage in $ETCD_OUTAGES; do
   sleep "$outage"
   start_etcd "$dir" "$client" "$peer"
   ok=1
-  for job in $(jobs -p | grep -vx "$server"); do wait "$job" || ok=0; done
-  grep -q "Worker group FAILED\|restart_count=1" "$dir.node0.log" "$dir.node1.log" && ok=0
+  for agent in "${agents[@]}"; do wait "$agent" || ok=0; done
+  grep -q "Worker group FAILED\|restart_count=1\|Stopping the worker group" \
+    "$dir.node0.log" "$dir.node1.log" && ok=0
   printf '%8s  %-7s  %-11s  %5s\n' "$outage" etcd "$( ((ok)) && echo ridden-out || echo job-failed)" \
     "$((SECONDS - start))"
   kill "$server"; wait "$server" 2>/dev/null || true; server=

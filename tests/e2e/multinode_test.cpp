@@ -153,41 +153,17 @@ TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
   auto node = [&](int i, const std::string& log) {
     // Through a shell so that the agent's output goes to a file the test can watch.
     std::string cmd;
-    for (const auto& a : hosts.in(i, {TRAINYARD_CLI_PATH,
-                                      "run",
-                                      "--nnodes",
-                                      "2:3",
-                                      "--nproc-per-node",
-                                      "1",
-                                      "--rdzv-backend",
-                                      "c10d",
-                                      "--rdzv-endpoint",
-                                      endpoint,
-                                      "--rdzv-id",
-                                      "multinode",
-                                      "--max-restarts",
-                                      "2",
-                                      "--rdzv-conf",
-                                      "last_call_timeout=1,keep_alive_interval=0.5,join_timeout=60",
-                                      "--",
-                                      TRAINYARD_CLI_PATH,
-                                      "train",
-                                      "fashion-mnist",
-                                      "--epochs",
-                                      "1",
-                                      "--limit",
-                                      "2304",
-                                      "--batch-size",
-                                      "32",
-                                      "--threads",
-                                      "1",
-                                      "--checkpoint-every",
-                                      "4",
-                                      "--storage",
-                                      dir.str(),
-                                      "--name",
-                                      "mn",
-                                      "--no-progress"})) {
+    for (const auto& a :
+         hosts.in(i, {TRAINYARD_CLI_PATH, "run", "--nnodes", "2:3", "--nproc-per-node", "1",
+                      "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
+                      "multinode", "--max-restarts", "2",
+                      // The survivors' ranks are paused (SIGSTOP) below while a
+                      // node rejoins: no hang verdict on them meanwhile.
+                      "--hang-timeout", "120", "--rdzv-conf",
+                      "last_call_timeout=1,keep_alive_interval=0.5,join_timeout=60", "--",
+                      TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--epochs", "1", "--limit",
+                      "2304", "--batch-size", "32", "--threads", "1", "--checkpoint-every", "4",
+                      "--storage", dir.str(), "--name", "mn", "--no-progress"})) {
       cmd += "'" + a + "' ";
     }
     return trainyard::elastic::Subprocess(trainyard::elastic::SubprocessOptions{

@@ -238,7 +238,10 @@ TEST(ElasticAgent, ShortEtcdOutageLeavesTheRanksRunning) {
   const std::vector<std::string> train = {
       "/bin/sh", "-c",
       R"(echo "start R=$RANK I=$TRAINYARD_JOB_INSTANCE"; sleep 8; echo "end R=$RANK")"};
-  const std::string conf = std::string(kFastConf) + ",backend_timeout=20";
+  // Heartbeats every 2 s (dead after 6 s): what this test asserts (no one taken for dead after
+  // the outage) must not hinge on a fraction of a second on a loaded machine.
+  const std::string conf =
+      "last_call_timeout=0.5,keep_alive_interval=2,join_timeout=30,backend_timeout=20";
   std::vector<Subprocess> agents;
   for (int i = 0; i < 2; ++i) {
     agents.emplace_back(SubprocessOptions{

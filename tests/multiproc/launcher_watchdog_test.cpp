@@ -81,15 +81,16 @@ TEST(LauncherWatchdog, HungRankIsNamedStoppedAndTheRootCause) {
   EXPECT_EQ(c.result.exits[0].hang_silence, 0ms) << "the beating rank is not hung";
   EXPECT_TRUE(std::regex_search(
       c.err, std::regex("Rank 1 \\(local rank 1, pid " + std::to_string(hung.pid) +
-                        "\\) made no progress for 1\\.\\d s \\(last heartbeat at [^;]+; hang "
+                        "\\) made no progress for \\d+\\.\\d s \\(last heartbeat at [^;]+; hang "
                         "timeout 1\\.0 s\\); stopping the worker group")))
       << c.err;
   const auto root_at = c.err.find("Root Cause (first observed failure):\n");
   ASSERT_NE(root_at, std::string::npos) << c.err;
   const std::string root = c.err.substr(root_at);
   EXPECT_TRUE(contains(root, "  rank      : 1 (local_rank: 1)\n")) << root;
-  EXPECT_TRUE(std::regex_search(root, std::regex("  traceback : hung: no progress for 1\\.\\d s; "
-                                                 "stopped by the launcher \\(Signal 15")))
+  EXPECT_TRUE(
+      std::regex_search(root, std::regex("  traceback : hung: no progress for \\d+\\.\\d s; "
+                                         "stopped by the launcher \\(Signal 15")))
       << root;
   EXPECT_TRUE(contains(root, "Last lines of rank 1 (local rank 1, pid " + std::to_string(hung.pid) +
                                  "):\n[rank1]: rank 1 about to hang\n"))
@@ -117,7 +118,7 @@ TEST(LauncherWatchdog, CliRestartsTheGroupAfterAHang) {
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_EQ(r.status.exit_code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "Rank 1 (local rank 1, pid ")) << r.err;
-  EXPECT_TRUE(contains(r.err, "made no progress for 1.")) << r.err;
+  EXPECT_TRUE(contains(r.err, "made no progress for ")) << r.err;
   EXPECT_TRUE(contains(r.err, "[default] Worker group FAILED. 1/1 attempts left")) << r.err;
   EXPECT_TRUE(contains(r.err, "restart_count=1")) << r.err;
   EXPECT_LT(r.elapsed, 15s) << r.err;
