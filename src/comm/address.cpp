@@ -54,13 +54,16 @@ constexpr milliseconds kAttemptTimeout{5000};  // the longest one connect() may 
 constexpr milliseconds kFirstPause{100};
 constexpr milliseconds kMaxPause{1000};
 
-// One connect to a: empty on success, else why it failed.
-std::string try_connect(const addrinfo& a, milliseconds wait) {
+// One connect to a: empty on success, else why it failed; `refused` tells whether the host
+// answered by refusing (it is up; nothing listens on the port yet).
+std::string try_connect(const addrinfo& a, milliseconds wait, bool& refused) {
+  refused = false;
   const int fd = socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a.ai_protocol);
   if (fd < 0) return std::strerror(errno);
   std::string error;
   if (connect(fd, a.ai_addr, a.ai_addrlen) != 0) {
     if (errno != EINPROGRESS) {
+      refused = errno == ECONNREFUSED;
       error = std::strerror(errno);
     } else {
       pollfd p{.fd = fd, .events = POLLOUT, .revents = 0};
@@ -74,6 +77,7 @@ std::string try_connect(const addrinfo& a, milliseconds wait) {
         int so_error = 0;
         socklen_t len = sizeof(so_error);
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
+        refused = so_error == ECONNREFUSED;
         if (so_error != 0) error = std::strerror(so_error);
       }
     }
@@ -87,10 +91,11 @@ std::string try_connect(const addrinfo& a, milliseconds wait) {
 void wait_until_reachable(const std::string& host,
                           std::uint16_t port,
                           milliseconds timeout,
+                          milliseconds refused_timeout,
                           const std::string& what,
                           const std::string& hint) {
   const auto start = Clock::now();
-  const auto deadline = start + timeout;
+  auto deadline = start + timeout;
   auto next_log = start + std::chrono::seconds(10);
   milliseconds pause = kFirstPause;
   std::string last_error = "no attempt finished";
@@ -108,12 +113,15 @@ void wait_until_reachable(const std::string& host,
     } else {
       for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
         const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
-        auto error = try_connect(*a, std::clamp(left, milliseconds(1), kAttemptTimeout));
+        bool refused = false;
+        auto error = try_connect(*a, std::clamp(left, milliseconds(1), kAttemptTimeout), refused);
         if (error.empty()) {
           freeaddrinfo(found);
           return;
         }
         last_error = std::move(error);
+        // The host answers: the process that serves the port may just start later.
+        deadline = start + (refused ? std::max(timeout, refused_timeout) : timeout);
       }
       freeaddrinfo(found);
     }

@@ -120,6 +120,7 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
     // then LibTorch only warns about "?UNKNOWN?".
     wait_until_reachable(
         env.master_addr, env.master_port, options.join_timeout,
+        /*refused_timeout=*/options.timeout,
         detail::concat("the rendezvous store at ", env.master_addr, ":", env.master_port,
                        " (MASTER_ADDR:MASTER_PORT) from rank ", env.rank, "/", env.world_size),
         detail::concat("check that MASTER_ADDR is the host of rank 0 (or of the agent serving the "

@@ -1,8 +1,15 @@
-// The environment contract: parsed values, defaults, and errors that name the variable.
+// The environment contract: parsed values, defaults, and errors that name the variable; and the
+// wait for MASTER_ADDR:MASTER_PORT before a rank connects to the store.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <map>
+#include <thread>
 
+#include "trainyard/comm/address.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/error.h"
@@ -95,6 +102,52 @@ TEST(InitOptions, TimeoutsFromTheEnvironment) {
   } catch (const trainyard::InvalidArgumentError& e) {
     EXPECT_NE(std::string(e.what()).find("TRAINYARD_COLLECTIVE_TIMEOUT='soon'"), std::string::npos)
         << e.what();
+  }
+}
+
+// A socket on 127.0.0.1 bound to a free port but not listening: connects to it are refused until
+// it listens.
+struct RefusingPort {
+  RefusingPort() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port = ntohs(addr.sin_port);
+  }
+  ~RefusingPort() { ::close(fd); }
+  int fd = -1;
+  std::uint16_t port = 0;
+};
+
+TEST(WaitUntilReachable, AHostThatRefusesIsWaitedForUpToTheLongerLimit) {
+  // Rank 0's node starting late: its host answers (refuses) until the store listens.
+  using namespace std::chrono_literals;
+  RefusingPort store;
+  std::thread starts_late([&] {
+    std::this_thread::sleep_for(500ms);
+    ::listen(store.fd, 4);
+  });
+  EXPECT_NO_THROW(trainyard::wait_until_reachable("127.0.0.1", store.port, /*timeout=*/100ms,
+                                                  /*refused_timeout=*/30s, "the store", "none"));
+  starts_late.join();
+}
+
+TEST(WaitUntilReachable, ARefusingHostFailsAfterItsLimitNamingWhatAndWhy) {
+  using namespace std::chrono_literals;
+  RefusingPort nobody;
+  try {
+    trainyard::wait_until_reachable("127.0.0.1", nobody.port, 100ms, 300ms, "the test store",
+                                    "start it");
+    FAIL() << "expected a NetworkError";
+  } catch (const trainyard::NetworkError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Cannot reach the test store within"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Connection refused"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HINT: start it"), std::string::npos) << msg;
   }
 }
 

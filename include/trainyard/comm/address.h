@@ -16,14 +16,17 @@ bool is_loopback_address(const std::string& addr);
 bool is_local_address(const std::string& host);
 
 // Connects to host:port (and closes the connection at once), retrying refused, unreachable and
-// timed-out attempts with a growing pause, until one succeeds or `timeout` has passed. Blocks for
-// at most about `timeout`; each attempt waits at most 5 s for an answer, so an address that drops
-// packets is told apart from one that refuses. Throws NetworkError "Cannot reach <what> within
+// timed-out attempts with a growing pause, until one succeeds or `timeout` has passed; while the
+// host answers by refusing (it is up, the port not yet served: rank 0's node starting late) the
+// limit is `refused_timeout` when that is longer. Blocks for at most about the limit; each
+// attempt waits at most 5 s for an answer, so an address that drops packets is told apart from
+// one that refuses. Throws NetworkError "Cannot reach <what> within
 // <seconds> s (...; the last: <error>). HINT: <hint>", with what e.g. "the rendezvous store at
 // 10.0.0.1:29500 (MASTER_ADDR:MASTER_PORT)". Thread-safe.
 void wait_until_reachable(const std::string& host,
                           std::uint16_t port,
                           std::chrono::milliseconds timeout,
+                          std::chrono::milliseconds refused_timeout,
                           const std::string& what,
                           const std::string& hint);
 

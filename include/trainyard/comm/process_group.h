@@ -20,8 +20,9 @@ inline constexpr std::chrono::seconds kDefaultJoinTimeout{60};
 struct InitOptions {
   // Bound on every collective and store wait; a peer silent for longer fails the operation.
   std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
-  // Bound on reaching the store's host (MASTER_ADDR:MASTER_PORT) at all: a rank that cannot
-  // connect within it fails naming the address, instead of waiting out `timeout`.
+  // Bound on reaching the store's host (MASTER_ADDR:MASTER_PORT) at all: a rank that gets no
+  // answer within it fails naming the address, instead of waiting out `timeout`. A host that
+  // answers by refusing (rank 0 not started yet) is waited for up to `timeout`.
   std::chrono::milliseconds join_timeout = kDefaultJoinTimeout;
   // Address Gloo binds to. Empty: $GLOO_SOCKET_IFNAME's interface if set, else
   // $TRAINYARD_BIND_ADDR, else 127.0.0.1 when MASTER_ADDR is a loopback address, else this host's
@@ -66,7 +67,8 @@ InitOptions init_options_from_env(const EnvLookup& env = process_env());
 
 // Reads the contract from the environment, connects to the store and builds the Gloo group.
 // A rank that does not host the store first waits until MASTER_ADDR:MASTER_PORT accepts a
-// connection, at most options.join_timeout (then NetworkError naming the address); then blocks
+// connection, at most options.join_timeout without an answer or options.timeout while the host
+// refuses (then NetworkError naming the address); then blocks
 // until all ranks have joined or options.timeout passes (then TimeoutError/NetworkError naming
 // MASTER_ADDR:MASTER_PORT). Also sets the log prefix to this rank. init() without options takes
 // init_options_from_env().
