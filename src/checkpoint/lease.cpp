@@ -121,7 +121,8 @@ std::vector<LeaseRecord> list_leases(Storage& storage) {
       const auto j = nlohmann::json::parse(*text);
       out.push_back(LeaseRecord{.key = key,
                                 .writer = writer_from_json(j.at("writer")),
-                                .renewed_unix = j.at("renewed_unix").get<std::int64_t>()});
+                                .renewed_unix = j.at("renewed_unix").get<std::int64_t>(),
+                                .lease_timeout_s = j.value("lease_timeout_s", std::int64_t{0})});
     } catch (const std::exception& e) {
       logger("checkpoint")
           ->warn("Ignoring the unreadable lease {}: {}", join_uri(storage.uri(), key), e.what());
@@ -131,7 +132,10 @@ std::vector<LeaseRecord> list_leases(Storage& storage) {
 }
 
 bool lease_abandoned(const LeaseRecord& lease, std::chrono::seconds timeout) {
-  if (now_unix() - lease.renewed_unix > timeout.count()) return true;
+  // The holder renews every third of its own lease_timeout, which may be longer than ours.
+  if (now_unix() - lease.renewed_unix >
+      std::max<std::int64_t>(timeout.count(), lease.lease_timeout_s))
+    return true;
   const auto& here = WriterIdentity::current();  // host and process space are cached
   if (lease.writer.host != here.host || lease.writer.process_space != here.process_space ||
       lease.writer.pid <= 0) {
@@ -211,7 +215,9 @@ RunLease::~RunLease() {
 }
 
 void RunLease::write_record() {
-  const nlohmann::json record = {{"writer", to_json(writer_)}, {"renewed_unix", now_unix()}};
+  const nlohmann::json record = {{"writer", to_json(writer_)},
+                                 {"renewed_unix", now_unix()},
+                                 {"lease_timeout_s", options_.lease_timeout.count()}};
   storage_->write(key_, record.dump(2) + "\n");
 }
 
@@ -231,6 +237,21 @@ void RunLease::renew_loop() {
         return;
       }
       write_record();
+      // A taker-over may have removed our lease between the read and the write, which then
+      // wrote it again: its own lease, written before it removed ours, is listed now.
+      for (const auto& other : list_leases(*storage_)) {
+        if (other.key != key_ && other.writer.job_instance != writer_.job_instance &&
+            !lease_abandoned(other, options_.lease_timeout)) {
+          lost_ = true;
+          storage_->remove(key_);
+          logger("checkpoint")
+              ->error(
+                  "The lease of {} was taken over by {}; this writer will not commit "
+                  "checkpoints any more.",
+                  storage_->uri(), describe_lease(other));
+          return;
+        }
+      }
     } catch (const std::exception& e) {
       logger("checkpoint")
           ->warn(

@@ -41,7 +41,8 @@ struct WriterIdentity {
 struct LeaseRecord {
   std::string key;  // "_lease/<token>.json"
   WriterIdentity writer;
-  std::int64_t renewed_unix = 0;  // seconds since the epoch, the holder's clock
+  std::int64_t renewed_unix = 0;     // seconds since the epoch, the holder's clock
+  std::int64_t lease_timeout_s = 0;  // the holder's lease_timeout; 0 in older leases
 };
 
 struct RunLeaseOptions {
