@@ -1000,14 +1000,7 @@ LaunchResult launch_elastic(const LaunchOptions& options,
       if (signal_while_waiting != 0) return stopped_by_signal();
       throw;
     }
-    if (!info) {
-      log->warn("Received {} while waiting for the rendezvous; left it.",
-                signal_name(signal_while_waiting));
-      LaunchResult stopped;
-      stopped.restart_count = restart_count;
-      stopped.received_signal = signal_while_waiting;
-      return stopped;
-    }
+    if (!info) return stopped_by_signal();
     const LaunchOptions round_options = with_job_instance(options, info->job_instance);
     const RoundSpec round{.restart_count = restart_count,
                           .group_rank = info->group_rank,

@@ -1,7 +1,6 @@
 // Fault tolerance of the FashionMNIST recipe through the real CLI: a rank killed with SIGKILL in
 // the middle of an epoch makes the agent restart the group, which resumes from the newest
 // checkpoint and ends exactly where an uninterrupted run ends.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -16,34 +15,6 @@ using trainyard::mptest::read_file;
 using trainyard::mptest::run_program;
 using trainyard::mptest::TempDir;
 using namespace std::chrono_literals;
-
-// The pid of the process whose environment has TORCHELASTIC_RUN_ID=run_id and RANK=rank, or -1.
-int find_rank(const std::string& run_id, int rank) {
-  const std::string want_run = "TORCHELASTIC_RUN_ID=" + run_id;
-  const std::string want_rank = "RANK=" + std::to_string(rank);
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return -1;
-  int found = -1;
-  while (dirent* e = readdir(proc)) {
-    const int pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    const std::string env = read_file("/proc/" + std::string(e->d_name) + "/environ");
-    bool run = false, rank_ok = false;
-    for (std::size_t begin = 0; begin < env.size();) {
-      const auto end = std::min(env.find('\0', begin), env.size());
-      const auto var = env.substr(begin, end - begin);
-      run = run || var == want_run;
-      rank_ok = rank_ok || var == want_rank;
-      begin = end + 1;
-    }
-    if (run && rank_ok && trainyard::mptest::process_alive(pid)) {
-      found = pid;
-      break;
-    }
-  }
-  closedir(proc);
-  return found;
-}
 
 std::vector<std::string> recipe(const TempDir& dir, const std::string& name) {
   return {TRAINYARD_CLI_PATH,
@@ -85,7 +56,7 @@ TEST(ElasticRecipe, KilledRankRestartsFromTheCheckpointAndEndsLikeAnUninterrupte
   // 2048 images / 2 ranks / 128 = 8 steps; the first checkpoint is at step 2.
   ASSERT_TRUE(trainyard::mptest::wait_for_files(
       {dir.path() / "killed" / "checkpoint_000000" / "MANIFEST.json"}, 60s));
-  const int victim = find_rank("killed", 1);
+  const int victim = trainyard::mptest::find_rank("killed", 1);
   ASSERT_GT(victim, 0) << "rank 1 of the run is not running";
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   auto killed = collect(job, 100s);

@@ -2,7 +2,6 @@
 // rank whose MASTER_ADDR drops packets fails within the join timeout naming the address; a recipe
 // rank stopped with SIGSTOP is named by the agent's hang watchdog, and the group restarts and
 // resumes from its checkpoint. See Note [Hang watchdog] in src/elastic/launcher.cpp.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -24,34 +23,6 @@ using namespace std::chrono_literals;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-// The pid of a live process whose environment has TORCHELASTIC_RUN_ID=run_id and RANK=rank, or -1.
-int find_rank(const std::string& run_id, int rank) {
-  const std::string want_run = "TORCHELASTIC_RUN_ID=" + run_id;
-  const std::string want_rank = "RANK=" + std::to_string(rank);
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return -1;
-  int found = -1;
-  while (dirent* e = readdir(proc)) {
-    const int pid = std::atoi(e->d_name);
-    if (pid <= 0) continue;
-    const std::string env = read_file("/proc/" + std::string(e->d_name) + "/environ");
-    bool run = false, rank_ok = false;
-    for (std::size_t begin = 0; begin < env.size();) {
-      const auto end = std::min(env.find('\0', begin), env.size());
-      const auto var = env.substr(begin, end - begin);
-      run = run || var == want_run;
-      rank_ok = rank_ok || var == want_rank;
-      begin = end + 1;
-    }
-    if (run && rank_ok && trainyard::mptest::process_alive(pid)) {
-      found = pid;
-      break;
-    }
-  }
-  closedir(proc);
-  return found;
 }
 
 TEST(Watchdog, CollectiveTimeoutFlagReachesConfigJson) {
@@ -164,7 +135,7 @@ TEST(Watchdog, StoppedRecipeRankIsNamedAndTheGroupResumesFromItsCheckpoint) {
   // steps in which to stop rank 1.
   ASSERT_TRUE(trainyard::mptest::wait_for_files(
       {dir.path() / "hung" / "checkpoint_000000" / "MANIFEST.json"}, 90s));
-  const int victim = find_rank("hung", 1);
+  const int victim = trainyard::mptest::find_rank("hung", 1);
   ASSERT_GT(victim, 0) << "rank 1 of the run is not running";
   ASSERT_EQ(kill(victim, SIGSTOP), 0);
   auto r = collect(job, 150s);

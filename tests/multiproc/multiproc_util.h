@@ -3,12 +3,14 @@
 // the rule for a missing prerequisite (skip on a developer's machine, fail under CI).
 #pragma once
 
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -105,6 +107,34 @@ inline bool wait_until_dead(int pid, std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return true;
+}
+
+// The pid of a live process whose environment has TORCHELASTIC_RUN_ID=run_id and RANK=rank, or -1.
+inline int find_rank(const std::string& run_id, int rank) {
+  const std::string want_run = "TORCHELASTIC_RUN_ID=" + run_id;
+  const std::string want_rank = "RANK=" + std::to_string(rank);
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(proc)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string env = read_file("/proc/" + std::string(e->d_name) + "/environ");
+    bool run = false, rank_ok = false;
+    for (std::size_t begin = 0; begin < env.size();) {
+      const auto end = std::min(env.find('\0', begin), env.size());
+      const auto var = env.substr(begin, end - begin);
+      run = run || var == want_run;
+      rank_ok = rank_ok || var == want_rank;
+      begin = end + 1;
+    }
+    if (run && rank_ok && process_alive(pid)) {
+      found = pid;
+      break;
+    }
+  }
+  closedir(proc);
+  return found;
 }
 
 struct RunOutput {
