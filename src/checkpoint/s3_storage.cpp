@@ -288,11 +288,14 @@ struct Waiting {
   const std::string* endpoint = nullptr;
   Clock::time_point first{};          // the request's first attempt began
   Clock::time_point attempt_start{};  // this attempt began
+  Clock::time_point last_moved{};     // this attempt last sent or received bytes (or began)
+  curl_off_t moved = 0;               // bytes this attempt has sent and received
   Clock::time_point last_warning{};   // a warning about this request was logged
   int attempt = 0;
 
   bool may_warn(Clock::time_point now) const {
-    return now - last_warning >= config->warn_every && now - attempt_start >= config->warn_every;
+    // A transfer that moves data (a large upload) is not waiting for an answer.
+    return now - last_warning >= config->warn_every && now - last_moved >= config->warn_every;
   }
 };
 
@@ -306,10 +309,14 @@ double seconds_between(std::chrono::steady_clock::time_point a,
 // progress for the hang watchdog (Note [Hang watchdog] in src/elastic/launcher.cpp), when the
 // waiting thread is the training thread or one it waits for: a rank riding out a short S3 outage
 // is not taken for hung; one stuck past the deadline fails.
-int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+int on_progress(void* user, curl_off_t, curl_off_t received, curl_off_t, curl_off_t sent) {
   heartbeat_while_waiting();
   auto* w = static_cast<Waiting*>(user);
   const auto now = std::chrono::steady_clock::now();
+  if (received + sent != w->moved) {
+    w->moved = received + sent;
+    w->last_moved = now;
+  }
   if (w->may_warn(now)) {
     w->last_warning = now;
     logger("s3")->warn(
@@ -488,6 +495,8 @@ Response S3Storage::send(Request req) {
     CurlHandle h = acquire();
     w.attempt = attempt;
     w.attempt_start = Clock::now();
+    w.last_moved = w.attempt_start;
+    w.moved = 0;
     Response r = perform(h.get(), req, &w);
     release(std::move(h));
     const auto now = Clock::now();
