@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -101,6 +102,9 @@ class S3rver {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  // An outage: SIGSTOP keeps its socket, so requests are accepted and never answered.
+  void freeze() { child_.send_signal(SIGSTOP); }
+  void thaw() { child_.send_signal(SIGCONT); }
 
   // This server's credentials (s3rver's built-in S3RVER / S3RVER), 5 MiB parts above 6 MiB, and
   // fast retries.
@@ -607,6 +611,32 @@ TEST(S3StorageRetry, AShortOutageIsRiddenOut) {
   auto s = make_s3_storage(config);
   EXPECT_EQ(s->read("k"), "payload");
   EXPECT_EQ(fake.requests().size(), 7u);
+}
+
+TEST_F(S3StorageTest, ACheckpointSavedWhileTheRealServerIsFrozenIsWrittenOnceItThaws) {
+  // The outage: 4 s of a frozen s3rver. Each stalled attempt is abandoned after 2 s and retried
+  // until the deadline, which the outage stays well within.
+  auto config = server_->config("runs/outage");
+  config.max_attempts = 0;
+  config.retry_deadline = 60s;
+  config.stall_timeout = 2s;
+  Checkpointer c(make_s3_storage(config), {.job_instance = "outage"});
+  c.save(Checkpoint{.step = 1, .files = {{"model.pt", pattern(1 << 20, 1)}}});
+  server_->freeze();
+  std::thread outage([&] {
+    std::this_thread::sleep_for(4s);
+    server_->thaw();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::string saved;
+  EXPECT_NO_THROW(saved =
+                      c.save(Checkpoint{.step = 2, .files = {{"model.pt", pattern(1 << 20, 2)}}}));
+  outage.join();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 3s) << "the save did not wait out the outage";
+  const auto latest = c.load_latest();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->name, saved);
+  EXPECT_EQ(latest->checkpoint.files.at("model.pt"), pattern(1 << 20, 2));
 }
 
 TEST_F(S3StorageTest, CheckpointerOnS3OwnsItsRunAndClaimsNumbersAtomically) {
