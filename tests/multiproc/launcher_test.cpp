@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "launch_capture.h"
 #include "multiproc_util.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
@@ -87,33 +88,6 @@ bool port_is_free(int port) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   return bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-}
-
-// The launcher's own stderr (logs and the summary) and the ranks' forwarded output.
-struct Captured {
-  LaunchResult result;
-  std::string out;
-  std::string err;
-  std::chrono::milliseconds elapsed{0};
-};
-
-Captured launch_captured(const LaunchOptions& options) {
-  Captured c;
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    c.result = launch(options);
-  } catch (...) {
-    testing::internal::GetCapturedStdout();
-    testing::internal::GetCapturedStderr();
-    throw;
-  }
-  c.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - start);
-  c.out = testing::internal::GetCapturedStdout();
-  c.err = testing::internal::GetCapturedStderr();
-  return c;
 }
 
 TEST(Launcher, SetsTheTorchrunEnvironmentForEveryRank) {

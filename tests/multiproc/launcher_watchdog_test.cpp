@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "launch_capture.h"
 #include "multiproc_util.h"
 #include "trainyard/elastic/launcher.h"
 #include "trainyard/elastic/subprocess.h"
@@ -29,31 +30,6 @@ constexpr const char* kCli = TRAINYARD_CLI_PATH;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-struct Captured {
-  LaunchResult result;
-  std::string err;
-  std::chrono::milliseconds elapsed{0};
-};
-
-Captured launch_captured(const LaunchOptions& options) {
-  Captured c;
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    c.result = launch(options);
-  } catch (...) {
-    testing::internal::GetCapturedStdout();
-    testing::internal::GetCapturedStderr();
-    throw;
-  }
-  c.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - start);
-  testing::internal::GetCapturedStdout();
-  c.err = testing::internal::GetCapturedStderr();
-  return c;
 }
 
 std::vector<std::string> helper(std::vector<std::string> scripts) {
