@@ -2,9 +2,8 @@
 // scripts/setup.sh), started per test on 127.0.0.1 with port 0 and a temporary directory. Also a
 // scripted fake endpoint for retries and timeouts, and S3Config::from_uri's parsing and variables.
 #include "trainyard/checkpoint/s3_storage.h"
+#include "../log_capture.h"
 #include "trainyard/checkpoint/checkpointer.h"
-
-#include <spdlog/sinks/ostream_sink.h>
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -542,27 +541,7 @@ TEST(S3StorageRetry, SilentEndpointTimesOut) {
   EXPECT_LT(elapsed, 2s);
 }
 
-// What a logger prints while it lives.
-class LogCapture {
- public:
-  explicit LogCapture(const std::string& component)
-      : logger_(logger(component)), sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    logger_->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = logger_->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() {
-    logger_->flush();
-    return out_.str();
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> logger_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
+using trainyard::test::LogCapture;
 
 TEST(S3StorageRetry, FrozenEndpointIsAbandonedWithinTheDeadlineWithWarnings) {
   int port = 0;

@@ -16,8 +16,6 @@
 #include <fstream>
 #include <thread>
 
-#include <spdlog/sinks/ostream_sink.h>
-
 #include <atomic>
 #include <ctime>
 #include <mutex>
@@ -25,6 +23,7 @@
 #include <set>
 #include <sstream>
 
+#include "../log_capture.h"
 #include "trainyard/checkpoint/lease.h"
 #include "trainyard/checkpoint/storage.h"
 #include "trainyard/error.h"
@@ -244,27 +243,7 @@ TEST(OpenStorage, UrisAndSchemes) {
 
 // ---- run lease, claims, retention, failures (issue 8) ----
 
-// What a logger prints while it lives.
-class LogCapture {
- public:
-  explicit LogCapture(const std::string& component)
-      : logger_(logger(component)), sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    logger_->sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = logger_->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() {
-    logger_->flush();
-    return out_.str();
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> logger_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
+using trainyard::test::LogCapture;
 
 std::int64_t now_unix() {
   return static_cast<std::int64_t>(std::time(nullptr));
