@@ -145,43 +145,72 @@ struct RunOutput {
   bool timed_out = false;
 };
 
-// Drains the child's pipes until it exits and both reach EOF, at most timeout; a child still
-// running then is terminated and the result marked timed_out.
-inline RunOutput collect(elastic::Subprocess& child, std::chrono::milliseconds timeout) {
-  RunOutput r;
+// Drains every child's pipes together (so that none blocks on a full pipe while another is
+// waited for) until each has exited and reached EOF on both, at most timeout in all; a child
+// still running then is terminated and its result marked timed_out.
+inline std::vector<RunOutput> collect_all(std::vector<elastic::Subprocess*> children,
+                                          std::chrono::milliseconds timeout) {
+  std::vector<RunOutput> results(children.size());
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
+  const auto finished = [](elastic::Subprocess& c) {
+    return c.stdout_fd() < 0 && c.stderr_fd() < 0 && c.poll();
+  };
   char buf[4096];
-  while (child.stdout_fd() >= 0 || child.stderr_fd() >= 0 || !child.poll()) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      r.timed_out = true;
-      break;
-    }
+  while (true) {
     std::vector<pollfd> fds;
-    for (int fd : {child.stdout_fd(), child.stderr_fd()}) {
-      if (fd >= 0) fds.push_back({.fd = fd, .events = POLLIN, .revents = 0});
+    std::vector<std::size_t> owner;
+    bool all_done = true;
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      elastic::Subprocess& c = *children[i];
+      if (results[i].elapsed.count() > 0) continue;
+      if (finished(c)) {
+        results[i].elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - start);
+        continue;
+      }
+      all_done = false;
+      for (int fd : {c.stdout_fd(), c.stderr_fd()}) {
+        if (fd < 0) continue;
+        fds.push_back({.fd = fd, .events = POLLIN, .revents = 0});
+        owner.push_back(i);
+      }
     }
+    if (all_done || std::chrono::steady_clock::now() >= deadline) break;
     if (fds.empty()) {
-      child.wait_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
     ::poll(fds.data(), fds.size(), 20);
-    for (const auto& p : fds) {
-      if (p.revents == 0) continue;
-      const bool is_out = p.fd == child.stdout_fd();
-      ssize_t n = ::read(p.fd, buf, sizeof(buf));
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      elastic::Subprocess& c = *children[owner[k]];
+      const bool is_out = fds[k].fd == c.stdout_fd();
+      ssize_t n = ::read(fds[k].fd, buf, sizeof(buf));
       if (n > 0) {
-        (is_out ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
+        (is_out ? results[owner[k]].out : results[owner[k]].err)
+            .append(buf, static_cast<std::size_t>(n));
       } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        is_out ? child.close_stdout() : child.close_stderr();
+        is_out ? c.close_stdout() : c.close_stderr();
       }
     }
   }
-  if (r.timed_out) child.terminate(std::chrono::milliseconds(1000));
-  if (auto status = child.exit_status()) r.status = *status;
-  r.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - start);
-  return r;
+  for (std::size_t i = 0; i < children.size(); ++i) {
+    RunOutput& r = results[i];
+    if (r.elapsed.count() == 0) {
+      r.timed_out = true;
+      children[i]->terminate(std::chrono::milliseconds(1000));
+      r.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+    }
+    if (auto status = children[i]->exit_status()) r.status = *status;
+  }
+  return results;
+}
+
+// collect_all for one child.
+inline RunOutput collect(elastic::Subprocess& child, std::chrono::milliseconds timeout) {
+  return std::move(collect_all({&child}, timeout).front());
 }
 
 // Runs argv to completion (at most timeout) with env added, capturing stdout and stderr.
