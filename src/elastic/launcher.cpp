@@ -1009,6 +1009,10 @@ LaunchResult launch_elastic(const LaunchOptions& options,
                           .world_size = info->world_size,
                           .master_addr = info->master_addr,
                           .master_port = info->master_port};
+    // This node's heartbeat is written by these checks: at least once per keep-alive interval,
+    // or the others would take it for dead (and the outage grace would not cover it).
+    const auto watch_interval =
+        std::min(options.monitor_interval, rdzv.options().keep_alive_interval);
     auto next_watch = Clock::now();
     std::string fatal;          // the rendezvous failed or closed while the ranks ran
     bool backend_lost = false;  // fatal: the backend stayed away past backend_timeout
@@ -1030,7 +1034,7 @@ LaunchResult launch_elastic(const LaunchOptions& options,
         .should_stop =
             [&] {
               if (Clock::now() < next_watch) return false;
-              next_watch = Clock::now() + options.monitor_interval;
+              next_watch = Clock::now() + watch_interval;
               std::string change;
               try {
                 switch (rdzv.watch()) {

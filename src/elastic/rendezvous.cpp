@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -211,15 +213,21 @@ void Rendezvous::note_outage(const std::string& error) {
   }
   ++outage_attempts_;
   const double unreachable_s = seconds_of(now - *outage_since_);
-  if (now - *outage_since_ >= options_.backend_timeout || now >= join_deadline_) {
+  const bool backend_timed_out = now - *outage_since_ >= options_.backend_timeout;
+  if (backend_timed_out || now >= join_deadline_) {
     const int attempts = outage_attempts_;
     outage_since_.reset();  // a later call (a rejoin) gets a whole backend_timeout again
+    const std::string limit =
+        backend_timed_out
+            ? detail::concat("backend_timeout is ", options_.backend_timeout.count() / 1000.0, " s")
+            : detail::concat("the join_timeout of ", options_.join_timeout.count() / 1000.0,
+                             " s has passed while joining");
     throw NetworkError(detail::concat(
         "The rendezvous backend (", description_, ") has been unreachable for ",
-        fmt::format("{:.1f}", unreachable_s), " s (", attempts,
-        " failed attempt(s); backend_timeout is ", options_.backend_timeout.count() / 1000.0,
-        " s). Last error: ", error,
-        " HINT: raise --rdzv-conf backend_timeout=SECONDS to ride out longer outages."));
+        fmt::format("{:.1f}", unreachable_s), " s (", attempts, " failed attempt(s); ", limit,
+        "). Last error: ", error, " HINT: raise --rdzv-conf ",
+        backend_timed_out ? "backend_timeout" : "join_timeout",
+        "=SECONDS to ride out longer outages."));
   }
   const auto backoff = std::min<milliseconds>(
       kOutageFirstBackoff * (1 << std::min(outage_attempts_ - 1, 10)), kOutageMaxBackoff);
@@ -509,7 +517,6 @@ Rendezvous::State Rendezvous::read_and_beat() {
 }
 
 RoundChange Rendezvous::watch() {
-  const auto& me = options_.node_id;
   const std::int64_t dead_after =
       options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
   // See Note [Backend outages].
@@ -533,20 +540,35 @@ RoundChange Rendezvous::watch() {
         "run id started in it (instance ", s.instance, ", this node's was ", instance_, ")."));
   }
   if (s.round != round_) return RoundChange::kNewRound;
-  // After an outage nobody could beat: give every node time to beat again first.
-  const auto grace = milliseconds(dead_after) + kOutageMaxBackoff + options_.keep_alive_interval;
-  if (SteadyClock::now() - recovered_at_ < grace) return RoundChange::kNone;
+  if (in_outage_grace()) return RoundChange::kNone;
   const auto now = now_ms();
   const bool waiting = std::any_of(s.waiting.begin(), s.waiting.end(), [&](const Node& n) {
     return !s.expired(n.id, now, dead_after);
   });
   if (waiting && static_cast<int>(s.participants.size()) < options_.max_nodes)
     return RoundChange::kNodesWaiting;
+  return lost_participants(s).empty() ? RoundChange::kNone : RoundChange::kParticipantLost;
+}
+
+bool Rendezvous::in_outage_grace() const {
+  // After an outage nobody could beat: give every node time to beat again first. A node beats at
+  // its next watch, at most a keep-alive interval later (the launcher keeps its monitor interval
+  // within it), after its own retry backoff.
+  const auto dead_after = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+  return SteadyClock::now() - recovered_at_ <
+         dead_after + kOutageMaxBackoff + options_.keep_alive_interval;
+}
+
+std::vector<std::string> Rendezvous::lost_participants(const State& s) const {
+  const std::int64_t dead_after =
+      options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
+  const auto now = now_ms();
+  std::vector<std::string> lost;
   for (const auto& n : s.participants) {
-    if (n.id != me && !s.done.contains(n.id) && s.expired(n.id, now, dead_after))
-      return RoundChange::kParticipantLost;
+    if (n.id != options_.node_id && !s.done.contains(n.id) && s.expired(n.id, now, dead_after))
+      lost.push_back(n.id);
   }
-  return RoundChange::kNone;
+  return lost;
 }
 
 bool Rendezvous::start_next_round(const std::string& why) {
@@ -596,10 +618,34 @@ void Rendezvous::mark_done() {
 
 bool Rendezvous::wait_closed(std::chrono::milliseconds timeout,
                              const std::function<bool()>& interrupted) {
+  // See Note [Exit barrier].
+  const auto& me = options_.node_id;
   const auto give_up = SteadyClock::now() + timeout;
   while (SteadyClock::now() < give_up && !(interrupted && interrupted())) {
     const State s = read_and_beat();
     if (s.closed || (!instance_.empty() && s.instance != instance_)) return true;
+    if (s.round != round_) {
+      logger("rendezvous")
+          ->warn(
+              "Another node ended round {} of run '{}' after this node finished; not waiting "
+              "for the nodes of round {}.",
+              round_, options_.run_id, s.round);
+      return true;
+    }
+    const auto lost = lost_participants(s);
+    const auto unfinished =
+        std::count_if(s.participants.begin(), s.participants.end(),
+                      [&](const Node& n) { return n.id != me && !s.done.contains(n.id); });
+    if (!lost.empty() && static_cast<std::size_t>(unfinished) == lost.size() &&
+        !in_outage_grace()) {
+      logger("rendezvous")
+          ->warn(
+              "Not waiting for node(s) {} of run '{}': each stopped sending heartbeats before "
+              "finishing (none for over {} s). Its workers' results are lost; see its log.",
+              fmt::join(lost, ", "), options_.run_id,
+              (options_.keep_alive_interval * options_.keep_alive_max_attempt).count() / 1000.0);
+      return true;
+    }
     std::this_thread::sleep_for(options_.poll_interval);
   }
   return false;

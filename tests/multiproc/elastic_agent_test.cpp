@@ -38,15 +38,21 @@ int free_port() {
   return port;
 }
 
+// Collects every agent at once (see mptest::collect_all).
+std::vector<RunOutput> collect_agents(std::vector<Subprocess>& agents,
+                                      std::chrono::milliseconds timeout) {
+  std::vector<Subprocess*> children;
+  for (auto& a : agents) children.push_back(&a);
+  return mptest::collect_all(std::move(children), timeout);
+}
+
 // Starts one agent per entry of `argvs` at once and collects them all.
 std::vector<RunOutput> run_agents(const std::vector<std::vector<std::string>>& argvs,
                                   std::vector<std::pair<std::string, std::string>> env = {},
                                   std::chrono::milliseconds timeout = 45s) {
   std::vector<Subprocess> agents;
   for (const auto& argv : argvs) agents.emplace_back(SubprocessOptions{.argv = argv, .env = env});
-  std::vector<RunOutput> out;
-  for (auto& a : agents) out.push_back(mptest::collect(a, timeout));
-  return out;
+  return collect_agents(agents, timeout);
 }
 
 std::vector<std::string> agent(const std::string& backend,
@@ -186,12 +192,14 @@ TEST(ElasticAgent, ALateNodeJoinsAtTheNextRound) {
     ASSERT_TRUE(read_until(a.stdout_fd(), "W=2", 20s, all_out)) << all_out;
   }
   agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2:3", wait_for_three)});
-  for (auto& a : agents) {
-    auto o = mptest::collect(a, 40s);
-    ASSERT_FALSE(o.timed_out) << o.err;
-    EXPECT_EQ(o.status.exit_code, 0) << o.err;
+  const auto outcomes = collect_agents(agents, 40s);
+  for (const auto& o : outcomes) {
     all_out += o.out;
     all_err += o.err;
+  }
+  for (const auto& o : outcomes) {
+    ASSERT_FALSE(o.timed_out) << all_err;
+    EXPECT_EQ(o.status.exit_code, 0) << all_err;
   }
   EXPECT_TRUE(contains(all_out, "W=2")) << all_out;
   EXPECT_TRUE(contains(all_out, "R=2 W=3")) << all_out;
@@ -220,15 +228,44 @@ TEST(ElasticAgent, AnAgentStoppedBySigtermLeavesAndTheOthersGoOnWithoutIt) {
   auto stopped = mptest::collect(agents[2], 20s);
   EXPECT_EQ(stopped.status.exit_code, 128 + SIGTERM) << stopped.err;
   EXPECT_TRUE(contains(stopped.err, "left run 'agent-test'")) << stopped.err;
+  const auto outcomes = mptest::collect_all({&agents[0], &agents[1]}, 30s);
   std::string rest;
-  for (int i = 0; i < 2; ++i) {
-    auto o = mptest::collect(agents[i], 30s);
-    ASSERT_FALSE(o.timed_out) << o.err;
-    EXPECT_EQ(o.status.exit_code, 0) << o.err;
-    rest += o.out + o.err;
+  for (const auto& o : outcomes) rest += o.out + o.err;
+  for (const auto& o : outcomes) {
+    ASSERT_FALSE(o.timed_out) << rest;
+    EXPECT_EQ(o.status.exit_code, 0) << rest;
   }
   EXPECT_TRUE(contains(rest, "W=2")) << rest;
   EXPECT_TRUE(contains(rest, "Membership changed")) << rest;
+}
+
+TEST(ElasticAgent, AnAgentWhoseRanksFinishedDoesNotWaitForANodeThatDied) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  // The first agent's rank (FINISH=1) is done at once; the second's trains on.
+  const std::vector<std::string> train = {"/bin/sh", "-c",
+                                          R"(echo "R=$RANK"; [ "$FINISH" = 1 ] || exec sleep 60)"};
+  std::vector<Subprocess> agents;
+  agents.emplace_back(
+      SubprocessOptions{.argv = agent("c10d", endpoint, "2", train), .env = {{"FINISH", "1"}}});
+  std::string first;
+  ASSERT_TRUE(read_until(agents[0].stderr_fd(), "Serving the rendezvous store", 20s, first))
+      << first;
+  agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2", train)});
+  std::string seen;
+  ASSERT_TRUE(read_until(agents[1].stdout_fd(), "R=", 20s, seen)) << seen;
+  ASSERT_TRUE(read_until(agents[0].stderr_fd(), "exited successfully", 20s, first)) << first;
+  // The second node dies with its rank (a host lost) while the first waits at the exit barrier.
+  const int rank = contains(seen, "R=0") ? 0 : 1;
+  const int rank_pid = mptest::find_rank("agent-test", rank);
+  agents[1].send_signal(SIGKILL);
+  if (rank_pid > 0) kill(rank_pid, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  auto o = mptest::collect(agents[0], 30s);
+  const auto took = std::chrono::steady_clock::now() - killed;
+  ASSERT_FALSE(o.timed_out) << first << o.err;
+  EXPECT_EQ(o.status.exit_code, 0) << first << o.err;
+  EXPECT_LT(took, 15s);  // dead after 0.9 s (kFastConf); the default barrier waits 300 s
+  EXPECT_TRUE(contains(o.err, "stopped sending heartbeats before finishing")) << o.err;
 }
 
 TEST(ElasticAgent, ShortEtcdOutageLeavesTheRanksRunning) {
@@ -257,12 +294,13 @@ TEST(ElasticAgent, ShortEtcdOutageLeavesTheRanksRunning) {
   etcd.stop();
   std::this_thread::sleep_for(4s);
   etcd.start();
-  std::string all;
-  for (auto& a : agents) {
-    auto o = mptest::collect(a, 40s);
-    ASSERT_FALSE(o.timed_out) << o.err;
-    EXPECT_EQ(o.status.exit_code, 0) << o.err;
-    all += seen + o.out + o.err;
+  // Both are collected before anything is asserted: when one hangs, the other's log says why.
+  const auto outcomes = collect_agents(agents, 40s);
+  std::string all = seen;
+  for (const auto& o : outcomes) all += o.out + o.err;
+  for (const auto& o : outcomes) {
+    ASSERT_FALSE(o.timed_out) << all;
+    EXPECT_EQ(o.status.exit_code, 0) << all;
   }
   EXPECT_TRUE(contains(all, "has been unreachable for")) << all;
   EXPECT_TRUE(contains(all, "answers again after")) << all;

@@ -42,7 +42,8 @@ struct LaunchOptions {
   // Elastic: after its ranks succeed, how long an agent waits for the other nodes to finish.
   std::chrono::milliseconds exit_barrier_timeout = std::chrono::seconds(300);
   // Elastic (torchrun's --monitor-interval): how often the agent asks the rendezvous whether the
-  // round still stands while its ranks run. Rank exits are seen at once regardless.
+  // round still stands while its ranks run; at least once per rendezvous keep_alive_interval,
+  // since those checks carry this node's heartbeat. Rank exits are seen at once regardless.
   std::chrono::milliseconds monitor_interval = std::chrono::milliseconds(500);
   // Before restart k (0 for the first) the agent waits min(restart_backoff_max,
   // restart_backoff * 2^k), so that a short outage (storage, network) does not use up every

@@ -27,9 +27,9 @@
 // participant finished or no other node's heartbeat is alive, or when it is open and every
 // heartbeat has been silent for longer than a backend outage its agents ride out plus the
 // keep-alive window (backend_timeout + keep_alive_interval * keep_alive_max_attempt: right after an
-// outage every heartbeat is old, yet the job lives). A closed state with live participants (an agent just gave up; the others
-// are stopping) refuses the join. An agent of the old instance that finds the state replaced or
-// closed gets RendezvousClosedError: its job is over.
+// outage every heartbeat is old, yet the job lives). A closed state with live participants (an
+// agent just gave up; the others are stopping) refuses the join. An agent of the old instance that
+// finds the state replaced or closed gets RendezvousClosedError: its job is over.
 //
 // Note [Backend outages]
 // Ranks do not need the backend while they train, so a backend that stops answering (etcd
@@ -39,6 +39,13 @@
 // time and attempts) only after backend_timeout of continuous failure. Heartbeats cannot be
 // written during an outage, so for a grace period after it ends watch() does not take an expired
 // heartbeat for a dead node.
+//
+// Note [Exit barrier]
+// As torchrun's, an agent whose workers succeeded stays until every node is done (an agent that
+// serves the c10d store must not pull it from under the others), for at most exit_barrier_timeout.
+// It stops waiting sooner when waiting cannot end well: when another node ended the round (its
+// workers failed after these finished), or when every node not yet done has stopped sending
+// heartbeats (an agent killed, a host gone), outside the grace after a backend outage.
 //
 // Note [Short last call]
 // The last-call window waits for nodes that may still come. A node of the previous round whose
@@ -148,7 +155,8 @@ class Rendezvous {
   // This node's workers finished; when every participant has, the run is closed.
   void mark_done();
 
-  // Waits until the run is closed (every node done, or an agent gave up), refreshing this node's
+  // Waits until the run is closed (every node done, or an agent gave up), the round is over, or
+  // every node not done has gone silent (Note [Exit barrier]), refreshing this node's
   // heartbeat. False when `timeout` passed first.
   bool wait_closed(std::chrono::milliseconds timeout,
                    const std::function<bool()>& interrupted = {});
@@ -175,6 +183,10 @@ class Rendezvous {
   // Records a failed backend call; throws NetworkError once the outage is past backend_timeout.
   void note_outage(const std::string& error);
   void note_recovered();
+  // True shortly after an outage, while expired heartbeats do not yet mean dead nodes.
+  bool in_outage_grace() const;
+  // The participants of s's round, other than this node, neither done nor beating.
+  std::vector<std::string> lost_participants(const State& s) const;
 
   std::unique_ptr<RendezvousBackend> backend_;
   RendezvousOptions options_;
