@@ -293,6 +293,9 @@ void Checkpointer::abort(const std::string& name) noexcept {
 // — another rank of this job writing its files, or a foreign job in the moment before it is
 // refused — is never touched, nor is a checkpoint marked DAMAGED (kept for inspection). What
 // a stale lease leaves behind goes at the next save after it expires.
+// A checkpoint is removed manifest first. So a loader that finds a file missing while another
+// writer of the job commits can tell removal from damage: the manifest is gone too. It then
+// lists again (a newer checkpoint is there) instead of marking DAMAGED on what is going away.
 void Checkpointer::apply_retention(std::int64_t committed) {
   std::set<std::int64_t> doomed;
   std::map<std::string, LeaseRecord> leases;  // token -> lease, read when needed
@@ -380,6 +383,18 @@ LoadedCheckpoint Checkpointer::load(const std::string& name) {
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::load_latest() {
+  // A writer of this job may commit a newer checkpoint and remove the one being read (Note
+  // [Retention]); that is no damage. Look again, a few times at most.
+  constexpr int kMaxScans = 3;
+  for (int scans = 1;; ++scans) {
+    bool removed_meanwhile = false;
+    auto loaded = load_latest_listed(scans < kMaxScans, removed_meanwhile);
+    if (!removed_meanwhile) return loaded;
+  }
+}
+
+std::optional<LoadedCheckpoint> Checkpointer::load_latest_listed(bool may_rescan,
+                                                                 bool& removed_meanwhile) {
   const auto listing = scan(*storage_);
   std::vector<std::string> damaged;
   for (auto n : listing.damaged) damaged.push_back(checkpoint_name(n));
@@ -388,6 +403,17 @@ std::optional<LoadedCheckpoint> Checkpointer::load_latest() {
     try {
       return load(name);
     } catch (const CheckpointCorruptError& e) {
+      if (!storage_->read(name + "/" + kManifest)) {
+        // Retention removes the manifest first: this one went while it was read.
+        logger("checkpoint")
+            ->info("{} was removed while being read (a newer save's retention); {}.", name,
+                   may_rescan ? "looking again" : "trying the one before it");
+        if (may_rescan) {
+          removed_meanwhile = true;
+          return std::nullopt;
+        }
+        continue;
+      }
       logger("checkpoint")->warn("Skipping {} and trying the one before it: {}", name, e.what());
       damaged.push_back(name);
       if (options_.read_only) continue;

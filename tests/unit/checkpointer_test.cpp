@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <ctime>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -518,6 +519,47 @@ TEST(Checkpointer, WhenEveryCheckpointIsDamagedItStartsFromScratchAndKeepsThem) 
   EXPECT_EQ(c.list_damaged(), both);
   EXPECT_EQ(c.list_complete(), std::vector<std::string>{"checkpoint_000003"});
   EXPECT_EQ(c.load_latest()->checkpoint.step, 4);
+}
+
+// A storage that runs `hook` once, just before the first read of `key` (another process's work
+// landing at that moment).
+class StorageWithHook : public Storage {
+ public:
+  StorageWithHook(std::unique_ptr<Storage> inner, std::string key, std::function<void()> hook)
+      : inner_(std::move(inner)), key_(std::move(key)), hook_(std::move(hook)) {}
+  void write(const std::string& key, std::string_view data) override { inner_->write(key, data); }
+  std::optional<std::string> read(const std::string& key) override {
+    if (key == key_ && hook_) std::exchange(hook_, nullptr)();
+    return inner_->read(key);
+  }
+  std::vector<std::string> list(const std::string& prefix) override { return inner_->list(prefix); }
+  void remove(const std::string& key) override { inner_->remove(key); }
+  std::string uri() const override { return inner_->uri(); }
+
+ private:
+  std::unique_ptr<Storage> inner_;
+  std::string key_;
+  std::function<void()> hook_;
+};
+
+TEST(Checkpointer, ACheckpointRemovedByRetentionWhileReadIsNotMarkedDamaged) {
+  TempDir dir;
+  Checkpointer writer(dir.path().string(), {.num_to_keep = 1, .job_instance = "job-a"});
+  writer.save(make(1));
+  // A restarted rank of the same job loads checkpoint 0; between its manifest and its files, the
+  // writer commits checkpoint 1 and its retention removes checkpoint 0.
+  Checkpointer loader(std::make_unique<StorageWithHook>(open_storage(dir.path().string()),
+                                                        "checkpoint_000000/model.pt",
+                                                        [&] { writer.save(make(2)); }),
+                      {.num_to_keep = 1, .job_instance = "job-a"});
+  LogCapture logs("checkpoint");
+  const auto latest = loader.load_latest();
+  ASSERT_TRUE(latest.has_value()) << logs.text();
+  EXPECT_EQ(latest->name, "checkpoint_000001");
+  EXPECT_EQ(latest->checkpoint.step, 2);
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000000" / Checkpointer::kDamaged));
+  EXPECT_NE(logs.text().find("was removed while being read"), std::string::npos) << logs.text();
+  EXPECT_EQ(logs.text().find("starting from scratch"), std::string::npos) << logs.text();
 }
 
 TEST(Checkpointer, SeveralWritersOfOneJobWriteOneCheckpoint) {

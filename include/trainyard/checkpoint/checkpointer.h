@@ -101,7 +101,8 @@ class Checkpointer {
   // The newest complete checkpoint whose files all match the manifest. Each newer checkpoint that
   // fails verification is skipped with a warning naming the file and why, and marked DAMAGED
   // (unless read_only): later loads and retention leave it alone. nullopt when none verifies,
-  // after logging "starting from scratch" and which damaged ones are kept.
+  // after logging "starting from scratch" and which damaged ones are kept. One removed by
+  // another writer's retention while it is read is not damaged: the listing is read again.
   std::optional<LoadedCheckpoint> load_latest();
 
   // One checkpoint by name, verified. Throws CheckpointCorruptError when it is incomplete or a
@@ -124,6 +125,9 @@ class Checkpointer {
  private:
   void require_writer(const char* what) const;
   void apply_retention(std::int64_t committed);
+  // One pass of load_latest over one listing. A checkpoint removed while it is read ends the
+  // pass with removed_meanwhile set when may_rescan, and is skipped (not marked) otherwise.
+  std::optional<LoadedCheckpoint> load_latest_listed(bool may_rescan, bool& removed_meanwhile);
 
   std::unique_ptr<Storage> storage_;
   CheckpointerOptions options_;
