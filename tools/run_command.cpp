@@ -29,6 +29,7 @@
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/seconds.h"
 
 namespace trainyard::cli {
 namespace {
@@ -62,13 +63,7 @@ struct RunFlags {
 
 // Seconds in [0, 1e6] (0: off), as the hang timeout; nullopt when text is not such a number.
 std::optional<std::chrono::milliseconds> parse_hang_timeout(const std::string& text) {
-  errno = 0;
-  char* end = nullptr;
-  const double seconds = std::strtod(text.c_str(), &end);
-  if (text.empty() || end == nullptr || *end != '\0' || errno != 0 || !(seconds >= 0) ||
-      seconds > 1e6)
-    return std::nullopt;
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+  return parse_seconds(text, 0, 1e6);
 }
 
 std::optional<int> parse_int(std::string_view text) {
@@ -95,13 +90,7 @@ CLI::Validator whole_number(int min, int max, const std::string& envname, const 
 CLI::Validator seconds_in(double min, double max, const std::string& envname) {
   return CLI::Validator(
       [=](std::string& value) -> std::string {
-        std::size_t used = 0;
-        double v = -1;
-        try {
-          v = std::stod(value, &used);
-        } catch (const std::exception&) {
-        }
-        if (used == value.size() && v >= min && v <= max) return {};
+        if (parse_seconds(value, min, max)) return {};
         return detail::concat("must be a number of seconds between ", min, " and ", max, ", got '",
                               value, "' (from the flag or ", envname, ").");
       },

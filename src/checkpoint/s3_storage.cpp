@@ -22,6 +22,7 @@
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
+#include "trainyard/seconds.h"
 
 namespace trainyard::checkpoint {
 namespace {
@@ -752,11 +753,10 @@ S3Config S3Config::from_uri(const std::string& uri, const EnvLookup& env) {
   }
   c.endpoint = env_or(env, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
   if (const std::string deadline = env_or(env, kS3RetryDeadlineEnv); !deadline.empty()) {
-    char* end = nullptr;
-    const long seconds = std::strtol(deadline.c_str(), &end, 10);
-    TY_CHECK(*end == '\0' && seconds > 0 && seconds <= 86'400, kS3RetryDeadlineEnv, "='", deadline,
+    const auto seconds = parse_seconds(deadline, 1, 86'400);
+    TY_CHECK(seconds.has_value(), kS3RetryDeadlineEnv, "='", deadline,
              "' is not a number of seconds in [1, 86400].");
-    c.retry_deadline = std::chrono::seconds(seconds);
+    c.retry_deadline = std::chrono::duration_cast<std::chrono::seconds>(*seconds);
   }
   return c;
 }

@@ -13,6 +13,7 @@
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
+#include "trainyard/seconds.h"
 
 namespace trainyard {
 namespace {
@@ -34,13 +35,10 @@ std::shared_ptr<::gloo::transport::Device> make_device(const InitOptions& option
 std::optional<std::chrono::milliseconds> seconds_from_env(const EnvLookup& env, const char* name) {
   const auto text = env(name);
   if (!text || text->empty()) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  const double seconds = std::strtod(text->c_str(), &end);
-  TY_CHECK(end != nullptr && *end == '\0' && errno == 0 && seconds > 0 && seconds <= 1e6,
-           "Environment variable ", name, "='", *text,
+  const auto seconds = parse_seconds(*text, 0, 1e6);
+  TY_CHECK(seconds && seconds->count() > 0, "Environment variable ", name, "='", *text,
            "' is not a number of seconds in (0, 1000000]. HINT: e.g. ", name, "=120.");
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+  return *seconds;
 }
 
 // How often wait_work() beats while it waits.

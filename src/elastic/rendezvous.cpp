@@ -13,6 +13,7 @@
 
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/seconds.h"
 
 namespace trainyard::elastic {
 namespace {
@@ -622,7 +623,18 @@ bool Rendezvous::wait_closed(std::chrono::milliseconds timeout,
   const auto& me = options_.node_id;
   const auto give_up = SteadyClock::now() + timeout;
   while (SteadyClock::now() < give_up && !(interrupted && interrupted())) {
-    const State s = read_and_beat();
+    State s;
+    try {
+      s = read_and_beat();
+    } catch (const NetworkError& e) {
+      // The agent serving a c10d store leaves once the run is closed; nothing left to wait for.
+      logger("rendezvous")
+          ->info(
+              "The rendezvous backend ({}) went away after this node finished; not waiting "
+              "further ({}).",
+              description_, e.what());
+      return true;
+    }
     if (s.closed || (!instance_.empty() && s.instance != instance_)) return true;
     if (s.round != round_) {
       logger("rendezvous")
@@ -641,7 +653,8 @@ bool Rendezvous::wait_closed(std::chrono::milliseconds timeout,
       logger("rendezvous")
           ->warn(
               "Not waiting for node(s) {} of run '{}': each stopped sending heartbeats before "
-              "finishing (none for over {} s). Its workers' results are lost; see its log.",
+              "finishing (none for over {} s). Its workers may not have finished; see that node's "
+              "log.",
               fmt::join(lost, ", "), options_.run_id,
               (options_.keep_alive_interval * options_.keep_alive_max_attempt).count() / 1000.0);
       return true;
@@ -667,15 +680,10 @@ int Rendezvous::num_nodes_waiting() {
 
 void apply_rendezvous_conf(const std::string& conf, RendezvousOptions& options) {
   auto seconds = [&](const std::string& key, const std::string& value) {
-    std::size_t used = 0;
-    double v = -1;
-    try {
-      v = std::stod(value, &used);
-    } catch (const std::exception&) {
-    }
-    TY_CHECK(used == value.size() && v > 0 && v < 1e7, "--rdzv-conf ", key,
+    const auto parsed = parse_seconds(value, 0, 1e7);
+    TY_CHECK(parsed && parsed->count() > 0, "--rdzv-conf ", key,
              " must be a positive number of seconds, got '", value, "'.");
-    return milliseconds(static_cast<std::int64_t>(v * 1000));
+    return *parsed;
   };
   std::size_t begin = 0;
   while (begin < conf.size()) {

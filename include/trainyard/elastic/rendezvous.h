@@ -45,7 +45,8 @@
 // serves the c10d store must not pull it from under the others), for at most exit_barrier_timeout.
 // It stops waiting sooner when waiting cannot end well: when another node ended the round (its
 // workers failed after these finished), or when every node not yet done has stopped sending
-// heartbeats (an agent killed, a host gone), outside the grace after a backend outage.
+// heartbeats (an agent killed, a host gone), outside the grace after a backend outage; and when
+// the backend stops answering (the agent serving a c10d store has left a closed run).
 //
 // Note [Short last call]
 // The last-call window waits for nodes that may still come. A node of the previous round whose
