@@ -243,7 +243,7 @@ TEST(ElasticAgent, AnAgentWhoseRanksFinishedDoesNotWaitForANodeThatDied) {
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   // The first agent's rank (FINISH=1) is done at once; the second's trains on.
   const std::vector<std::string> train = {"/bin/sh", "-c",
-                                          R"(echo "R=$RANK"; [ "$FINISH" = 1 ] || exec sleep 60)"};
+                                          R"(echo "R=$RANK."; [ "$FINISH" = 1 ] || exec sleep 60)"};
   std::vector<Subprocess> agents;
   agents.emplace_back(
       SubprocessOptions{.argv = agent("c10d", endpoint, "2", train), .env = {{"FINISH", "1"}}});
@@ -252,10 +252,17 @@ TEST(ElasticAgent, AnAgentWhoseRanksFinishedDoesNotWaitForANodeThatDied) {
       << first;
   agents.emplace_back(SubprocessOptions{.argv = agent("c10d", endpoint, "2", train)});
   std::string seen;
-  ASSERT_TRUE(read_until(agents[1].stdout_fd(), "R=", 20s, seen)) << seen;
+  // Until the whole number is read ("R=1."), which says whose rank to kill with the agent.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!contains(seen, "R=0.") && !contains(seen, "R=1.") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    seen += pending_output(agents[1].stdout_fd());
+  }
+  ASSERT_TRUE(contains(seen, "R=0.") || contains(seen, "R=1.")) << seen;
   ASSERT_TRUE(read_until(agents[0].stderr_fd(), "exited successfully", 20s, first)) << first;
   // The second node dies with its rank (a host lost) while the first waits at the exit barrier.
-  const int rank = contains(seen, "R=0") ? 0 : 1;
+  const int rank = contains(seen, "R=0.") ? 0 : 1;
   const int rank_pid = mptest::find_rank("agent-test", rank);
   agents[1].send_signal(SIGKILL);
   if (rank_pid > 0) kill(rank_pid, SIGKILL);
