@@ -1,8 +1,5 @@
 #include "trainyard/ddp/reducer.h"
 
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -12,6 +9,7 @@
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/nn/grad_hooks.h"
 
 namespace trainyard::ddp {
 
@@ -38,22 +36,6 @@ struct DdpReducer::Bucket {
 };
 
 namespace {
-
-// Runs on the autograd thread right after a parameter's gradient has been accumulated.
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(DdpReducer* reducer, std::size_t index) : reducer_(reducer), index_(index) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    reducer_->on_gradient_ready(index_);
-    return outputs;
-  }
-
- private:
-  DdpReducer* reducer_;  // the reducer removes this hook in its destructor
-  std::size_t index_;
-};
 
 std::string join_names(const std::vector<std::string>& names, std::size_t limit = 10) {
   std::ostringstream out;
@@ -109,14 +91,8 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
   }
   build_buckets();
 
-  // One post-hook per parameter's gradient accumulator. The accumulator is owned by the autograd
-  // graph only weakly, so keep it alive here or the hook disappears with it.
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    TY_ASSERT(acc != nullptr, "parameter ", param_names_[i], " has no gradient accumulator");
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
-    accumulators_.push_back(std::move(acc));
-  }
+  hooks_ = std::make_unique<nn::GradientHooks>(
+      params_, [this](std::size_t index) { on_gradient_ready(index); });
   ready_.assign(params_.size(), false);
 
   logger("ddp")->info(
@@ -124,10 +100,7 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
       params_.size(), buckets_.size(), options_.bucket_size_bytes >> 20, world_size_);
 }
 
-DdpReducer::~DdpReducer() {
-  for (std::size_t i = 0; i < accumulators_.size(); ++i)
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
-}
+DdpReducer::~DdpReducer() = default;
 
 void DdpReducer::verify_layout_across_ranks() {
   if (world_size_ == 1) return;
@@ -238,7 +211,7 @@ void DdpReducer::on_gradient_ready(std::size_t index) {
   if (!backward_started_) {
     backward_started_ = true;
     launched_in_backward_ = 0;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize_backward(); });
+    nn::queue_end_of_backward([this] { finalize_backward(); });
   }
   TY_CHECK(!ready_[index], "DistributedDataParallel: parameter ", param_names_[index],
            " received its gradient twice in one backward pass. HINT: a module reused in a loop "

@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+namespace trainyard::nn {
+class GradientHooks;
+}
+
 namespace trainyard::ddp {
 
 struct DdpOptions {
@@ -93,8 +97,7 @@ class DdpReducer {
 
   std::vector<torch::Tensor> params_;  // trainable parameters, registration order
   std::vector<std::string> param_names_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks' nodes alive
-  std::vector<std::uintptr_t> hook_keys_;
+  std::unique_ptr<nn::GradientHooks> hooks_;  // calls on_gradient_ready
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<std::size_t> bucket_of_param_;
   std::vector<std::int64_t> offset_of_param_;  // element offset inside its bucket

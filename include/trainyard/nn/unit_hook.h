@@ -12,7 +12,9 @@
 
 namespace trainyard::nn {
 
-// The forward of one unit as the model runs it: hidden states in, hidden states out.
+// The forward of one unit as the model runs it: hidden states in, hidden states out. A hook may
+// call it again during backward (activation checkpointing recomputes the unit), so it must not
+// capture the caller's locals by reference: capture the module holder by value.
 using UnitForward = std::function<torch::Tensor(const torch::Tensor&)>;
 
 class UnitHook {
