@@ -52,6 +52,24 @@ namespace trainyard {
 // after that barrier, so ranks that issued different collectives get an error, not a mix of two
 // tensors or barriers out of step.
 
+// Note [Flat collectives in shared memory]
+// all-gather (input (n,) into output (W * n,) at slot rank) and reduce-scatter (input (W * n,),
+// output (n,) = the reduction of slot rank over ranks), for FSDP. The tensor the peers read is
+// the output of an all-gather and the input of a reduce-scatter; when it lies in an
+// allocate_shared() buffer they read it in place:
+//   all-gather:     each rank copies its input into its own slot of its output, unless the input
+//                   is that slot; barrier; rank r copies slot p of rank p's output into slot p
+//                   of its own, for every p != r; barrier.
+//   reduce-scatter: barrier; rank r sums slot r of every rank's input into its output; barrier.
+// Otherwise they are staged, one barrier per chunk, the banks alternating as in
+// Note [Shared-memory all-reduce]: for an all-gather each rank copies the next chunk of its input
+// into its staging slot, then every rank copies the peers' slots out; for a reduce-scatter each
+// rank's staging slot holds W pieces, piece q being the next chunk of its input's slot q, and
+// rank r sums piece r of every slot. Sums run in rank order in fp32 blocks and are rounded to the
+// output's dtype once (bf16 inputs are never added in bf16), so every rank's share is computed
+// alike whichever path it took. An output that is the input's own slot (reduce-scatter) is
+// written block by block after that block was read.
+
 namespace {
 
 constexpr int kMaxRanks = 64;
@@ -167,6 +185,56 @@ void reduce_part(char* const* slots,
   }
 }
 
+// Adds (or, for the first part, stores) `count` elements of type T at `src` into acc.
+template <typename T>
+void accumulate(float* acc, const char* src, std::size_t count, bool first) {
+  const T* in = reinterpret_cast<const T*>(src);
+  if (first) {
+    for (std::size_t i = 0; i < count; ++i) acc[i] = static_cast<float>(in[i]);
+  } else {
+    for (std::size_t i = 0; i < count; ++i) acc[i] += static_cast<float>(in[i]);
+  }
+}
+
+// out (count,) = the sum over ranks p of parts[p] (count,), added in rank order in fp32 and
+// divided by `world` when `avg`, then rounded once to out_type. Inputs and output are float or
+// bfloat16. Reads each block of every part before writing that block of `out`, so `out` may be
+// one of the parts. See Note [Flat collectives in shared memory].
+void sum_parts(char* out,
+               at::ScalarType out_type,
+               const char* const* parts,
+               at::ScalarType in_type,
+               int world,
+               std::size_t count,
+               bool avg) {
+  constexpr std::size_t kBlock = 1024;
+  float acc[kBlock];
+  const std::size_t in_elem = c10::elementSize(in_type);
+  const std::size_t out_elem = c10::elementSize(out_type);
+  for (std::size_t begin = 0; begin < count; begin += kBlock) {
+    const std::size_t m = std::min(kBlock, count - begin);
+    for (int p = 0; p < world; ++p) {
+      const char* src = parts[p] + begin * in_elem;
+      if (in_type == at::kBFloat16) {
+        accumulate<c10::BFloat16>(acc, src, m, p == 0);
+      } else {
+        accumulate<float>(acc, src, m, p == 0);
+      }
+    }
+    if (avg) {
+      const float w = static_cast<float>(world);
+      for (std::size_t i = 0; i < m; ++i) acc[i] /= w;
+    }
+    char* dst = out + begin * out_elem;
+    if (out_type == at::kBFloat16) {
+      auto* o = reinterpret_cast<c10::BFloat16*>(dst);
+      for (std::size_t i = 0; i < m; ++i) o[i] = c10::BFloat16(acc[i]);
+    } else {
+      std::memcpy(dst, acc, m * sizeof(float));
+    }
+  }
+}
+
 class ShmWork : public c10d::Work {
  public:
   ShmWork(at::Tensor tensor, c10d::OpType type)
@@ -182,10 +250,14 @@ class ShmWork : public c10d::Work {
 }  // namespace
 
 struct ShmProcessGroup::Impl {
-  enum class Kind { kAllreduce, kBroadcast, kBarrier };
+  enum class Kind { kAllreduce, kBroadcast, kBarrier, kAllGather, kReduceScatter };
   struct Job {
     Kind kind = Kind::kAllreduce;
+    // The tensor every rank's stamp describes and the peers may read: an all-gather's output, a
+    // reduce-scatter's input (W * n,).
     at::Tensor tensor;
+    // The other side of a flat collective: an all-gather's input, a reduce-scatter's output (n,).
+    at::Tensor other;
     c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM;
     int root = 0;
     // Set for a tensor inside an allocate_shared() buffer: see Note [Collectives in place].
@@ -328,12 +400,14 @@ struct ShmProcessGroup::Impl {
   }
 
   static std::string describe(const OpStamp& op) {
-    const char* kinds[] = {"an all-reduce", "a broadcast", "a barrier"};
-    std::string out = op.kind < 3 ? kinds[op.kind] : "an unknown collective";
-    if (op.kind == static_cast<std::uint16_t>(Kind::kBarrier)) return out;
-    if (op.kind == static_cast<std::uint16_t>(Kind::kBroadcast))
+    const char* kinds[] = {"an all-reduce", "a broadcast", "a barrier", "an all-gather",
+                           "a reduce-scatter"};
+    std::string out = op.kind < 5 ? kinds[op.kind] : "an unknown collective";
+    const auto kind = static_cast<Kind>(op.kind);
+    if (kind == Kind::kBarrier) return out;
+    if (kind == Kind::kBroadcast)
       out += detail::concat(" from rank ", op.root);
-    else
+    else if (kind != Kind::kAllGather)
       out += detail::concat(" with ", reduce_op_name(op.reduce_op));
     out += detail::concat(" of ", op.bytes, " bytes of ",
                           c10::toString(static_cast<at::ScalarType>(op.dtype)));
@@ -348,7 +422,9 @@ struct ShmProcessGroup::Impl {
         .generation = generation + 1,
         .kind = static_cast<std::uint16_t>(job.kind),
         .root = static_cast<std::int16_t>(job.kind == Kind::kBroadcast ? job.root : 0),
-        .reduce_op = job.kind == Kind::kAllreduce ? static_cast<std::int32_t>(job.op) : 0,
+        .reduce_op = job.kind == Kind::kAllreduce || job.kind == Kind::kReduceScatter
+                         ? static_cast<std::int32_t>(job.op)
+                         : 0,
         .dtype = static_cast<std::int32_t>(job.tensor.scalar_type()),
         .buffer = job.buffer ? job.buffer->id : 0,
         .offset = job.offset,
@@ -410,6 +486,76 @@ struct ShmProcessGroup::Impl {
     }
   }
 
+  // Copies a (W * n,) all-gather, in place or staged: see Note [Flat collectives in shared memory].
+  void run_all_gather(const Job& job) {
+    const std::size_t slot_bytes = job.other.numel() * job.other.element_size();
+    auto* out = static_cast<char*>(job.tensor.data_ptr());
+    const auto* in = static_cast<const char*>(job.other.data_ptr());
+    char* own = out + rank * slot_bytes;
+    if (in != own && slot_bytes > 0) std::memcpy(own, in, slot_bytes);
+    if (job.buffer) {
+      agree(job);
+      const auto copies = copies_of(job);
+      for (int p = 0; p < world; ++p)
+        if (p != rank && slot_bytes > 0)
+          std::memcpy(out + p * slot_bytes, copies[static_cast<std::size_t>(p)] + p * slot_bytes,
+                      slot_bytes);
+      barrier();
+      return;
+    }
+    if (slot_bytes == 0) return agree(job);
+    for (std::size_t off = 0; off < slot_bytes; off += options.chunk_bytes, ++chunk_count) {
+      const std::size_t n = std::min(options.chunk_bytes, slot_bytes - off);
+      std::memcpy(slot(rank), in + off, n);
+      if (off == 0) {
+        agree(job);
+      } else {
+        barrier();
+      }
+      for (int p = 0; p < world; ++p)
+        if (p != rank) std::memcpy(out + p * slot_bytes + off, slot(p), n);
+    }
+  }
+
+  // Sums (or averages) a (W * n,) reduce-scatter into this rank's (n,) output, in place or
+  // staged: see Note [Flat collectives in shared memory].
+  void run_reduce_scatter(const Job& job) {
+    const std::size_t n = static_cast<std::size_t>(job.other.numel());
+    const std::size_t elem = job.tensor.element_size();
+    const auto in_type = job.tensor.scalar_type();
+    const auto out_type = job.other.scalar_type();
+    auto* out = static_cast<char*>(job.other.data_ptr());
+    const bool avg = job.op == c10d::ReduceOp::AVG;
+    std::vector<const char*> parts(static_cast<std::size_t>(world));
+    if (job.buffer) {
+      agree(job);
+      const auto copies = copies_of(job);
+      for (int p = 0; p < world; ++p)
+        parts[static_cast<std::size_t>(p)] = copies[static_cast<std::size_t>(p)] + rank * n * elem;
+      sum_parts(out, out_type, parts.data(), in_type, world, n, avg);
+      barrier();
+      return;
+    }
+    if (n == 0) return agree(job);
+    // Each staging slot holds `world` pieces of `piece` elements, one for each rank.
+    const std::size_t piece = options.chunk_bytes / (static_cast<std::size_t>(world) * elem);
+    const auto* in = static_cast<const char*>(job.tensor.data_ptr());
+    for (std::size_t off = 0; off < n; off += piece, ++chunk_count) {
+      const std::size_t count = std::min(piece, n - off);
+      for (int q = 0; q < world; ++q)
+        std::memcpy(slot(rank) + q * piece * elem, in + (q * n + off) * elem, count * elem);
+      if (off == 0) {
+        agree(job);
+      } else {
+        barrier();
+      }
+      for (int p = 0; p < world; ++p)
+        parts[static_cast<std::size_t>(p)] = slot(p) + rank * piece * elem;
+      sum_parts(out + off * job.other.element_size(), out_type, parts.data(), in_type, world, count,
+                avg);
+    }
+  }
+
   void serve() {
     for (;;) {
       Job job;
@@ -433,6 +579,12 @@ struct ShmProcessGroup::Impl {
             break;
           case Kind::kBroadcast:
             run_broadcast(job);
+            break;
+          case Kind::kAllGather:
+            run_all_gather(job);
+            break;
+          case Kind::kReduceScatter:
+            run_reduce_scatter(job);
             break;
           case Kind::kBarrier:
             // Orders after every queued shared-memory collective, then after Gloo's.
@@ -470,7 +622,8 @@ struct ShmProcessGroup::Impl {
 
   c10::intrusive_ptr<c10d::Work> enqueue(Job job, c10d::OpType type) {
     find_buffer(job.tensor, job);
-    job.work = c10::make_intrusive<ShmWork>(job.tensor, type);
+    job.work = c10::make_intrusive<ShmWork>(
+        job.kind == Kind::kReduceScatter ? job.other : job.tensor, type);
     auto work = job.work;
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -598,6 +751,52 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::broadcast(std::vector<at::Tensor
                         c10d::OpType::BROADCAST);
 }
 
+namespace {
+// A flat collective's pair: input (n,) and output (W * n,) for an all-gather, or the other way
+// round for a reduce-scatter. `small` may be `big`'s slot `rank`, and must not overlap it
+// otherwise.
+void check_flat(
+    const at::Tensor& big, const at::Tensor& small, int rank, int world, const char* what) {
+  TY_CHECK(big.numel() == small.numel() * world, what, ": the flat tensor has ", big.numel(),
+           " elements; with ", world, " ranks and a slot of ", small.numel(), " it must have ",
+           small.numel() * world, ".");
+  const auto* b = static_cast<const char*>(big.data_ptr());
+  const auto* s = static_cast<const char*>(small.data_ptr());
+  const std::size_t big_bytes = big.numel() * big.element_size();
+  const std::size_t small_bytes = small.numel() * small.element_size();
+  const bool own_slot = big.scalar_type() == small.scalar_type() &&
+                        s == b + static_cast<std::size_t>(rank) * small_bytes;
+  const bool disjoint = s + small_bytes <= b || b + big_bytes <= s;
+  TY_CHECK(own_slot || disjoint || small_bytes == 0, what,
+           ": the slot tensor overlaps the flat one other than as rank ", rank, "'s own slot.");
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  if (!shm_eligible({output}) || !shm_eligible({input}) ||
+      output.scalar_type() != input.scalar_type())
+    return inner_->_allgather_base(output, input, opts);
+  check_flat(output, input, getRank(), getSize(), "all-gather");
+  return impl_->enqueue(Impl::Job{.kind = Impl::Kind::kAllGather, .tensor = output, .other = input},
+                        c10d::OpType::_ALLGATHER_BASE);
+}
+
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const auto op = opts.reduceOp.op_;
+  const auto floating = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+  };
+  if (!shm_eligible({output}) || !shm_eligible({input}) || !floating(output) || !floating(input) ||
+      (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG))
+    return inner_->_reduce_scatter_base(output, input, opts);
+  check_flat(input, output, getRank(), getSize(), "reduce-scatter");
+  return impl_->enqueue(
+      Impl::Job{.kind = Impl::Kind::kReduceScatter, .tensor = input, .other = output, .op = op},
+      c10d::OpType::_REDUCE_SCATTER_BASE);
+}
+
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   return inner_->allreduce_coalesced(tensors, opts);
@@ -651,10 +850,6 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::recv(std::vector<at::Tensor>& te
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::barrier(const c10d::BarrierOptions& /*opts*/) {
   return impl_->enqueue(Impl::Job{.kind = Impl::Kind::kBarrier, .tensor = at::empty({0})},
                         c10d::OpType::BARRIER);
-}
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_allgather_base(
-    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return inner_->_allgather_base(output, input, opts);
 }
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs,

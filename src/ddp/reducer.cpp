@@ -5,6 +5,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "trainyard/comm/collectives.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
@@ -73,7 +74,7 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
            ".");
   rank_ = pg_->getRank();
   world_size_ = pg_->getSize();
-  average_in_collective_ = dynamic_cast<ShmProcessGroup*>(pg_.get()) != nullptr;
+  average_in_collective_ = comm::capabilities_of(pg_).average_in_collective;
 
   for (auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;

@@ -1,7 +1,9 @@
 // Collectives FSDP needs beyond what LibTorch 1.13's Gloo group offers: all_gather into one flat
 // buffer and reduce_scatter (Gloo has none), each in place through shared memory when every rank
-// is on this host (ShmProcessGroup) and as a ring of send/recv between hosts; low-precision
-// inputs are summed in fp32. Also the one capability query callers ask instead of casting.
+// is on this host (ShmProcessGroup) and as a ring of send/recv otherwise; low-precision inputs
+// are added in fp32. Also the one capability query callers ask instead of casting. Notes
+// [Flat collectives in shared memory] (shm_process_group.cpp) and [Ring collectives]
+// (collectives.cpp) describe the two paths.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -20,21 +22,34 @@ struct GroupCapabilities {
   // all_gather_flat / reduce_scatter_flat run natively (no ring of send/recv).
   bool native_flat_collectives = false;
 };
+// Thread-safe; throws InvalidArgumentError for a null group.
 GroupCapabilities capabilities_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
 
 enum class ReduceOp { kSum, kAvg };
 
 // output (W * n,) receives every rank's input (n,) at offset rank * n, in rank order. `input`
-// may be output's own slot (in place). Contiguous dense CPU tensors of one dtype. Asynchronous:
-// wait on the returned work (trainyard::wait_work) before reading output or reusing input.
+// may be output's own slot (in place). 1-D contiguous dense CPU tensors of one dtype; throws
+// InvalidArgumentError, before any communication, for others or for sizes that do not fit W.
+// Under ShmProcessGroup an output from allocate_collective_buffer is read by the peers where it
+// is (no staging). Asynchronous: wait on the returned work (trainyard::wait_work) before reading
+// output or reusing input. Every rank issues the same flat collectives in the same order; ranks
+// that do not get an error naming both calls (on a ring, only the ranks whose predecessor
+// differs; the others time out). On other groups the ring runs on its own thread,
+// flat collectives on one group one at a time in issue order; each send/recv waits at most the
+// group's timeout. Call from one thread per group (issue order is the order across ranks).
 c10::intrusive_ptr<c10d::Work> all_gather_flat(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                                                at::Tensor output,
                                                at::Tensor input);
 
-// output (n,) = the sum (or mean) over ranks of their input (W * n,)'s slot [rank * n, (rank+1) * n).
-// input and output are float32 or bfloat16 (either may differ from the other); bf16 values are
-// summed in fp32 and rounded once at the end (Note [Low-precision reduction]). Asynchronous like
-// all_gather_flat; input must stay unchanged until the work completes.
+// output (n,) = the sum (or mean) over ranks of their input (W * n,)'s slot rank, elements
+// [rank * n, (rank + 1) * n). input and output are float32 or bfloat16 (either may differ from the
+// other); `output` may be input's own slot when they share a dtype. Additions are fp32. Under
+// ShmProcessGroup every rank's raw input is summed in rank order and rounded to output's dtype
+// once, so all ranks' shares are computed alike (in place when input comes from
+// allocate_collective_buffer). On a ring, partial sums travel in input's dtype, so a bf16 input
+// is rounded to bf16 at each of the W - 2 inner hops: the error of a bf16 sum in ring order (Note
+// [Ring collectives]); pass fp32 input where that matters. Asynchronous like all_gather_flat,
+// with the same rules; input must stay unchanged until the work completes.
 c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(
     const c10::intrusive_ptr<c10d::ProcessGroup>& group,
     at::Tensor output,

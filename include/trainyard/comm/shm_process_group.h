@@ -1,7 +1,8 @@
-// ShmProcessGroup: a c10d::ProcessGroup for ranks that share one host. All-reduces and broadcasts
-// of dense CPU tensors go through a shared-memory segment (memcpy and an in-place reduction, no
-// sockets, no kernel copies); every other collective is forwarded to an inner group (Gloo).
-// See Note [Shared-memory all-reduce] in shm_process_group.cpp.
+// ShmProcessGroup: a c10d::ProcessGroup for ranks that share one host. All-reduces, broadcasts,
+// flat all-gathers and flat reduce-scatters of dense CPU tensors go through a shared-memory
+// segment (memcpy and in-place reductions, no sockets, no kernel copies); every other collective
+// is forwarded to an inner group (Gloo). See Note [Shared-memory all-reduce] in
+// shm_process_group.cpp.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -45,6 +46,19 @@ class ShmProcessGroup : public c10d::ProcessGroup {
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
+  // Flat collectives through shared memory (Note [Flat collectives in shared memory]): input (n,)
+  // into output (world_size * n,) at rank * n; any dtype up to 8 bytes. `input` may be output's
+  // own slot. In place when output comes from allocate_shared; else staged. Other tensors (not
+  // one dense contiguous CPU tensor each) go to the inner group.
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output,
+                                                 at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  // output (n,) = SUM or AVG over ranks of input (world_size * n,)'s slot rank: float32 or
+  // bfloat16, each of its own (bf16 summed in fp32, rounded once). `output` may be input's own
+  // slot. In place when input comes from allocate_shared; else staged. Anything else goes to the
+  // inner group.
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
 
   // Forwarded to the inner group.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -76,9 +90,6 @@ class ShmProcessGroup : public c10d::ProcessGroup {
                                       int tag) override;
   // After every queued shared-memory collective, then the inner group's barrier.
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output,
-                                                 at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override;
@@ -88,9 +99,10 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
-  // Collective: a zero-filled (numel,) tensor in a segment that every rank maps. All-reduces and
-  // broadcasts of a tensor inside it (the same offset and size on every rank) read the peers'
-  // copies where they are, with no staging: see Note [Collectives in place]. Every rank allocates
+  // Collective: a zero-filled (numel,) tensor in a segment that every rank maps. All-reduces,
+  // broadcasts and flat collectives of a tensor inside it (the same offset and size on every rank)
+  // read the peers' copies where they are, with no staging: see Notes [Collectives in place] and
+  // [Flat collectives in shared memory]. Every rank allocates
   // the same sizes in the same order, from one thread. Throws, on every rank, Error when /dev/shm
   // cannot hold it and InvalidArgumentError when the ranks asked for different sizes.
   at::Tensor allocate_shared(std::int64_t numel, at::ScalarType dtype);

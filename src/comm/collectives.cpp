@@ -1,0 +1,395 @@
+#include "trainyard/comm/collectives.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "trainyard/comm/process_group.h"
+#include "trainyard/comm/shm_process_group.h"
+#include "trainyard/error.h"
+
+namespace trainyard::comm {
+
+// Note [Ring collectives]
+// A group without native flat collectives (ProcessGroupGloo: LibTorch 1.13 gives it neither
+// _allgather_base nor reduce_scatter) runs them as a ring of send/recv, rank r sending to r + 1
+// and receiving from r - 1, W - 1 steps of one slot (n elements) each, so every rank sends
+// (W - 1) * n elements, as nccl-tests counts them; an all-reduce + slice would send twice that.
+//   reduce-scatter: at step s rank r sends its partial sum of slot (r - s - 1) mod W (at s = 0
+//                   its own input's slot) and receives the partial sum of slot (r - s - 2) mod W,
+//                   to which it adds its input's slot in fp32; after the last step that slot is
+//                   r, summed over every rank.
+//   all-gather:     at step s rank r forwards slot (r - s) mod W of its output (at s = 0 its own)
+//                   and receives slot (r - s - 1) mod W straight into its output.
+// Partial sums travel in the input's dtype: bf16 inputs put bf16 on the wire (half the bytes),
+// so each hop rounds the partial sum to bf16 once, while the additions themselves are fp32. That
+// is the rounding of a bf16 sum taken in ring order; only the shared-memory path, which reads
+// every rank's raw input, rounds once (Note [Flat collectives in shared memory]).
+// Each call runs on its own thread, so the caller is free until it waits. Calls on one group run
+// one after another, in the order this process issued them (a ticket per call): every rank issues
+// them in the same order, so the ring's messages on a pair come in the same order on both ends,
+// and every call can use the one tag kRingTag. Flat collectives on one group therefore never
+// overlap each other (they overlap everything else); two groups' rings run side by side.
+// Every send and recv waits at most the group's collective timeout.
+// Before its first step a call sends what it is (kind, slot size, dtype, reduce op) to rank + 1
+// and checks what rank - 1 sent, so ranks that issued different flat collectives get an error
+// instead of a mix of two tensors or a size mismatch inside Gloo. A rank whose predecessor issued
+// the same call but whose successor did not cannot see it; it fails when its successor stops
+// answering (the group's timeout). After such an error the group's ring is out of step.
+
+namespace {
+
+// The send/recv tag of every ring step; Gloo matches tags per pair of one group. Other users of
+// send/recv on a group should not use it.
+constexpr int kRingTag = 0x7452494e;  // "tRIN"
+
+// The order of ring calls on each group: see Note [Ring collectives]. A lane exists only while
+// calls on its group are in flight, and every call holds its group, so a lane never outlives its
+// group and a new group at the same address gets a new lane.
+struct RingLane {
+  std::condition_variable turn;
+  std::uint64_t issued = 0;  // guarded by RingLanes::mutex
+  std::uint64_t done = 0;    // guarded by RingLanes::mutex
+};
+
+struct RingLanes {
+  std::mutex mutex;
+  std::unordered_map<const c10d::ProcessGroup*, std::shared_ptr<RingLane>> lanes;
+};
+
+RingLanes& ring_lanes() {
+  static RingLanes lanes;
+  return lanes;
+}
+
+// A flat collective running on its own thread. The destructor waits for that thread, so
+// dropping the work without waiting blocks until the ring ends (bounded by the group's timeout).
+class RingWork : public c10d::Work {
+ public:
+  RingWork(c10d::OpType type, at::Tensor result)
+      : c10d::Work(-1, type), result_(std::move(result)) {}
+  ~RingWork() override {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Runs `body` on this work's thread once every earlier call on `group` has finished, then
+  // completes the work with its error, if any. Call once.
+  void start(const c10::intrusive_ptr<c10d::ProcessGroup>& group, std::function<void()> body) {
+    auto& registry = ring_lanes();
+    std::shared_ptr<RingLane> lane;
+    std::uint64_t ticket = 0;
+    {
+      std::lock_guard<std::mutex> lock(registry.mutex);
+      auto& slot = registry.lanes[group.get()];
+      if (!slot) slot = std::make_shared<RingLane>();
+      lane = slot;
+      ticket = lane->issued++;
+    }
+    thread_ = std::thread([this, group, lane, ticket, body = std::move(body)] {
+      auto& registry = ring_lanes();
+      {
+        std::unique_lock<std::mutex> lock(registry.mutex);
+        lane->turn.wait(lock, [&] { return lane->done == ticket; });
+      }
+      std::exception_ptr error;
+      try {
+        body();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(registry.mutex);
+        if (++lane->done == lane->issued) registry.lanes.erase(group.get());
+      }
+      lane->turn.notify_all();
+      finish(error);
+    });
+  }
+
+  void complete(std::exception_ptr error) { finish(std::move(error)); }
+  std::vector<at::Tensor> result() override { return {result_}; }
+
+ private:
+  at::Tensor result_;
+  std::thread thread_;  // runs the ring; joined by the destructor
+};
+
+// The bound on each of the group's waits: Gloo's own timeout, else the default.
+std::chrono::milliseconds collective_timeout(c10d::ProcessGroup& group) {
+  if (auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(&group))
+    return gloo->getOptions()->timeout;
+  return kDefaultCollectiveTimeout;
+}
+
+int mod(int a, int w) {
+  return ((a % w) + w) % w;
+}
+
+// What a ring call is, exchanged before its first step: see Note [Ring collectives].
+struct RingStamp {
+  enum Kind : std::int64_t { kAllGather = 1, kReduceScatter = 2 };
+  std::int64_t kind = 0;
+  std::int64_t slot_numel = 0;
+  std::int64_t dtype = 0;
+  std::int64_t op = 0;  // ReduceOp, reduce-scatter only
+
+  at::Tensor to_tensor() const { return at::tensor({kind, slot_numel, dtype, op}, at::kLong); }
+  static RingStamp from_tensor(const at::Tensor& t) {
+    const auto* v = t.data_ptr<std::int64_t>();
+    return RingStamp{.kind = v[0], .slot_numel = v[1], .dtype = v[2], .op = v[3]};
+  }
+  bool operator==(const RingStamp&) const = default;
+
+  std::string describe() const {
+    const bool known_dtype =
+        dtype >= 0 && dtype < static_cast<std::int64_t>(at::ScalarType::NumOptions);
+    const std::string type =
+        known_dtype ? c10::toString(static_cast<at::ScalarType>(dtype)) : "an unknown dtype";
+    switch (kind) {
+      case kAllGather:
+        return detail::concat("all_gather_flat of ", slot_numel, " x ", type, " per rank");
+      case kReduceScatter:
+        return detail::concat("reduce_scatter_flat with ",
+                              op == static_cast<std::int64_t>(ReduceOp::kAvg) ? "AVG" : "SUM",
+                              " of ", slot_numel, " x ", type, " per rank");
+      default:
+        return "an unknown flat collective";
+    }
+  }
+};
+
+// One ring step's point-to-point traffic on `group`, every wait bounded by `timeout`.
+class RingPeer {
+ public:
+  RingPeer(c10d::ProcessGroup& group, const char* what)
+      : group_(group),
+        what_(what),
+        rank_(group.getRank()),
+        world_(group.getSize()),
+        timeout_(collective_timeout(group)) {}
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+  // Sends `mine` to rank + 1 and checks that rank - 1 sent the same; throws Error naming both.
+  void agree(const RingStamp& mine) {
+    auto theirs = at::empty({4}, at::kLong);
+    exchange(mine.to_tensor(), theirs, /*step=*/-1);
+    const auto got = RingStamp::from_tensor(theirs);
+    if (got == mine) return;
+    throw Error(detail::concat("Rank ", rank_, "/", world_, " issued ", mine.describe(),
+                               ", but rank ", mod(rank_ - 1, world_), " issued ", got.describe(),
+                               ". HINT: every rank must issue the same collectives in the same "
+                               "order."));
+  }
+
+  // Sends `out` to rank + 1 and receives `in` from rank - 1; returns when both are done.
+  void exchange(at::Tensor out, at::Tensor in, int step) {
+    std::vector<at::Tensor> recv_tensors{std::move(in)};
+    std::vector<at::Tensor> send_tensors{std::move(out)};
+    const int from = mod(rank_ - 1, world_);
+    const int to = mod(rank_ + 1, world_);
+    auto recv = group_.recv(recv_tensors, from, kRingTag);
+    auto send = group_.send(send_tensors, to, kRingTag);
+    wait(recv, "receiving from", from, step);
+    wait(send, "sending to", to, step);
+  }
+
+ private:
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* doing, int peer, int step) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      work->wait(timeout_);
+    } catch (const std::exception& e) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+      const auto message = detail::concat(
+          "Rank ", rank_, "/", world_, ": ", what_,
+          step < 0 ? std::string(" (its first exchange)")
+                   : detail::concat(" step ", step + 1, " of ", world_ - 1),
+          " failed ", doing, " rank ", peer, " after ", waited.count(), " ms (timeout ",
+          timeout_.count(), " ms): ", e.what(),
+          " HINT: a rank is stuck, died, or issued flat collectives in another order.");
+      if (waited >= timeout_) throw TimeoutError(message);
+      throw NetworkError(message);
+    }
+  }
+
+  c10d::ProcessGroup& group_;
+  const char* what_;
+  int rank_;
+  int world_;
+  std::chrono::milliseconds timeout_;
+};
+
+// Plain loops on the ring's own thread, rather than ATen's element-wise kernels, whose OpenMP
+// teams would be started per new thread and compete with the rank's own threads.
+template <typename T>
+float as_float(T v) {
+  return static_cast<float>(v);
+}
+
+// sum (n,) = received + own, both of type T, added in fp32.
+template <typename T>
+void add_pair(float* sum, const at::Tensor& received, const at::Tensor& own) {
+  const T* a = received.data_ptr<T>();
+  const T* b = own.data_ptr<T>();
+  const std::int64_t n = received.numel();
+  for (std::int64_t i = 0; i < n; ++i) sum[i] = as_float(a[i]) + as_float(b[i]);
+}
+
+// out (n,) of type T = sum / divisor, rounded once.
+template <typename T>
+void store(const at::Tensor& out, const float* sum, float divisor) {
+  T* o = out.data_ptr<T>();
+  const std::int64_t n = out.numel();
+  if (divisor == 1.0f) {
+    for (std::int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(sum[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(sum[i] / divisor);
+  }
+}
+
+void add_pair(float* sum, const at::Tensor& received, const at::Tensor& own) {
+  if (own.scalar_type() == at::kBFloat16) return add_pair<c10::BFloat16>(sum, received, own);
+  add_pair<float>(sum, received, own);
+}
+
+void store(const at::Tensor& out, const float* sum, float divisor) {
+  if (out.scalar_type() == at::kBFloat16) return store<c10::BFloat16>(out, sum, divisor);
+  store<float>(out, sum, divisor);
+}
+
+// See Note [Ring collectives]. output (n,), input (W * n,).
+void ring_reduce_scatter(c10d::ProcessGroup& group,
+                         at::Tensor output,
+                         at::Tensor input,
+                         ReduceOp op) {
+  RingPeer peer(group, "reduce_scatter_flat");
+  const int rank = peer.rank();
+  const int world = peer.world();
+  const std::int64_t n = output.numel();
+  const float divisor = op == ReduceOp::kAvg ? static_cast<float>(world) : 1.0f;
+  const auto slot = [&](int s) { return input.narrow(0, mod(s, world) * n, n); };
+  peer.agree(RingStamp{.kind = RingStamp::kReduceScatter,
+                       .slot_numel = n,
+                       .dtype = static_cast<std::int64_t>(input.scalar_type()),
+                       .op = static_cast<std::int64_t>(op)});
+  if (n == 0) return;
+  const auto wire = input.options();
+  auto sending = at::empty({n}, wire);
+  auto receiving = at::empty({n}, wire);
+  std::vector<float> sum(static_cast<std::size_t>(n));  // fp32 partial sum
+  for (int step = 0; step < world - 1; ++step) {
+    // Own input's slot first, then the partial sum received last step.
+    peer.exchange(step == 0 ? slot(rank - 1) : sending, receiving, step);
+    add_pair(sum.data(), receiving, slot(rank - step - 2));
+    if (step < world - 2) store(sending, sum.data(), 1.0f);
+  }
+  store(output, sum.data(), divisor);
+}
+
+// See Note [Ring collectives]. output (W * n,), input (n,).
+void ring_all_gather(c10d::ProcessGroup& group, at::Tensor output, at::Tensor input) {
+  RingPeer peer(group, "all_gather_flat");
+  const int rank = peer.rank();
+  const int world = peer.world();
+  const std::int64_t n = input.numel();
+  const auto slot = [&](int s) { return output.narrow(0, mod(s, world) * n, n); };
+  auto own = slot(rank);
+  if (own.data_ptr() != input.data_ptr() && n > 0)
+    std::memcpy(own.data_ptr(), input.data_ptr(), n * input.element_size());
+  peer.agree(RingStamp{.kind = RingStamp::kAllGather,
+                       .slot_numel = n,
+                       .dtype = static_cast<std::int64_t>(input.scalar_type())});
+  if (n == 0) return;
+  for (int step = 0; step < world - 1; ++step)
+    peer.exchange(slot(rank - step), slot(rank - step - 1), step);
+}
+
+bool is_flat(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
+         t.dim() == 1;
+}
+
+void check_pair(const at::Tensor& big,
+                const at::Tensor& small,
+                int world,
+                const char* what,
+                const char* big_name,
+                const char* small_name) {
+  TY_CHECK(is_flat(big) && is_flat(small), what, ": ", big_name, " and ", small_name,
+           " must be 1-D contiguous dense CPU tensors, got ", big_name, " ", big.sizes(), " and ",
+           small_name, " ", small.sizes(), ".");
+  TY_CHECK(big.numel() == small.numel() * world, what, ": ", big_name, " has ", big.numel(),
+           " elements; with ", world, " ranks and a ", small_name, " of ", small.numel(),
+           " it must have ", small.numel() * world, ".");
+}
+
+bool low_or_single(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16;
+}
+
+}  // namespace
+
+GroupCapabilities capabilities_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  TY_CHECK(group, "capabilities_of: the process group is null.");
+  const bool shm = dynamic_cast<const ShmProcessGroup*>(group.get()) != nullptr;
+  return GroupCapabilities{
+      .shared_memory = shm, .average_in_collective = shm, .native_flat_collectives = shm};
+}
+
+c10::intrusive_ptr<c10d::Work> all_gather_flat(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                               at::Tensor output,
+                                               at::Tensor input) {
+  TY_CHECK(group, "all_gather_flat: the process group is null.");
+  check_pair(output, input, group->getSize(), "all_gather_flat", "output", "input");
+  TY_CHECK(output.scalar_type() == input.scalar_type(),
+           "all_gather_flat: output and input must have one dtype, got ", output.scalar_type(),
+           " and ", input.scalar_type(), ".");
+  if (capabilities_of(group).native_flat_collectives)
+    return group->_allgather_base(output, input, c10d::AllgatherOptions());
+  auto work = c10::make_intrusive<RingWork>(c10d::OpType::_ALLGATHER_BASE, output);
+  if (group->getSize() == 1) {
+    if (output.data_ptr() != input.data_ptr()) output.copy_(input);
+    work->complete(nullptr);
+    return work;
+  }
+  work->start(group, [g = group.get(), output, input] { ring_all_gather(*g, output, input); });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(
+    const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+    at::Tensor output,
+    at::Tensor input,
+    ReduceOp op) {
+  TY_CHECK(group, "reduce_scatter_flat: the process group is null.");
+  check_pair(input, output, group->getSize(), "reduce_scatter_flat", "input", "output");
+  TY_CHECK(low_or_single(input.scalar_type()) && low_or_single(output.scalar_type()),
+           "reduce_scatter_flat: input and output must be float32 or bfloat16, got ",
+           input.scalar_type(), " and ", output.scalar_type(), ".");
+  if (capabilities_of(group).native_flat_collectives) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = op == ReduceOp::kAvg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    return group->_reduce_scatter_base(output, input, opts);
+  }
+  auto work = c10::make_intrusive<RingWork>(c10d::OpType::_REDUCE_SCATTER_BASE, output);
+  if (group->getSize() == 1) {
+    output.copy_(input);
+    work->complete(nullptr);
+    return work;
+  }
+  work->start(group,
+              [g = group.get(), output, input, op] { ring_reduce_scatter(*g, output, input, op); });
+  return work;
+}
+
+}  // namespace trainyard::comm
