@@ -1,0 +1,212 @@
+// FullyShardedDataParallel<M>: ZeRO-3 for LibTorch modules. The model's parameters are grouped
+// into units (a wrap policy picks them; the root keeps the rest); each unit's parameters live as
+// one flat buffer, padded to a multiple of the shard group's size, of which a rank keeps only its
+// 1/W shard in fp32. A unit's full parameters are all-gathered just before its forward (and,
+// under FULL_SHARD, again before its backward) and freed after; its gradients are
+// reduce-scattered into the shards as soon as backward has produced them. The optimizer steps the
+// local shards: see Note [FSDP lifecycle] in src/fsdp/fully_sharded_data_parallel.cpp.
+//
+//   trainyard::fsdp::FullyShardedDataParallel fsdp(model, dist, {
+//       .sharding = ShardingStrategy::kFullShard,
+//       .wrap = wrap_modules_of_type<models::GptNeoXLayerImpl>()});
+//   torch::optim::AdamW opt(fsdp.parameters(), ...);   // the local fp32 shards
+//   auto loss = models::causal_lm_loss(fsdp.forward(ids), ids);
+//   loss.backward();                                    // gradients land in the shards' .grad
+//   opt.step();
+//
+// A unit runs its hooks only when the model calls it through trainyard::nn::call_unit (see
+// nn/unit_hook.h); GptNeoX does.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainyard/fsdp/wrap_policy.h"
+
+namespace trainyard {
+class Distributed;
+}
+
+namespace trainyard::fsdp {
+
+enum class ShardingStrategy {
+  kFullShard,    // params, grads, optimizer state sharded; params gathered for forward and backward
+  kShardGradOp,  // as above, but params stay gathered from a unit's forward to its backward
+  kNoShard,      // DDP: everything replicated, gradients all-reduced
+  kHybridShard,  // FULL_SHARD inside a node, replicated across nodes
+  kHybridShardGradOp,  // SHARD_GRAD_OP inside a node, replicated across nodes
+};
+
+enum class BackwardPrefetch {
+  kNone,
+  kBackwardPre,   // gather the next unit's parameters when this unit's backward starts
+  kBackwardPost,  // ... when this unit's backward has finished
+};
+
+struct MixedPrecision {
+  // Dtype of the gathered parameters, so of the forward and backward compute (e.g. bf16). The
+  // shards the optimizer updates stay fp32. nullopt: fp32.
+  std::optional<torch::ScalarType> param_dtype;
+  // Dtype gradients are communicated in; reductions always accumulate in fp32
+  // (Note [Low-precision reduction] in src/comm/collectives.cpp). nullopt: param_dtype.
+  std::optional<torch::ScalarType> reduce_dtype;
+  // Dtype the module's buffers are cast to at construction. nullopt: unchanged.
+  std::optional<torch::ScalarType> buffer_dtype;
+};
+
+// Gives a parameter created on the meta device its initial values (filled in place into an fp32
+// CPU tensor of its shape). Called with the qualified parameter name; it must depend only on the
+// name (and a seed), never on the rank, so every world size builds the same model.
+using ParamInit = std::function<void(const std::string& name, torch::Tensor& tensor)>;
+
+struct FsdpOptions {
+  ShardingStrategy sharding = ShardingStrategy::kFullShard;
+  WrapPolicy wrap;
+  MixedPrecision mixed_precision;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  // Start gathering the next unit (in the previous iteration's order) when a unit's forward starts.
+  bool forward_prefetch = false;
+  // At most two units' gathered parameters alive besides the root's: a prefetch that would
+  // exceed it waits until the unit is needed.
+  bool limit_all_gathers = true;
+  // Recompute each unit's forward in backward instead of keeping its activations
+  // (Note [Activation checkpointing] in src/fsdp/activation_checkpoint.cpp).
+  bool activation_checkpointing = false;
+  // Required when the model was built on the meta device: see ParamInit.
+  ParamInit param_init;
+};
+
+// The process groups FSDP runs over. `shard`: the ranks that split each unit (all of them for
+// FULL_SHARD; a node's ranks for HYBRID; null for NO_SHARD). `replicate`: the ranks holding the
+// same shard, whose gradients are all-reduced (null when there is one replica).
+struct FsdpGroups {
+  c10::intrusive_ptr<c10d::ProcessGroup> shard;
+  c10::intrusive_ptr<c10d::ProcessGroup> replicate;
+  int world_size = 1;  // shard size x replicate size
+};
+
+// The groups for `strategy` over `world`. HYBRID strategies need the node layout: ranks
+// [k * local_world_size, (k + 1) * local_world_size) form node k (the launcher numbers them so);
+// the node and cross-node groups are created over `store` (collective, every rank in the same
+// order; Gloo binds as init() does for `master_addr`). Throws InvalidArgumentError when
+// world_size is not a multiple of local_world_size.
+FsdpGroups make_fsdp_groups(ShardingStrategy strategy,
+                            const c10::intrusive_ptr<c10d::ProcessGroup>& world,
+                            const c10::intrusive_ptr<c10d::Store>& store,
+                            int local_world_size,
+                            const std::string& master_addr = "127.0.0.1");
+
+// What happened in the most recent iteration (forward + backward).
+struct FsdpStats {
+  int all_gathers = 0;  // flat-buffer all-gathers issued (one per unit per pass that gathers)
+  int reduce_scatters = 0;
+  int all_reduces = 0;            // gradient all-reduces across replicas (NO_SHARD, HYBRID)
+  std::int64_t comm_elements = 0;  // elements this rank sent: (W-1)/W of each gathered or
+                                   // reduce-scattered buffer, 2(R-1)/R of each all-reduced one
+  int prefetches = 0;              // gathers started ahead of the unit's need
+  std::int64_t peak_gathered_bytes = 0;  // largest sum of gathered parameter buffers alive
+  double exposed_comm_ms = 0;  // time compute waited for a gather or for reductions at the end
+};
+
+// make_fsdp_groups over a job's group and store, with its LOCAL_WORLD_SIZE.
+FsdpGroups groups_from(const std::shared_ptr<Distributed>& dist, ShardingStrategy strategy);
+
+class FsdpState;  // the engine; see src/fsdp/fully_sharded_data_parallel.cpp
+
+class FullyShardedDataParallelBase {
+ public:
+  FullyShardedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                               FsdpGroups groups,
+                               FsdpOptions options);
+  ~FullyShardedDataParallelBase();
+  FullyShardedDataParallelBase(const FullyShardedDataParallelBase&) = delete;
+  FullyShardedDataParallelBase& operator=(const FullyShardedDataParallelBase&) = delete;
+
+  // The local fp32 shards of the trainable parameters, one flat tensor per unit: give these to
+  // the optimizer. Their .grad is the averaged gradient after a synchronised backward.
+  std::vector<torch::Tensor> parameters() const;
+
+  // Clips the gradients by their global norm across all shards, as one process clipping the full
+  // gradients would (torch::nn::utils::clip_grad_norm_). Returns the norm before clipping.
+  // Collective.
+  double clip_grad_norm_(double max_norm);
+
+  // Every parameter's full value in fp32, by qualified name: one unit gathered at a time (or only
+  // `unit`, a unit's qualified name, "" for the root's own parameters). Collective.
+  std::vector<std::pair<std::string, torch::Tensor>> full_parameters(
+      const std::optional<std::string>& unit = std::nullopt);
+
+  // Gradient accumulation: backward passes inside this scope keep full gradients locally and do
+  // not communicate; the first backward after it reduces the sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedDataParallelBase& fsdp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    FullyShardedDataParallelBase& fsdp_;  // outlives the guard
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // Qualified names of the units in their current order (the root, named "", first).
+  std::vector<std::string> unit_names() const;
+  const FsdpStats& last_stats() const;
+  // Bytes this rank holds for the model between steps: its parameter shards and their gradients
+  // (fp32), excluding optimizer state.
+  std::int64_t sharded_state_bytes() const;
+  const FsdpOptions& options() const;
+
+ protected:
+  void pre_forward();
+  torch::Tensor post_forward(torch::Tensor output);
+
+ private:
+  std::unique_ptr<FsdpState> state_;
+};
+
+template <typename M>
+class FullyShardedDataParallel : public FullyShardedDataParallelBase {
+ public:
+  FullyShardedDataParallel(M module, FsdpGroups groups, FsdpOptions options = {})
+      : FullyShardedDataParallelBase(module_ptr(module), std::move(groups), std::move(options)),
+        module_(std::move(module)) {}
+  // Groups from the job's environment (make_fsdp_groups with LOCAL_WORLD_SIZE).
+  FullyShardedDataParallel(M module,
+                           const std::shared_ptr<Distributed>& dist,
+                           FsdpOptions options = {})
+      : FullyShardedDataParallel(std::move(module),
+                                 groups_from(dist, options.sharding),
+                                 std::move(options)) {}
+
+  // The module's forward with the root's parameters gathered; the output must be one tensor.
+  template <typename... Args>
+  torch::Tensor forward(Args&&... args) {
+    pre_forward();
+    return post_forward(module_->forward(std::forward<Args>(args)...));
+  }
+
+  M& module() { return module_; }
+
+ private:
+  static std::shared_ptr<torch::nn::Module> module_ptr(const M& m) {
+    if constexpr (requires { m.ptr(); }) {
+      return m.ptr();
+    } else {
+      return m;
+    }
+  }
+  M module_;
+};
+
+}  // namespace trainyard::fsdp

@@ -1,0 +1,882 @@
+#include "trainyard/fsdp/fully_sharded_data_parallel.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <unordered_set>
+
+#include "trainyard/comm/collectives.h"
+#include "trainyard/comm/process_group.h"
+#include "trainyard/comm/shm_process_group.h"
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+#include "trainyard/nn/checkpoint.h"
+#include "trainyard/nn/grad_hooks.h"
+#include "trainyard/nn/unit_hook.h"
+
+namespace trainyard::fsdp {
+
+// Note [FSDP lifecycle]
+// A unit's parameters (its trainable ones, and apart from them its frozen ones) are laid out back
+// to back in a flat buffer of padded_numel elements, a multiple of the shard group size S; rank r
+// keeps elements [r * s, (r + 1) * s), s = padded_numel / S, as an fp32 leaf tensor (the shard)
+// that the optimizer updates. The module's own parameter tensors keep their identity (the model
+// code holds them), but their data is a view into one storage per flat buffer, `gathered`. A
+// gather allocates that storage's memory in the compute dtype, writes the local shard into its
+// slot and all-gathers the others; a free drops the memory (the storage keeps zero bytes). Tensors
+// autograd saved in forward (the weights) share the storage, so gathering again before a unit's
+// backward brings them back without autograd noticing.
+//   forward of the root:   gather the root's parameters
+//   a unit's forward:      gather (or wait for its prefetch), start the next unit's prefetch,
+//                          run it (recomputably with activation checkpointing), free it again
+//                          under FULL_SHARD, and hook its output's gradient (pre-backward)
+//   pre-backward of unit:  gather it again, prefetch the unit whose backward comes next
+//   gradient hooks:        when every trainable parameter of a flat buffer has its gradient,
+//                          copy them into one flat gradient (the reduce dtype), drop the
+//                          parameters' .grad and reduce-scatter into the shard's gradient;
+//                          a unit whose buffers are all reduced is freed
+//   end of backward:       wait for the reductions (all-reduce across replicas for NO_SHARD and
+//                          HYBRID), average, accumulate into shard.grad, free what is left
+// Every rank runs the same graph, so all ranks issue the same collectives in the same order,
+// which Gloo and the shared-memory group require. A parameter that gets no gradient counts as a
+// zero gradient, reduced at the end of backward.
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+struct ParamSlot {
+  std::string name;
+  torch::Tensor param;  // the module's own parameter; its data views FlatParam::gathered
+  std::vector<std::int64_t> shape;
+  std::int64_t offset = 0;  // elements into the flat buffer
+  std::int64_t numel = 0;
+};
+
+// A parameter whose values do not exist yet: a CPU tensor with a shape but no memory (a model
+// built for deferred initialisation).
+bool is_deferred(const torch::Tensor& p) {
+  return p.numel() > 0 && !p.is_meta() && p.storage().nbytes() == 0;
+}
+
+// A tensor of `shape` and `dtype` over `storage` from element `offset`, not an autograd view.
+torch::Tensor view_of(const c10::Storage& storage,
+                      std::int64_t offset,
+                      at::IntArrayRef shape,
+                      torch::ScalarType dtype) {
+  return torch::empty({0}, torch::TensorOptions().dtype(dtype))
+      .set_(storage, offset, shape, c10::contiguous_strides(shape));
+}
+
+void wait_or_throw(const c10::intrusive_ptr<c10d::Work>& work,
+                   const char* what,
+                   int rank,
+                   int world_size) {
+  try {
+    wait_work(work);  // beats while it waits: Note [Hang watchdog]
+  } catch (const std::exception& e) {
+    throw NetworkError(detail::concat("FullyShardedDataParallel on rank ", rank, "/", world_size,
+                                      ": ", what, " failed: ", e.what(),
+                                      " HINT: another rank probably died or timed out; its own "
+                                      "log names the root cause."));
+  }
+}
+
+}  // namespace
+
+// One flat buffer of a unit: its trainable parameters, or its frozen ones.
+struct FlatParam {
+  std::vector<ParamSlot> slots;
+  bool trainable = true;
+  std::int64_t numel = 0;         // sum of the parameters' elements
+  std::int64_t padded_numel = 0;  // numel rounded up to a multiple of the shard group size
+  std::int64_t shard_numel = 0;   // padded_numel / shard group size
+  torch::Tensor shard;            // (shard_numel,) fp32, this rank's part
+  c10::Storage gathered;          // padded_numel compute-dtype elements when gathered, else none
+  bool aliases_shard = false;     // one shard in fp32: the parameters view the shard itself
+  bool is_gathered = false;
+  c10::intrusive_ptr<c10d::Work> gather_work;  // an all-gather in flight into `gathered`
+  std::size_t grads_pending = 0;               // this backward's gradients not yet accumulated
+  std::vector<bool> grad_ready;
+  bool reduced = false;  // its gradient reduction was issued in this backward
+};
+
+struct Unit {
+  std::string name;           // "" for the root
+  torch::nn::Module* module;  // owned by the root module, which FSDP keeps alive
+  std::vector<std::unique_ptr<FlatParam>> flats;
+  int order = -1;  // position in this iteration's forward order
+  bool pre_backward_done = false;
+  bool has_frozen = false;
+};
+
+struct PendingReduction {
+  FlatParam* flat;
+  torch::Tensor input;   // (padded_numel,) reduce dtype: alive until the collective completes
+  torch::Tensor output;  // (shard_numel,) fp32
+  c10::intrusive_ptr<c10d::Work> scatter;    // reduce-scatter in the shard group, or null
+  c10::intrusive_ptr<c10d::Work> replicate;  // all-reduce across replicas, or null
+};
+
+class FsdpState {
+ public:
+  FsdpState(std::shared_ptr<torch::nn::Module> module, FsdpGroups groups, FsdpOptions options);
+  ~FsdpState();
+
+  void pre_forward();
+  torch::Tensor post_forward(torch::Tensor output);
+  torch::Tensor run_unit(Unit& unit, const torch::Tensor& input, const nn::UnitForward& forward);
+
+  std::vector<torch::Tensor> parameters() const;
+  double clip_grad_norm(double max_norm);
+  std::vector<std::pair<std::string, torch::Tensor>> full_parameters(
+      const std::optional<std::string>& unit);
+  std::vector<std::string> unit_names() const;
+  std::int64_t sharded_state_bytes() const;
+
+  FsdpOptions options_;
+  FsdpStats stats_;
+  bool require_sync_ = true;
+
+ private:
+  class Hook;
+  void select_units();
+  void build_flat(Unit& unit, std::vector<ParamSlot> slots, bool trainable);
+  void sync_initial_values(torch::Tensor& full);
+  void gather(Unit& unit, bool prefetch);
+  void wait_gathered(Unit& unit);
+  void free_unit(Unit& unit);
+  void maybe_prefetch(Unit* unit);
+  Unit* neighbour(const Unit& unit, int step);
+  int gathered_unit_count() const;
+  void start_backward();
+  void pre_backward(Unit& unit);
+  void on_gradient_ready(std::size_t index);
+  void reduce_flat(FlatParam& flat);
+  void launch_replica_reductions(bool all);
+  void finalize_backward();
+  void abandon_backward();
+  std::string where() const;
+
+  std::shared_ptr<torch::nn::Module> root_;
+  FsdpGroups groups_;
+  int shard_rank_ = 0;
+  int shard_size_ = 1;
+  int replicate_size_ = 1;
+  torch::ScalarType compute_dtype_ = torch::kFloat32;
+  torch::ScalarType reduce_dtype_ = torch::kFloat32;
+  bool reshard_after_forward_ = true;
+
+  std::vector<std::unique_ptr<Unit>> units_;  // [0] is the root
+  std::vector<std::pair<FlatParam*, std::size_t>> grad_index_;  // hook index -> flat, slot
+  std::unique_ptr<nn::GradientHooks> grad_hooks_;
+  std::vector<std::shared_ptr<Hook>> unit_hooks_;
+
+  std::vector<Unit*> forward_order_;  // this iteration's
+  std::vector<Unit*> previous_order_;
+  std::vector<PendingReduction> pending_;
+  std::int64_t gathered_bytes_ = 0;
+  bool backward_started_ = false;
+  bool sync_this_backward_ = true;
+  Clock::time_point iteration_start_;
+};
+
+class FsdpState::Hook : public nn::UnitHook {
+ public:
+  Hook(FsdpState* state, Unit* unit) : state_(state), unit_(unit) {}
+  torch::Tensor run(torch::nn::Module&,
+                    const torch::Tensor& input,
+                    const nn::UnitForward& forward) override {
+    return state_->run_unit(*unit_, input, forward);
+  }
+
+ private:
+  FsdpState* state_;  // removes this hook in its destructor
+  Unit* unit_;        // owned by the state
+};
+
+FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
+                     FsdpGroups groups,
+                     FsdpOptions options)
+    : options_(std::move(options)), root_(std::move(module)), groups_(std::move(groups)) {
+  TY_CHECK(root_ != nullptr, "FullyShardedDataParallel needs a module, got null.");
+  if (groups_.shard) {
+    shard_rank_ = groups_.shard->getRank();
+    shard_size_ = groups_.shard->getSize();
+  }
+  if (groups_.replicate) replicate_size_ = groups_.replicate->getSize();
+  TY_CHECK(groups_.world_size == shard_size_ * replicate_size_,
+           "FsdpGroups.world_size is ", groups_.world_size, " but the shard group has ",
+           shard_size_, " ranks and the replicate group ", replicate_size_,
+           ". HINT: build the groups with make_fsdp_groups().");
+  const auto& mp = options_.mixed_precision;
+  compute_dtype_ = mp.param_dtype.value_or(torch::kFloat32);
+  reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
+  for (auto dtype : {compute_dtype_, reduce_dtype_})
+    TY_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
+             "FsdpOptions.mixed_precision: param_dtype and reduce_dtype must be float32 or "
+             "bfloat16, got ",
+             dtype, ".");
+  reshard_after_forward_ = options_.sharding == ShardingStrategy::kFullShard ||
+                           options_.sharding == ShardingStrategy::kHybridShard;
+
+  select_units();
+
+  std::vector<torch::Tensor> trainable;
+  for (auto& unit : units_)
+    for (auto& flat : unit->flats)
+      if (flat->trainable)
+        for (std::size_t i = 0; i < flat->slots.size(); ++i) {
+          trainable.push_back(flat->slots[i].param);
+          grad_index_.emplace_back(flat.get(), i);
+        }
+  grad_hooks_ = std::make_unique<nn::GradientHooks>(
+      trainable, [this](std::size_t index) { on_gradient_ready(index); });
+  for (std::size_t i = 1; i < units_.size(); ++i) {
+    unit_hooks_.push_back(std::make_shared<Hook>(this, units_[i].get()));
+    nn::set_unit_hook(*units_[i]->module, unit_hooks_.back());
+  }
+  if (mp.buffer_dtype) {
+    torch::NoGradGuard no_grad;
+    for (auto& b : root_->buffers(/*recurse=*/true))
+      if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype));
+  }
+  logger("fsdp")->info(
+      "FullyShardedDataParallel: {} units, {} parameter elements, shard group {} x replicas {}, "
+      "{} bytes of sharded state on this rank",
+      units_.size(), [&] {
+        std::int64_t n = 0;
+        for (auto& u : units_)
+          for (auto& f : u->flats) n += f->numel;
+        return n;
+      }(),
+      shard_size_, replicate_size_, sharded_state_bytes());
+}
+
+FsdpState::~FsdpState() {
+  for (std::size_t i = 1; i < units_.size(); ++i) nn::set_unit_hook(*units_[i]->module, nullptr);
+  try {
+    abandon_backward();
+  } catch (...) {
+  }
+}
+
+std::string FsdpState::where() const {
+  return detail::concat("FullyShardedDataParallel on rank ", shard_rank_, " of its shard group of ",
+                        shard_size_);
+}
+
+// Innermost modules first: a unit claims the parameters of its subtree that no inner unit holds.
+// See Note [FSDP lifecycle].
+void FsdpState::select_units() {
+  auto named = root_->named_modules("", /*include_self=*/false);
+  std::unordered_set<const c10::TensorImpl*> claimed;
+  std::vector<std::pair<std::string, std::vector<ParamSlot>>> found;  // innermost first
+  std::vector<torch::nn::Module*> found_modules;
+  for (std::size_t k = named.size(); k-- > 0;) {
+    const auto& name = named[k].key();
+    auto& module = *named[k].value();
+    std::vector<ParamSlot> slots;
+    std::int64_t numel = 0;
+    for (auto& item : module.named_parameters(/*recurse=*/true)) {
+      if (claimed.count(item.value().unsafeGetTensorImpl())) continue;
+      slots.push_back(ParamSlot{.name = name + "." + item.key(), .param = item.value()});
+      numel += item.value().numel();
+    }
+    if (numel == 0 || !options_.wrap.wraps || !options_.wrap.wraps(name, module, numel)) continue;
+    for (auto& s : slots) claimed.insert(s.param.unsafeGetTensorImpl());
+    found.emplace_back(name, std::move(slots));
+    found_modules.push_back(&module);
+  }
+  for (const auto& required : options_.wrap.required_names) {
+    bool ok = std::any_of(found.begin(), found.end(),
+                          [&](const auto& f) { return f.first == required; });
+    TY_CHECK(ok, "FsdpOptions.wrap names module '", required,
+             "' as a unit, but the model has no submodule of that name with parameters of its "
+             "own. HINT: use the names named_modules() prints, e.g. 'gpt_neox.layers.0'.");
+  }
+  std::vector<ParamSlot> root_slots;
+  for (auto& item : root_->named_parameters(/*recurse=*/true))
+    if (!claimed.count(item.value().unsafeGetTensorImpl()))
+      root_slots.push_back(ParamSlot{.name = item.key(), .param = item.value()});
+
+  auto add_unit = [&](std::string name, torch::nn::Module* module, std::vector<ParamSlot> slots) {
+    auto unit = std::make_unique<Unit>();
+    unit->name = std::move(name);
+    unit->module = module;
+    std::vector<ParamSlot> trainable, frozen;
+    for (auto& s : slots) (s.param.requires_grad() ? trainable : frozen).push_back(std::move(s));
+    // One unit at a time: its full values exist only while its flat buffer is built.
+    if (!trainable.empty()) build_flat(*unit, std::move(trainable), true);
+    if (!frozen.empty()) {
+      build_flat(*unit, std::move(frozen), false);
+      unit->has_frozen = true;
+    }
+    units_.push_back(std::move(unit));
+  };
+  add_unit("", root_.get(), std::move(root_slots));
+  for (std::size_t k = found.size(); k-- > 0;)  // outermost first: the order modules are declared
+    add_unit(found[k].first, found_modules[k], std::move(found[k].second));
+}
+
+void FsdpState::sync_initial_values(torch::Tensor& full) {
+  // A model built on every rank (not deferred) may differ per rank; rank 0's values win, as in
+  // DDP. Within the shard group, then across replicas from node 0.
+  for (const auto& group : {groups_.shard, groups_.replicate}) {
+    if (!group || group->getSize() == 1) continue;
+    std::vector<torch::Tensor> v{full};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = 0;
+    wait_or_throw(group->broadcast(v, opts), "broadcasting the initial parameters", shard_rank_,
+                  groups_.world_size);
+  }
+}
+
+void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool trainable) {
+  auto flat = std::make_unique<FlatParam>();
+  flat->trainable = trainable;
+  bool deferred = false;
+  for (auto& s : slots) {
+    TY_CHECK(!s.param.is_meta(), where(), ": parameter ", s.name,
+             " is on the meta device, which LibTorch cannot turn into a CPU tensor in place. "
+             "HINT: build the model for deferred initialisation (shapes without memory, e.g. "
+             "GptNeoXInit{.deferred = true}) and give FsdpOptions.param_init.");
+    TY_CHECK(s.param.device().is_cpu(), where(), ": parameter ", s.name, " is on ",
+             s.param.device(), "; this build shards CPU parameters only.");
+    TY_CHECK(s.param.scalar_type() == torch::kFloat32, where(), ": parameter ", s.name, " is ",
+             s.param.scalar_type(),
+             "; FSDP keeps fp32 shards and casts for compute (MixedPrecision.param_dtype). "
+             "HINT: build the model in float32.");
+    s.shape = s.param.sizes().vec();
+    s.numel = s.param.numel();
+    s.offset = flat->numel;
+    flat->numel += s.numel;
+    deferred = deferred || is_deferred(s.param);
+  }
+  flat->padded_numel = (flat->numel + shard_size_ - 1) / shard_size_ * shard_size_;
+  flat->shard_numel = flat->padded_numel / shard_size_;
+
+  torch::NoGradGuard no_grad;
+  // (padded_numel,) fp32: the unit's full values, alive only here.
+  auto full = torch::zeros({flat->padded_numel}, torch::kFloat32);
+  for (auto& s : slots) {
+    auto dst = full.narrow(0, s.offset, s.numel).view(s.shape);
+    if (is_deferred(s.param)) {
+      TY_CHECK(options_.param_init != nullptr, where(), ": parameter ", s.name,
+               " has no values yet (deferred initialisation) and FsdpOptions.param_init is not "
+               "set. HINT: pass the model's initialiser, e.g. GptNeoXImpl::init_parameter.");
+      auto t = torch::empty(s.shape, torch::kFloat32);
+      options_.param_init(s.name, t);
+      dst.copy_(t);
+    } else {
+      dst.copy_(s.param.detach());
+    }
+  }
+  if (!deferred) sync_initial_values(full);
+
+  flat->aliases_shard = shard_size_ == 1 && compute_dtype_ == torch::kFloat32;
+  if (flat->aliases_shard) {
+    flat->shard = full;
+    flat->gathered = full.storage();
+    flat->is_gathered = true;
+  } else {
+    flat->shard = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel)
+                      .clone();
+    flat->gathered = c10::Storage(c10::Storage::use_byte_size_t(),
+                                  flat->padded_numel * c10::elementSize(compute_dtype_),
+                                  c10::GetCPUAllocator(), /*resizable=*/true);
+  }
+  flat->shard.set_requires_grad(trainable);
+  for (auto& s : slots)
+    s.param.set_data(view_of(flat->gathered, s.offset, s.shape, compute_dtype_));
+  flat->slots = std::move(slots);
+  auto* raw = flat.get();
+  unit.flats.push_back(std::move(flat));
+  if (!raw->aliases_shard) {
+    raw->is_gathered = true;  // the storage has memory until freed below
+    gathered_bytes_ += raw->gathered.nbytes();
+    free_unit(unit);
+  }
+}
+
+void FsdpState::gather(Unit& unit, bool prefetch) {
+  bool issued = false;
+  for (auto& flat : unit.flats) {
+    if (flat->aliases_shard || flat->is_gathered) continue;
+    auto* impl = flat->gathered.unsafeGetStorageImpl();
+    const auto nbytes = flat->padded_numel * c10::elementSize(compute_dtype_);
+    impl->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+    impl->set_nbytes(nbytes);
+    flat->is_gathered = true;
+    gathered_bytes_ += nbytes;
+    stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, gathered_bytes_);
+    torch::NoGradGuard no_grad;
+    // (padded_numel,) compute dtype; this rank's slot is its shard.
+    auto full = view_of(flat->gathered, 0, {flat->padded_numel}, compute_dtype_);
+    auto own = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel);
+    own.copy_(flat->shard);
+    if (shard_size_ > 1) {
+      flat->gather_work = comm::all_gather_flat(groups_.shard, full, own);
+      ++stats_.all_gathers;
+      stats_.comm_elements += comm::flat_collective_elements(flat->shard_numel, shard_size_);
+    }
+    issued = true;
+  }
+  if (issued && prefetch) ++stats_.prefetches;
+}
+
+void FsdpState::wait_gathered(Unit& unit) {
+  for (auto& flat : unit.flats) {
+    if (!flat->gather_work) continue;
+    auto start = Clock::now();
+    wait_or_throw(flat->gather_work, "an all-gather of parameters", shard_rank_, shard_size_);
+    stats_.exposed_comm_ms += ms_since(start);
+    flat->gather_work.reset();
+  }
+}
+
+void FsdpState::free_unit(Unit& unit) {
+  for (auto& flat : unit.flats) {
+    if (flat->aliases_shard || !flat->is_gathered) continue;
+    if (flat->gather_work) {  // still written into: settle it first
+      try {
+        flat->gather_work->wait();
+      } catch (const std::exception&) {
+        // reported by whoever waits for it properly; the memory goes either way
+      }
+      flat->gather_work.reset();
+    }
+    auto* impl = flat->gathered.unsafeGetStorageImpl();
+    gathered_bytes_ -= static_cast<std::int64_t>(impl->nbytes());
+    impl->set_data_ptr_noswap(at::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    impl->set_nbytes(0);
+    flat->is_gathered = false;
+  }
+}
+
+int FsdpState::gathered_unit_count() const {
+  int n = 0;
+  for (std::size_t i = 1; i < units_.size(); ++i)
+    for (auto& flat : units_[i]->flats)
+      if (!flat->aliases_shard && flat->is_gathered) {
+        ++n;
+        break;
+      }
+  return n;
+}
+
+// The unit `step` places after `unit` in the forward order (this iteration's when it has
+// reached that far, else the previous iteration's); null at either end.
+Unit* FsdpState::neighbour(const Unit& unit, int step) {
+  const auto& order =
+      step > 0 && !previous_order_.empty() ? previous_order_ : forward_order_;
+  auto it = std::find(order.begin(), order.end(), &unit);
+  if (it == order.end()) return nullptr;
+  auto pos = (it - order.begin()) + step;
+  if (pos < 0 || pos >= static_cast<std::ptrdiff_t>(order.size())) return nullptr;
+  return order[pos];
+}
+
+void FsdpState::maybe_prefetch(Unit* unit) {
+  if (unit == nullptr || unit == units_[0].get()) return;
+  bool needs = false;
+  for (auto& flat : unit->flats) needs = needs || (!flat->aliases_shard && !flat->is_gathered);
+  if (!needs) return;
+  if (options_.limit_all_gathers && gathered_unit_count() >= 2) return;
+  gather(*unit, /*prefetch=*/true);
+}
+
+void FsdpState::pre_forward() {
+  if (backward_started_) {
+    logger("fsdp")->warn("the previous backward pass did not finish; discarding its reductions");
+    abandon_backward();
+  }
+  if (!forward_order_.empty()) previous_order_ = forward_order_;
+  forward_order_.clear();
+  for (auto& unit : units_) {
+    unit->order = -1;
+    unit->pre_backward_done = false;
+  }
+  stats_ = FsdpStats{.peak_gathered_bytes = gathered_bytes_};
+  iteration_start_ = Clock::now();
+  sync_this_backward_ = require_sync_;
+  gather(*units_[0], false);
+  wait_gathered(*units_[0]);
+}
+
+torch::Tensor FsdpState::post_forward(torch::Tensor output) {
+  if (!at::GradMode::is_enabled() || !output.requires_grad()) {
+    for (auto& unit : units_) free_unit(*unit);  // no backward follows
+    return output;
+  }
+  output.register_hook([this](const torch::Tensor&) { start_backward(); });
+  return output;
+}
+
+torch::Tensor FsdpState::run_unit(Unit& unit,
+                                  const torch::Tensor& input,
+                                  const nn::UnitForward& forward) {
+  if (unit.order < 0) {
+    unit.order = static_cast<int>(forward_order_.size());
+    forward_order_.push_back(&unit);
+  }
+  gather(unit, false);
+  if (options_.forward_prefetch) maybe_prefetch(neighbour(unit, +1));
+  wait_gathered(unit);
+
+  auto x = input;
+  if (x.is_floating_point() && x.scalar_type() != compute_dtype_) x = x.to(compute_dtype_);
+  auto output = options_.activation_checkpointing ? nn::checkpoint(forward, x) : forward(x);
+  const bool backward_follows = at::GradMode::is_enabled() && output.requires_grad();
+  if (reshard_after_forward_ || !backward_follows) free_unit(unit);
+  if (backward_follows) {
+    Unit* u = &unit;
+    output.register_hook([this, u](const torch::Tensor&) { pre_backward(*u); });
+  }
+  return output;
+}
+
+void FsdpState::start_backward() {
+  if (backward_started_) return;
+  backward_started_ = true;
+  for (auto& unit : units_)
+    for (auto& flat : unit->flats) {
+      flat->grads_pending = flat->trainable ? flat->slots.size() : 0;
+      flat->grad_ready.assign(flat->slots.size(), false);
+      flat->reduced = false;
+    }
+  nn::queue_end_of_backward([this] { finalize_backward(); });
+}
+
+void FsdpState::pre_backward(Unit& unit) {
+  start_backward();
+  if (unit.pre_backward_done) return;
+  unit.pre_backward_done = true;
+  gather(unit, false);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre)
+    maybe_prefetch(neighbour(unit, -1));
+  wait_gathered(unit);
+}
+
+void FsdpState::on_gradient_ready(std::size_t index) {
+  start_backward();
+  auto [flat, slot] = grad_index_[index];
+  TY_CHECK(!flat->grad_ready[slot], where(), ": parameter ", flat->slots[slot].name,
+           " received its gradient twice in one backward pass. HINT: a unit called twice per "
+           "forward needs its own FSDP unit per call, or no_sync() for all but the last backward.");
+  flat->grad_ready[slot] = true;
+  if (--flat->grads_pending > 0) return;
+  reduce_flat(*flat);
+  // Find the unit; free it when all its buffers are reduced (units with frozen parameters wait
+  // for the end of backward: a frozen weight may still be needed for an input gradient).
+  for (auto& unit : units_) {
+    bool mine = std::any_of(unit->flats.begin(), unit->flats.end(),
+                            [&](const auto& f) { return f.get() == flat; });
+    if (!mine) continue;
+    bool done = std::all_of(unit->flats.begin(), unit->flats.end(),
+                            [](const auto& f) { return !f->trainable || f->grads_pending == 0; });
+    if (done && unit.get() != units_[0].get() && !unit->has_frozen) {
+      free_unit(*unit);
+      if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost)
+        maybe_prefetch(neighbour(*unit, -1));
+    }
+    break;
+  }
+}
+
+void FsdpState::reduce_flat(FlatParam& flat) {
+  if (!sync_this_backward_ || flat.reduced) return;
+  flat.reduced = true;
+  torch::NoGradGuard no_grad;
+  PendingReduction r{.flat = &flat};
+  // (padded_numel,) reduce dtype: every gradient of the buffer, zero where none or padding.
+  r.input = torch::empty({flat.padded_numel}, torch::TensorOptions().dtype(reduce_dtype_));
+  if (flat.padded_numel > flat.numel)
+    r.input.narrow(0, flat.numel, flat.padded_numel - flat.numel).zero_();
+  for (auto& s : flat.slots) {
+    auto dst = r.input.narrow(0, s.offset, s.numel);
+    const auto& g = s.param.grad();
+    if (g.defined())
+      dst.copy_(g.reshape(-1));
+    else
+      dst.zero_();
+    s.param.mutable_grad().reset();  // the full gradient is not kept
+  }
+  if (shard_size_ > 1) {
+    r.output = torch::empty({flat.shard_numel}, torch::kFloat32);
+    r.scatter = comm::reduce_scatter_flat(groups_.shard, r.output, r.input, comm::ReduceOp::kSum);
+    ++stats_.reduce_scatters;
+    stats_.comm_elements += comm::flat_collective_elements(flat.shard_numel, shard_size_);
+  } else {
+    r.output = r.input.scalar_type() == torch::kFloat32 ? r.input : r.input.to(torch::kFloat32);
+  }
+  pending_.push_back(std::move(r));
+  launch_replica_reductions(/*all=*/false);
+}
+
+// Starts the cross-replica all-reduce of every pending reduction whose shard-group part is done,
+// in order (so every rank issues them alike); with `all`, waits for those parts first.
+void FsdpState::launch_replica_reductions(bool all) {
+  if (!groups_.replicate) return;
+  for (auto& r : pending_) {
+    if (r.replicate) continue;
+    if (r.scatter) {
+      if (!all && !r.scatter->isCompleted()) return;
+      auto start = Clock::now();
+      wait_or_throw(r.scatter, "a gradient reduce-scatter", shard_rank_, shard_size_);
+      stats_.exposed_comm_ms += ms_since(start);
+      r.scatter.reset();
+    }
+    std::vector<torch::Tensor> v{r.output};
+    r.replicate = groups_.replicate->allreduce(v);
+    ++stats_.all_reduces;
+    stats_.comm_elements += 2 * r.output.numel() * (replicate_size_ - 1) / replicate_size_;
+  }
+}
+
+void FsdpState::finalize_backward() {
+  if (sync_this_backward_) {
+    // Buffers whose parameters did not all get a gradient: the rest counts as zero.
+    for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it)
+      for (auto& flat : (*it)->flats)
+        if (flat->trainable) reduce_flat(*flat);
+    for (auto& flat : units_[0]->flats)
+      if (flat->trainable) reduce_flat(*flat);
+    for (auto& unit : units_)  // units that never ran forward (unused)
+      for (auto& flat : unit->flats)
+        if (flat->trainable) reduce_flat(*flat);
+  }
+  try {
+    launch_replica_reductions(/*all=*/true);
+    auto start = Clock::now();
+    torch::NoGradGuard no_grad;
+    for (auto& r : pending_) {
+      if (r.scatter)
+        wait_or_throw(r.scatter, "a gradient reduce-scatter", shard_rank_, shard_size_);
+      if (r.replicate)
+        wait_or_throw(r.replicate, "a gradient all-reduce across replicas", shard_rank_,
+                      shard_size_);
+      r.scatter.reset();
+      r.replicate.reset();
+      r.output.div_(groups_.world_size);
+      auto& grad = r.flat->shard.mutable_grad();
+      if (grad.defined())
+        grad.add_(r.output);
+      else
+        grad = r.output;
+    }
+    stats_.exposed_comm_ms += ms_since(start);
+  } catch (...) {
+    abandon_backward();
+    throw;
+  }
+  for (auto& unit : units_) free_unit(*unit);
+  pending_.clear();
+  backward_started_ = false;
+}
+
+void FsdpState::abandon_backward() {
+  for (auto& r : pending_)
+    for (auto* w : {&r.scatter, &r.replicate})
+      if (*w) {
+        try {
+          (*w)->wait();
+        } catch (const std::exception&) {
+          // reported by the backward that launched it
+        }
+      }
+  pending_.clear();
+  for (auto& unit : units_) free_unit(*unit);
+  backward_started_ = false;
+}
+
+std::vector<torch::Tensor> FsdpState::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (auto& unit : units_)
+    for (auto& flat : unit->flats)
+      if (flat->trainable) out.push_back(flat->shard);
+  return out;
+}
+
+double FsdpState::clip_grad_norm(double max_norm) {
+  TY_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got ", max_norm, ".");
+  torch::NoGradGuard no_grad;
+  // Padding is zero and every element lives in exactly one shard of the shard group (replicas
+  // hold equal shards), so the squares summed over the shard group are the full gradient's.
+  auto sum = torch::zeros({1}, torch::kFloat64);
+  for (auto& p : parameters())
+    if (p.grad().defined()) sum += p.grad().to(torch::kFloat64).pow(2).sum();
+  if (shard_size_ > 1) {
+    std::vector<torch::Tensor> v{sum};
+    wait_or_throw(groups_.shard->allreduce(v), "the gradient-norm all-reduce", shard_rank_,
+                  shard_size_);
+  }
+  const double norm = std::sqrt(sum.item<double>());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1)
+    for (auto& p : parameters())
+      if (p.grad().defined()) p.grad().mul_(coef);
+  return norm;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FsdpState::full_parameters(
+    const std::optional<std::string>& unit_name) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  torch::NoGradGuard no_grad;
+  bool found = false;
+  for (auto& unit : units_) {
+    if (unit_name && unit->name != *unit_name) continue;
+    found = true;
+    for (auto& flat : unit->flats) {
+      // (padded_numel,) fp32, only this unit's
+      auto full = torch::empty({flat->padded_numel}, torch::kFloat32);
+      if (shard_size_ > 1) {
+        auto own = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel);
+        own.copy_(flat->shard);
+        wait_or_throw(comm::all_gather_flat(groups_.shard, full, own),
+                      "gathering full parameters", shard_rank_, shard_size_);
+      } else {
+        full.copy_(flat->shard);
+      }
+      for (auto& s : flat->slots)
+        out.emplace_back(s.name, full.narrow(0, s.offset, s.numel).view(s.shape).clone());
+    }
+  }
+  TY_CHECK(found, where(), ": full_parameters: no unit is named '", unit_name.value_or(""),
+           "'. The units are listed by unit_names().");
+  return out;
+}
+
+std::vector<std::string> FsdpState::unit_names() const {
+  std::vector<std::string> names;
+  for (auto& unit : units_) names.push_back(unit->name);
+  return names;
+}
+
+std::int64_t FsdpState::sharded_state_bytes() const {
+  std::int64_t bytes = 0;
+  for (auto& unit : units_)
+    for (auto& flat : unit->flats) {
+      bytes += flat->shard.numel() * 4;
+      if (flat->trainable && flat->shard.grad().defined()) bytes += flat->shard.grad().numel() * 4;
+    }
+  return bytes;
+}
+
+// --- the public wrapper -------------------------------------------------------------------------
+
+FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                           FsdpGroups groups,
+                                                           FsdpOptions options)
+    : state_(std::make_unique<FsdpState>(std::move(module), std::move(groups), std::move(options))) {
+}
+
+FullyShardedDataParallelBase::~FullyShardedDataParallelBase() = default;
+
+std::vector<torch::Tensor> FullyShardedDataParallelBase::parameters() const {
+  return state_->parameters();
+}
+double FullyShardedDataParallelBase::clip_grad_norm_(double max_norm) {
+  return state_->clip_grad_norm(max_norm);
+}
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallelBase::full_parameters(
+    const std::optional<std::string>& unit) {
+  return state_->full_parameters(unit);
+}
+std::vector<std::string> FullyShardedDataParallelBase::unit_names() const {
+  return state_->unit_names();
+}
+const FsdpStats& FullyShardedDataParallelBase::last_stats() const { return state_->stats_; }
+std::int64_t FullyShardedDataParallelBase::sharded_state_bytes() const {
+  return state_->sharded_state_bytes();
+}
+const FsdpOptions& FullyShardedDataParallelBase::options() const { return state_->options_; }
+void FullyShardedDataParallelBase::pre_forward() { state_->pre_forward(); }
+torch::Tensor FullyShardedDataParallelBase::post_forward(torch::Tensor output) {
+  return state_->post_forward(std::move(output));
+}
+
+FullyShardedDataParallelBase::NoSyncGuard::NoSyncGuard(FullyShardedDataParallelBase& fsdp)
+    : fsdp_(fsdp), previous_(fsdp.state_->require_sync_) {
+  fsdp_.state_->require_sync_ = false;
+}
+FullyShardedDataParallelBase::NoSyncGuard::~NoSyncGuard() {
+  fsdp_.state_->require_sync_ = previous_;
+}
+
+// --- groups ------------------------------------------------------------------------------------
+
+FsdpGroups make_fsdp_groups(ShardingStrategy strategy,
+                            const c10::intrusive_ptr<c10d::ProcessGroup>& world,
+                            const c10::intrusive_ptr<c10d::Store>& store,
+                            int local_world_size,
+                            const std::string& master_addr) {
+  TY_CHECK(world, "make_fsdp_groups needs a process group, got null.");
+  const int w = world->getSize();
+  const int rank = world->getRank();
+  switch (strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      return FsdpGroups{.shard = world, .replicate = {}, .world_size = w};
+    case ShardingStrategy::kNoShard:
+      return FsdpGroups{.shard = {},
+                        .replicate = w > 1 ? world : c10::intrusive_ptr<c10d::ProcessGroup>(),
+                        .world_size = w};
+    case ShardingStrategy::kHybridShard:
+    case ShardingStrategy::kHybridShardGradOp:
+      break;
+  }
+  TY_CHECK(local_world_size >= 1 && w % local_world_size == 0,
+           "HYBRID sharding needs the world size (", w,
+           ") to be a multiple of the ranks per node (LOCAL_WORLD_SIZE = ", local_world_size,
+           "). HINT: start the same number of ranks on every node (--nproc-per-node).");
+  TY_CHECK(store, "make_fsdp_groups: HYBRID sharding needs the job's store to form groups.");
+  const int node = rank / local_world_size;
+  const int local = rank % local_world_size;
+  const int nodes = w / local_world_size;
+  FsdpGroups groups{.world_size = w};
+  if (local_world_size > 1) {
+    auto node_store =
+        c10::make_intrusive<c10d::PrefixStore>("fsdp/node/" + std::to_string(node), store);
+    auto gloo = make_gloo_group(node_store, local, local_world_size, {}, master_addr);
+    groups.shard = make_local_group(node_store, local, local_world_size, gloo);
+  }
+  if (nodes > 1) {
+    auto replica_store =
+        c10::make_intrusive<c10d::PrefixStore>("fsdp/replica/" + std::to_string(local), store);
+    groups.replicate = make_gloo_group(replica_store, node, nodes, {}, master_addr);
+  }
+  return groups;
+}
+
+FsdpGroups groups_from(const std::shared_ptr<Distributed>& dist, ShardingStrategy strategy) {
+  TY_CHECK(dist != nullptr, "FullyShardedDataParallel needs a Distributed (trainyard::init()).");
+  return make_fsdp_groups(strategy, dist->process_group(), dist->store(),
+                          dist->env().local_world_size, dist->env().master_addr);
+}
+
+WrapPolicy wrap_by_parameter_count(std::int64_t min_numel) {
+  TY_CHECK(min_numel > 0, "wrap_by_parameter_count: min_numel must be > 0, got ", min_numel, ".");
+  return {.wraps = [min_numel](const std::string&, const torch::nn::Module&, std::int64_t n) {
+    return n >= min_numel;
+  }};
+}
+
+WrapPolicy wrap_modules_named(std::vector<std::string> names) {
+  std::unordered_set<std::string> set(names.begin(), names.end());
+  return {.wraps =
+              [set](const std::string& name, const torch::nn::Module&, std::int64_t) {
+                return set.count(name) > 0;
+              },
+          .required_names = std::move(names)};
+}
+
+}  // namespace trainyard::fsdp

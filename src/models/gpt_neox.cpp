@@ -1,0 +1,568 @@
+#include "trainyard/models/gpt_neox.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include "trainyard/error.h"
+#include "trainyard/nn/unit_hook.h"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+namespace trainyard::models {
+namespace {
+
+using Json = nlohmann::json;
+
+// --- presets and config.json -------------------------------------------------------------------
+
+GptNeoXConfig pythia(std::int64_t vocab,
+                     std::int64_t hidden,
+                     std::int64_t layers,
+                     std::int64_t heads,
+                     std::int64_t intermediate) {
+  return GptNeoXConfig{.vocab_size = vocab,
+                       .hidden_size = hidden,
+                       .num_hidden_layers = layers,
+                       .num_attention_heads = heads,
+                       .intermediate_size = intermediate,
+                       .rotary_pct = 0.25,
+                       .rotary_emb_base = 10000,
+                       .max_position_embeddings = 2048};
+}
+
+struct Preset {
+  const char* name;
+  GptNeoXConfig config;
+};
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> all = {
+      {"pythia-14m", pythia(50304, 128, 6, 4, 512)},
+      {"pythia-70m", pythia(50304, 512, 6, 8, 2048)},
+      {"pythia-160m", pythia(50304, 768, 12, 12, 3072)},
+      {"pythia-410m", pythia(50304, 1024, 24, 16, 4096)},
+      {"dolly-v2-7b", pythia(50280, 4096, 32, 32, 16384)},
+      // For tests: head_size 8 with rotary_pct 0.5 rotates 4 dimensions (two frequencies).
+      {"tiny", GptNeoXConfig{.vocab_size = 128,
+                             .hidden_size = 32,
+                             .num_hidden_layers = 2,
+                             .num_attention_heads = 4,
+                             .intermediate_size = 64,
+                             .rotary_pct = 0.5,
+                             .max_position_embeddings = 64}},
+  };
+  return all;
+}
+
+// Reads `key` into `out` when present; refuses a value of the wrong JSON type.
+void read_field(const Json& j, const char* key, std::int64_t& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  TY_CHECK(it->is_number_integer(), "config.json: \"", key, "\" must be an integer, got ",
+           it->dump(), ".");
+  out = it->get<std::int64_t>();
+}
+
+void read_field(const Json& j, const char* key, double& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  TY_CHECK(it->is_number(), "config.json: \"", key, "\" must be a number, got ", it->dump(), ".");
+  out = it->get<double>();
+}
+
+void read_field(const Json& j, const char* key, bool& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  TY_CHECK(it->is_boolean(), "config.json: \"", key, "\" must be true or false, got ", it->dump(),
+           ".");
+  out = it->get<bool>();
+}
+
+// Newer transformers releases spell some fields differently; either spelling is accepted, both
+// only when they agree.
+void read_alias(const Json& j, const char* key, const char* alias, double& out) {
+  read_field(j, key, out);
+  if (!j.contains(alias)) return;
+  double value = out;
+  read_field(j, alias, value);
+  TY_CHECK(!j.contains(key) || value == out, "config.json: \"", key, "\" (", out, ") and \"", alias,
+           "\" (", value, ") disagree.");
+  out = value;
+}
+
+// --- per-name initialisation (Note [Per-name initialisation]) ---------------------------------
+
+enum class InitKind { kNormal, kZeros, kOnes };
+
+struct ParamSpec {
+  InitKind kind;
+  std::vector<std::int64_t> shape;
+};
+
+bool starts_with(const std::string& s, std::string_view prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Dense weight and bias, or LayerNorm weight and bias, by the last component of the name.
+std::optional<ParamSpec> dense_spec(std::string_view field, std::int64_t in, std::int64_t out) {
+  if (field == "weight") return ParamSpec{InitKind::kNormal, {out, in}};
+  if (field == "bias") return ParamSpec{InitKind::kZeros, {out}};
+  return std::nullopt;
+}
+
+std::optional<ParamSpec> norm_spec(std::string_view field, std::int64_t features) {
+  if (field == "weight") return ParamSpec{InitKind::kOnes, {features}};
+  if (field == "bias") return ParamSpec{InitKind::kZeros, {features}};
+  return std::nullopt;
+}
+
+// What the parameter `name` of GptNeoX(config) is, or nullopt when there is none by that name.
+std::optional<ParamSpec> param_spec(const GptNeoXConfig& c, const std::string& name) {
+  const auto h = c.hidden_size;
+  if (name == "gpt_neox.embed_in.weight") return ParamSpec{InitKind::kNormal, {c.vocab_size, h}};
+  if (name == "embed_out.weight") return ParamSpec{InitKind::kNormal, {c.vocab_size, h}};
+  if (starts_with(name, "gpt_neox.final_layer_norm."))
+    return norm_spec(std::string_view(name).substr(26), h);
+  constexpr std::string_view kLayers = "gpt_neox.layers.";
+  if (!starts_with(name, kLayers)) return std::nullopt;
+  // gpt_neox.layers.<index>.<module path>.<weight|bias>
+  std::string_view rest = std::string_view(name).substr(kLayers.size());
+  std::int64_t index = -1;
+  auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), index);
+  if (ec != std::errc() || end == rest.data() || index >= c.num_hidden_layers || *end != '.')
+    return std::nullopt;
+  rest = rest.substr(end - rest.data() + 1);
+  const auto dot = rest.rfind('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  const auto module = rest.substr(0, dot), field = rest.substr(dot + 1);
+  if (module == "input_layernorm" || module == "post_attention_layernorm")
+    return norm_spec(field, h);
+  if (module == "attention.query_key_value") return dense_spec(field, h, 3 * h);
+  if (module == "attention.dense") return dense_spec(field, h, h);
+  if (module == "mlp.dense_h_to_4h") return dense_spec(field, h, c.intermediate_size);
+  if (module == "mlp.dense_4h_to_h") return dense_spec(field, c.intermediate_size, h);
+  return std::nullopt;
+}
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The generator seed of one parameter: FNV-1a of its name mixed with the model's seed.
+std::uint64_t parameter_seed(std::uint64_t seed, const std::string& name) {
+  std::uint64_t hash = 14695981039346656037ULL;
+  for (const unsigned char ch : name) {
+    hash ^= ch;
+    hash *= 1099511628211ULL;
+  }
+  return splitmix64(hash ^ splitmix64(seed));
+}
+
+// --- forward helpers -----------------------------------------------------------------------
+
+torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
+  return p > 0 && training ? torch::dropout(x, p, /*train=*/true) : x;
+}
+
+// HF's rotary tables for positions [0, seq_len): inv_freq = 1 / base^(arange(0, dim, 2) / dim),
+// emb = cat(freqs, freqs); both (seq_len, dim), fp32. Cheap next to the attention itself, so
+// computed per call rather than cached.
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(std::int64_t seq_len,
+                                                      std::int64_t dim,
+                                                      double base,
+                                                      const torch::Device& device) {
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  const auto inv_freq = 1.0 / torch::pow(base, torch::arange(0, dim, 2, f32) / dim);  // (dim/2)
+  const auto t = torch::arange(seq_len, f32);
+  const auto freqs = torch::outer(t, inv_freq);     // (seq_len, dim/2)
+  const auto emb = torch::cat({freqs, freqs}, -1);  // (seq_len, dim)
+  return {emb.cos(), emb.sin()};
+}
+
+// (x1, x2) -> (-x2, x1) over the halves of the last dimension.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const auto half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// Rotates the first `dim` dimensions of x (B, heads, T, head_size) by position; cos/sin (T, dim)
+// already in x's dtype.
+torch::Tensor apply_rotary(const torch::Tensor& x,
+                           const torch::Tensor& cos,
+                           const torch::Tensor& sin,
+                           std::int64_t dim) {
+  const auto rot = x.narrow(-1, 0, dim);
+  const auto pass = x.narrow(-1, dim, x.size(-1) - dim);
+  return torch::cat({rot * cos + rotate_half(rot) * sin, pass}, -1);
+}
+
+}  // namespace
+
+// --- GptNeoXConfig -----------------------------------------------------------------------------
+
+GptNeoXConfig GptNeoXConfig::preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (name == p.name) return p.config;
+  std::string known;
+  for (const auto& p : presets()) known += (known.empty() ? "" : ", ") + std::string(p.name);
+  throw InvalidArgumentError(
+      detail::concat("Unknown GPT-NeoX preset \"", name, "\"; known presets: ", known, "."));
+}
+
+std::vector<std::string> GptNeoXConfig::preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) names.emplace_back(p.name);
+  return names;
+}
+
+GptNeoXConfig GptNeoXConfig::from_json(const std::string& json_text) {
+  Json j;
+  try {
+    j = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    throw InvalidArgumentError(detail::concat("config.json is not valid JSON: ", e.what()));
+  }
+  TY_CHECK(j.is_object(), "config.json must hold a JSON object, got ", j.type_name(), ".");
+  if (j.contains("model_type")) {
+    TY_CHECK(j["model_type"] == "gpt_neox", "config.json: \"model_type\" is ",
+             j["model_type"].dump(), "; this reader takes \"gpt_neox\" only.");
+  }
+  if (j.contains("hidden_act")) {
+    TY_CHECK(j["hidden_act"] == "gelu", "config.json: \"hidden_act\" is ", j["hidden_act"].dump(),
+             "; GptNeoX supports \"gelu\" (exact erf GELU) only.");
+  }
+  TY_CHECK(!j.contains("tie_word_embeddings") || j["tie_word_embeddings"] == false,
+           "config.json: \"tie_word_embeddings\" is ",
+           j.value("tie_word_embeddings", Json()).dump(),
+           "; GptNeoX keeps embed_out separate from embed_in and does not support tied weights.");
+  TY_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
+           "config.json: \"rope_scaling\" is ", j.value("rope_scaling", Json()).dump(),
+           "; GptNeoX does not support scaled rotary embeddings.");
+  TY_CHECK(!j.contains("attention_bias") || j["attention_bias"] == true,
+           "config.json: \"attention_bias\" is ", j.value("attention_bias", Json()).dump(),
+           "; GptNeoX does not support attention projections without bias.");
+
+  GptNeoXConfig c;
+  read_field(j, "vocab_size", c.vocab_size);
+  read_field(j, "hidden_size", c.hidden_size);
+  read_field(j, "num_hidden_layers", c.num_hidden_layers);
+  read_field(j, "num_attention_heads", c.num_attention_heads);
+  read_field(j, "intermediate_size", c.intermediate_size);
+  read_alias(j, "rotary_pct", "partial_rotary_factor", c.rotary_pct);
+  read_alias(j, "rotary_emb_base", "rope_theta", c.rotary_emb_base);
+  read_field(j, "max_position_embeddings", c.max_position_embeddings);
+  read_field(j, "layer_norm_eps", c.layer_norm_eps);
+  read_field(j, "use_parallel_residual", c.use_parallel_residual);
+  read_field(j, "hidden_dropout", c.hidden_dropout);
+  read_field(j, "attention_dropout", c.attention_dropout);
+  read_field(j, "initializer_range", c.initializer_range);
+  c.validate();
+  return c;
+}
+
+std::string GptNeoXConfig::to_json() const {
+  Json j = {
+      {"architectures", {"GPTNeoXForCausalLM"}},
+      {"model_type", "gpt_neox"},
+      {"hidden_act", "gelu"},
+      {"tie_word_embeddings", false},
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"intermediate_size", intermediate_size},
+      {"rotary_pct", rotary_pct},
+      {"rotary_emb_base", rotary_emb_base},
+      {"max_position_embeddings", max_position_embeddings},
+      {"layer_norm_eps", layer_norm_eps},
+      {"use_parallel_residual", use_parallel_residual},
+      {"hidden_dropout", hidden_dropout},
+      {"attention_dropout", attention_dropout},
+      {"initializer_range", initializer_range},
+  };
+  return j.dump(2);
+}
+
+void GptNeoXConfig::validate() const {
+  TY_CHECK(vocab_size >= 1, "GptNeoXConfig.vocab_size must be >= 1, got ", vocab_size, ".");
+  TY_CHECK(hidden_size >= 1, "GptNeoXConfig.hidden_size must be >= 1, got ", hidden_size, ".");
+  TY_CHECK(num_hidden_layers >= 0, "GptNeoXConfig.num_hidden_layers must be >= 0, got ",
+           num_hidden_layers, ".");
+  TY_CHECK(num_attention_heads >= 1, "GptNeoXConfig.num_attention_heads must be >= 1, got ",
+           num_attention_heads, ".");
+  TY_CHECK(hidden_size % num_attention_heads == 0, "GptNeoXConfig.hidden_size (", hidden_size,
+           ") must be divisible by num_attention_heads (", num_attention_heads, ").");
+  TY_CHECK(intermediate_size >= 1, "GptNeoXConfig.intermediate_size must be >= 1, got ",
+           intermediate_size, ".");
+  TY_CHECK(rotary_pct >= 0 && rotary_pct <= 1, "GptNeoXConfig.rotary_pct must be in [0, 1], got ",
+           rotary_pct, ".");
+  TY_CHECK(rotary_ndims() % 2 == 0, "GptNeoXConfig.rotary_pct (", rotary_pct,
+           ") gives an odd number of rotary dimensions per head: int(head_size ", head_size(),
+           " * rotary_pct) = ", rotary_ndims(), ". HINT: rotate-half needs an even count.");
+  TY_CHECK(rotary_emb_base > 0 && std::isfinite(rotary_emb_base),
+           "GptNeoXConfig.rotary_emb_base must be a positive number, got ", rotary_emb_base, ".");
+  TY_CHECK(max_position_embeddings >= 1, "GptNeoXConfig.max_position_embeddings must be >= 1, got ",
+           max_position_embeddings, ".");
+  TY_CHECK(layer_norm_eps > 0 && std::isfinite(layer_norm_eps),
+           "GptNeoXConfig.layer_norm_eps must be a positive number, got ", layer_norm_eps, ".");
+  TY_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
+           "GptNeoXConfig.hidden_dropout must be in [0, 1), got ", hidden_dropout, ".");
+  TY_CHECK(attention_dropout >= 0 && attention_dropout < 1,
+           "GptNeoXConfig.attention_dropout must be in [0, 1), got ", attention_dropout, ".");
+  TY_CHECK(initializer_range >= 0 && std::isfinite(initializer_range),
+           "GptNeoXConfig.initializer_range must be a number >= 0, got ", initializer_range, ".");
+}
+
+std::int64_t GptNeoXConfig::rotary_ndims() const {
+  return static_cast<std::int64_t>(static_cast<double>(head_size()) * rotary_pct);
+}
+
+std::int64_t GptNeoXConfig::parameter_count() const {
+  const auto h = hidden_size, v = vocab_size, i = intermediate_size;
+  const auto layer = 2 * (2 * h)            // input_layernorm, post_attention_layernorm
+                     + (h * 3 * h + 3 * h)  // attention.query_key_value
+                     + (h * h + h)          // attention.dense
+                     + (h * i + i)          // mlp.dense_h_to_4h
+                     + (i * h + h);         // mlp.dense_4h_to_h
+  return v * h                              // gpt_neox.embed_in
+         + num_hidden_layers * layer        // gpt_neox.layers
+         + 2 * h                            // gpt_neox.final_layer_norm
+         + v * h;                           // embed_out (untied, no bias)
+}
+
+// --- building blocks -----------------------------------------------------------------------
+
+DenseImpl::DenseImpl(std::int64_t in_features,
+                     std::int64_t out_features,
+                     bool bias,
+                     const torch::TensorOptions& options) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}, options));
+  if (bias) this->bias = register_parameter("bias", torch::empty({out_features}, options));
+}
+
+torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
+  return torch::linear(x, weight, bias);
+}
+
+LayerNormImpl::LayerNormImpl(std::int64_t features, double eps, const torch::TensorOptions& options)
+    : eps(eps) {
+  weight = register_parameter("weight", torch::empty({features}, options));
+  bias = register_parameter("bias", torch::empty({features}, options));
+}
+
+torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  return torch::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+}
+
+EmbeddingImpl::EmbeddingImpl(std::int64_t count,
+                             std::int64_t dim,
+                             const torch::TensorOptions& options) {
+  weight = register_parameter("weight", torch::empty({count, dim}, options));
+}
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
+  return torch::embedding(weight, ids);
+}
+
+// --- attention, MLP, layer ---------------------------------------------------------------------
+
+GptNeoXAttentionImpl::GptNeoXAttentionImpl(const GptNeoXConfig& config,
+                                           const torch::TensorOptions& options)
+    : num_heads_(config.num_attention_heads),
+      head_size_(config.head_size()),
+      rotary_ndims_(config.rotary_ndims()),
+      rotary_base_(config.rotary_emb_base),
+      attention_dropout_(config.attention_dropout) {
+  const auto h = config.hidden_size;
+  query_key_value = register_module("query_key_value", Dense(h, 3 * h, /*bias=*/true, options));
+  dense = register_module("dense", Dense(h, h, /*bias=*/true, options));
+}
+
+torch::Tensor GptNeoXAttentionImpl::forward(const torch::Tensor& x) {
+  TY_CHECK(x.dim() == 3, "GptNeoXAttention expects (batch, seq, hidden) input, got ", x.sizes(),
+           ".");
+  const auto batch = x.size(0), seq = x.size(1), hs = head_size_;
+  // Per head [q|k|v]: (B, T, heads, 3 * head_size), each part (B, heads, T, head_size).
+  const auto qkv = query_key_value->forward(x).view({batch, seq, num_heads_, 3 * hs});
+  auto q = qkv.narrow(-1, 0, hs).permute({0, 2, 1, 3});
+  auto k = qkv.narrow(-1, hs, hs).permute({0, 2, 1, 3});
+  const auto v = qkv.narrow(-1, 2 * hs, hs).permute({0, 2, 1, 3});
+  if (rotary_ndims_ > 0) {
+    auto [cos, sin] = rotary_tables(seq, rotary_ndims_, rotary_base_, x.device());
+    cos = cos.to(q.scalar_type());  // HF casts the fp32 tables to the activations' dtype
+    sin = sin.to(q.scalar_type());
+    q = apply_rotary(q, cos, sin, rotary_ndims_);
+    k = apply_rotary(k, cos, sin, rotary_ndims_);
+  }
+  // Scores and softmax in fp32 whatever the activations' dtype, as HF upcasts.
+  auto scores = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2))
+                    .mul_(1.0 / std::sqrt(static_cast<double>(hs)));  // (B, heads, T, T)
+  const auto future = torch::ones({seq, seq}, x.options().dtype(torch::kBool)).triu(1);
+  scores.masked_fill_(future, std::numeric_limits<float>::lowest());
+  auto probs = torch::softmax(scores, -1).to(v.scalar_type());
+  probs = maybe_dropout(probs, attention_dropout_, is_training());
+  const auto out = torch::matmul(probs, v)  // (B, heads, T, head_size)
+                       .permute({0, 2, 1, 3})
+                       .reshape({batch, seq, num_heads_ * hs});
+  return dense->forward(out);
+}
+
+GptNeoXMlpImpl::GptNeoXMlpImpl(const GptNeoXConfig& config, const torch::TensorOptions& options) {
+  const auto h = config.hidden_size, i = config.intermediate_size;
+  dense_h_to_4h = register_module("dense_h_to_4h", Dense(h, i, /*bias=*/true, options));
+  dense_4h_to_h = register_module("dense_4h_to_h", Dense(i, h, /*bias=*/true, options));
+}
+
+torch::Tensor GptNeoXMlpImpl::forward(const torch::Tensor& x) {
+  return dense_4h_to_h->forward(torch::gelu(dense_h_to_4h->forward(x)));
+}
+
+GptNeoXLayerImpl::GptNeoXLayerImpl(const GptNeoXConfig& config, const torch::TensorOptions& options)
+    : use_parallel_residual_(config.use_parallel_residual), hidden_dropout_(config.hidden_dropout) {
+  const auto h = config.hidden_size;
+  const auto eps = config.layer_norm_eps;
+  // HF's registration order, which named_parameters() follows.
+  input_layernorm = register_module("input_layernorm", LayerNorm(h, eps, options));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", LayerNorm(h, eps, options));
+  attention = register_module("attention", GptNeoXAttention(config, options));
+  mlp = register_module("mlp", GptNeoXMlp(config, options));
+}
+
+torch::Tensor GptNeoXLayerImpl::forward(const torch::Tensor& x) {
+  const bool training = is_training();
+  auto attn_out =
+      maybe_dropout(attention->forward(input_layernorm->forward(x)), hidden_dropout_, training);
+  if (use_parallel_residual_) {
+    const auto mlp_out = maybe_dropout(mlp->forward(post_attention_layernorm->forward(x)),
+                                       hidden_dropout_, training);
+    return mlp_out + attn_out + x;  // HF's order of the sums
+  }
+  attn_out = attn_out + x;
+  const auto mlp_out = maybe_dropout(mlp->forward(post_attention_layernorm->forward(attn_out)),
+                                     hidden_dropout_, training);
+  return mlp_out + attn_out;
+}
+
+// --- model -----------------------------------------------------------------------------------
+
+GptNeoXModelImpl::GptNeoXModelImpl(const GptNeoXConfig& config, const torch::TensorOptions& options)
+    : max_positions_(config.max_position_embeddings), hidden_dropout_(config.hidden_dropout) {
+  embed_in = register_module("embed_in", Embedding(config.vocab_size, config.hidden_size, options));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (std::int64_t i = 0; i < config.num_hidden_layers; ++i)
+    layers->push_back(GptNeoXLayer(config, options));
+  final_layer_norm = register_module("final_layer_norm",
+                                     LayerNorm(config.hidden_size, config.layer_norm_eps, options));
+}
+
+GptNeoXLayerImpl& GptNeoXModelImpl::layer(std::int64_t index) {
+  TY_CHECK(index >= 0 && index < num_layers(), "GptNeoX layer index ", index,
+           " is out of range for ", num_layers(), " layers.");
+  return *layers->ptr<GptNeoXLayerImpl>(static_cast<std::size_t>(index));
+}
+
+torch::Tensor GptNeoXModelImpl::forward(const torch::Tensor& input_ids) {
+  TY_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
+           "GptNeoX expects (batch, seq) int64 token ids, got ", input_ids.sizes(), " ",
+           input_ids.scalar_type(), ".");
+  TY_CHECK(input_ids.size(1) <= max_positions_, "GptNeoX got a sequence of ", input_ids.size(1),
+           " tokens; max_position_embeddings is ", max_positions_, ".");
+  auto x = maybe_dropout(embed_in->forward(input_ids), hidden_dropout_,
+                         is_training());  // (B, T, hidden)
+  for (std::int64_t i = 0; i < num_layers(); ++i) {
+    // The unit's forward holds the layer by value: a hook may call it again in backward
+    // (activation checkpointing), after this frame is gone.
+    auto unit = layers->ptr<GptNeoXLayerImpl>(static_cast<std::size_t>(i));
+    x = trainyard::nn::call_unit(*unit, x,
+                                 [unit](const torch::Tensor& h) { return unit->forward(h); });
+  }
+  return final_layer_norm->forward(x);
+}
+
+GptNeoXImpl::GptNeoXImpl(GptNeoXConfig config, GptNeoXInit init)
+    : config_(std::move(config)), seed_(init.seed) {
+  config_.validate();
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(init.device);
+  gpt_neox = register_module("gpt_neox", GptNeoXModel(config_, options));
+  embed_out = register_module(
+      "embed_out", Dense(config_.hidden_size, config_.vocab_size, /*bias=*/false, options));
+  if (init.device.is_meta()) return;
+  auto params = named_parameters();
+  for (auto& item : params) init_parameter(item.key(), item.value());
+}
+
+torch::Tensor GptNeoXImpl::forward(const torch::Tensor& input_ids) {
+  return embed_out->forward(gpt_neox->forward(input_ids));  // (B, T, vocab_size)
+}
+
+torch::Tensor GptNeoXImpl::loss(const torch::Tensor& input_ids, const torch::Tensor& labels) {
+  return causal_lm_loss(forward(input_ids), labels);
+}
+
+void GptNeoXImpl::init_parameter(const GptNeoXConfig& config,
+                                 const std::string& full_name,
+                                 torch::Tensor& tensor,
+                                 std::uint64_t seed) {
+  const auto spec = param_spec(config, full_name);
+  TY_CHECK(spec.has_value(), "\"", full_name, "\" is not a parameter of GptNeoX with ",
+           config.num_hidden_layers,
+           " layers. HINT: pass the name as named_parameters() of the GptNeoX model gives it, "
+           "without a wrapper's prefix.");
+  TY_CHECK(tensor.sizes() == torch::IntArrayRef(spec->shape), "GptNeoX parameter \"", full_name,
+           "\" has shape ", torch::IntArrayRef(spec->shape), ", but the tensor to initialise is ",
+           tensor.sizes(), ".");
+  TY_CHECK(!tensor.is_meta(), "GptNeoX parameter \"", full_name,
+           "\" cannot be initialised on the meta device; allocate it first.");
+  torch::NoGradGuard no_grad;
+  switch (spec->kind) {
+    case InitKind::kZeros:
+      tensor.zero_();
+      return;
+    case InitKind::kOnes:
+      tensor.fill_(1);
+      return;
+    case InitKind::kNormal: {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, full_name));
+      const double stddev = config.initializer_range;
+      if (tensor.is_cpu() && tensor.scalar_type() == torch::kFloat32 && tensor.is_contiguous()) {
+        tensor.normal_(0, stddev, generator);
+      } else {  // the same fp32 values, rounded or moved
+        tensor.copy_(torch::empty(tensor.sizes(), torch::kFloat32).normal_(0, stddev, generator));
+      }
+      return;
+    }
+  }
+}
+
+void GptNeoXImpl::init_parameter(const std::string& full_name, torch::Tensor& tensor) const {
+  init_parameter(config_, full_name, tensor, seed_);
+}
+
+torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  TY_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
+               logits.size(1) == labels.size(1),
+           "causal_lm_loss expects logits (B, T, V) and labels (B, T), got ", logits.sizes(),
+           " and ", labels.sizes(), ".");
+  TY_CHECK(labels.scalar_type() == torch::kInt64, "causal_lm_loss expects int64 labels, got ",
+           labels.scalar_type(), ".");
+  const auto seq = logits.size(1);
+  TY_CHECK(seq >= 2, "causal_lm_loss needs at least 2 positions to predict a next token, got ", seq,
+           ".");
+  // Position t predicts token t + 1.
+  const auto shifted_logits =
+      logits.narrow(1, 0, seq - 1).to(torch::kFloat32).reshape({-1, logits.size(2)});
+  const auto shifted_labels = labels.narrow(1, 1, seq - 1).reshape({-1});
+  return torch::nn::functional::cross_entropy(
+      shifted_logits, shifted_labels,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+}
+
+}  // namespace trainyard::models

@@ -1,0 +1,286 @@
+// FullyShardedDataParallel equivalence: W ranks (threads over an in-memory store, real Gloo
+// groups) each with batch B, under every sharding strategy, must end where one process with
+// batch W*B ends. The model is a small GPT-NeoX with a vocabulary of 61 so that no unit's element
+// count divides evenly and every flat buffer needs padding.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+
+#include "thread_ranks.h"
+#include "trainyard/error.h"
+#include "trainyard/fsdp/fully_sharded_data_parallel.h"
+#include "trainyard/models/gpt_neox.h"
+
+namespace {
+
+using trainyard::fsdp::BackwardPrefetch;
+using trainyard::fsdp::FsdpOptions;
+using trainyard::fsdp::FullyShardedDataParallel;
+using trainyard::fsdp::ShardingStrategy;
+using trainyard::models::GptNeoX;
+using trainyard::models::GptNeoXConfig;
+using trainyard::models::GptNeoXLayerImpl;
+
+constexpr int kSteps = 5;
+constexpr std::int64_t kBatch = 2;  // sequences per rank
+constexpr std::int64_t kSeq = 8;
+constexpr std::uint64_t kSeed = 7;
+constexpr double kLr = 0.05;
+// fp32 sums taken in a different order (shard by shard, rank by rank) differ by a few ulps;
+// five SGD steps keep that far below this bound relative to each tensor's norm. (Adam would not:
+// the key part of query_key_value.bias has an exactly zero true gradient, so its gradient is
+// rounding noise, which Adam's normalisation turns into full-size steps of either sign.)
+constexpr double kTolerance = 1e-5;
+
+GptNeoXConfig tiny_config() {
+  GptNeoXConfig c;
+  c.vocab_size = 61;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 40;
+  c.rotary_pct = 0.5;
+  c.max_position_embeddings = 16;
+  return c;
+}
+
+// (world * kBatch, kSeq): rank r trains on rows [r * kBatch, (r + 1) * kBatch) of step `step`.
+torch::Tensor batch_for_step(int step, int world) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  return torch::randint(0, tiny_config().vocab_size, {world * kBatch, kSeq}, gen,
+                        torch::TensorOptions().dtype(torch::kInt64));
+}
+
+struct RunOptions {
+  int micro_batches = 1;   // > 1: gradient accumulation (no_sync for all but the last)
+  double clip = 0;         // > 0: clip by global norm
+  std::string frozen;      // a parameter to freeze, by name
+};
+
+using Params = std::map<std::string, torch::Tensor>;
+
+torch::optim::SGD make_optimizer(std::vector<torch::Tensor> params) {
+  return torch::optim::SGD(std::move(params),
+                           torch::optim::SGDOptions(kLr).momentum(0.9).weight_decay(0.01));
+}
+
+// One process on the combined batch.
+Params train_reference(int world, const RunOptions& run, std::vector<double>* norms = nullptr) {
+  GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+  if (!run.frozen.empty()) model->named_parameters()[run.frozen].set_requires_grad(false);
+  std::vector<torch::Tensor> trainable;
+  for (auto& p : model->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  auto opt = make_optimizer(trainable);
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    auto ids = batch_for_step(step, world);
+    trainyard::models::causal_lm_loss(model->forward(ids), ids).backward();
+    if (run.clip > 0) {
+      auto norm = torch::nn::utils::clip_grad_norm_(trainable, run.clip);
+      if (norms) norms->push_back(norm);
+    }
+    opt.step();
+  }
+  Params out;
+  for (auto& item : model->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// W ranks with FSDP; returns rank 0's full parameters.
+Params train_fsdp(int world,
+                  FsdpOptions options,
+                  const RunOptions& run,
+                  int local_world_size = 0,
+                  std::vector<double>* norms = nullptr,
+                  trainyard::fsdp::FsdpStats* stats = nullptr) {
+  Params result;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  trainyard::testing::run_thread_ranks(world, [&](int rank, auto pg) {
+    GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+    if (!run.frozen.empty()) model->named_parameters()[run.frozen].set_requires_grad(false);
+    auto groups = trainyard::fsdp::make_fsdp_groups(options.sharding, pg, store,
+                                                    local_world_size ? local_world_size : world);
+    FullyShardedDataParallel fsdp(model, groups, options);
+    auto opt = make_optimizer(fsdp.parameters());
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      auto mine = batch_for_step(step, world).narrow(0, rank * kBatch, kBatch);
+      const std::int64_t rows = kBatch / run.micro_batches;
+      for (int m = 0; m < run.micro_batches; ++m) {
+        auto ids = mine.narrow(0, m * rows, rows);
+        auto backward = [&] {
+          auto loss = trainyard::models::causal_lm_loss(fsdp.forward(ids), ids);
+          (loss / run.micro_batches).backward();
+        };
+        if (m + 1 < run.micro_batches) {
+          auto guard = fsdp.no_sync();
+          backward();
+        } else {
+          backward();
+        }
+      }
+      if (run.clip > 0) {
+        double norm = fsdp.clip_grad_norm_(run.clip);
+        if (norms && rank == 0) norms->push_back(norm);
+      }
+      opt.step();
+      if (stats && rank == 0 && step == kSteps - 1) *stats = fsdp.last_stats();
+    }
+    auto full = fsdp.full_parameters();
+    if (rank == 0)
+      for (auto& [name, t] : full) result[name] = t;
+  });
+  return result;
+}
+
+void expect_same(const Params& expected, const Params& actual, const std::string& label) {
+  ASSERT_EQ(expected.size(), actual.size()) << label;
+  for (const auto& [name, e] : expected) {
+    auto it = actual.find(name);
+    ASSERT_NE(it, actual.end()) << label << ": FSDP has no parameter " << name;
+    ASSERT_EQ(e.sizes(), it->second.sizes()) << label << ": " << name;
+    double rel = (e - it->second).norm().item<double>() / (e.norm().item<double>() + 1e-12);
+    EXPECT_LT(rel, kTolerance) << label << ": " << name;
+  }
+}
+
+FsdpOptions layer_units(ShardingStrategy strategy) {
+  return FsdpOptions{.sharding = strategy,
+                     .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>()};
+}
+
+const char* strategy_name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard:
+      return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp:
+      return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard:
+      return "NO_SHARD";
+    case ShardingStrategy::kHybridShard:
+      return "HYBRID_SHARD";
+    case ShardingStrategy::kHybridShardGradOp:
+      return "HYBRID_SHARD_GRAD_OP";
+  }
+  return "?";
+}
+
+class FsdpEquivalence : public ::testing::TestWithParam<std::tuple<ShardingStrategy, int>> {};
+
+TEST_P(FsdpEquivalence, MatchesOneProcessOnTheCombinedBatch) {
+  auto [strategy, world] = GetParam();
+  auto expected = train_reference(world, {});
+  auto actual = train_fsdp(world, layer_units(strategy), {});
+  expect_same(expected, actual, std::string(strategy_name(strategy)) + " W=" +
+                                    std::to_string(world));
+}
+
+INSTANTIATE_TEST_SUITE_P(StrategiesAndWorldSizes,
+                         FsdpEquivalence,
+                         ::testing::Combine(::testing::Values(ShardingStrategy::kFullShard,
+                                                              ShardingStrategy::kShardGradOp,
+                                                              ShardingStrategy::kNoShard),
+                                            ::testing::Values(1, 2, 3)));
+
+TEST(Fsdp, HybridShardOnTwoNodesOfTwoMatchesOneProcess) {
+  auto expected = train_reference(4, {});
+  for (auto strategy : {ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardGradOp}) {
+    auto actual = train_fsdp(4, layer_units(strategy), {}, /*local_world_size=*/2);
+    expect_same(expected, actual, strategy_name(strategy));
+  }
+}
+
+TEST(Fsdp, ActivationCheckpointingAndPrefetchChangeNothing) {
+  auto expected = train_reference(2, {});
+  auto options = layer_units(ShardingStrategy::kFullShard);
+  options.activation_checkpointing = true;
+  options.forward_prefetch = true;
+  for (auto prefetch : {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost,
+                        BackwardPrefetch::kNone}) {
+    options.backward_prefetch = prefetch;
+    trainyard::fsdp::FsdpStats stats;
+    auto actual = train_fsdp(2, options, {}, 0, nullptr, &stats);
+    expect_same(expected, actual, "checkpointing, prefetch " + std::to_string(int(prefetch)));
+    if (prefetch != BackwardPrefetch::kNone) EXPECT_GT(stats.prefetches, 0);
+  }
+}
+
+TEST(Fsdp, GradientAccumulationWithNoSyncMatches) {
+  auto expected = train_reference(2, {});
+  auto actual = train_fsdp(2, layer_units(ShardingStrategy::kFullShard), {.micro_batches = 2});
+  expect_same(expected, actual, "no_sync");
+}
+
+TEST(Fsdp, AFrozenParameterSharesAUnitAndStaysUnchanged) {
+  const std::string frozen = "gpt_neox.layers.1.attention.dense.weight";
+  auto expected = train_reference(2, {.frozen = frozen});
+  auto actual = train_fsdp(2, layer_units(ShardingStrategy::kFullShard), {.frozen = frozen});
+  expect_same(expected, actual, "frozen");
+  GptNeoX initial(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+  EXPECT_TRUE(torch::equal(actual[frozen], initial->named_parameters()[frozen]));
+}
+
+TEST(Fsdp, ClippingEqualsSingleProcessClipping) {
+  std::vector<double> expected_norms, norms;
+  auto expected = train_reference(3, {.clip = 0.05}, &expected_norms);
+  auto actual = train_fsdp(3, layer_units(ShardingStrategy::kFullShard), {.clip = 0.05}, 0, &norms);
+  expect_same(expected, actual, "clipped");
+  ASSERT_EQ(expected_norms.size(), norms.size());
+  for (std::size_t i = 0; i < norms.size(); ++i) {
+    EXPECT_NEAR(norms[i], expected_norms[i], 1e-5 * expected_norms[i]);
+    EXPECT_GT(expected_norms[i], 0.05);  // the clip really acted
+  }
+}
+
+// Elements this rank sends per iteration: (W-1)/W of every buffer per all-gather and per
+// reduce-scatter. Units are gathered for forward and (FULL_SHARD) again for backward; the root
+// stays gathered from forward to the end of backward, so it is gathered once.
+TEST(Fsdp, CommunicationVolumeFollowsTheFormula) {
+  const int world = 2;
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    trainyard::fsdp::FsdpStats stats;
+    std::int64_t root_padded = 0, units_padded = 0;
+    int units = 0;
+    {
+      GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+      auto pad = [&](std::int64_t n) { return (n + world - 1) / world * world; };
+      for (auto& layer : *model->gpt_neox->layers) {
+        std::int64_t n = 0;
+        for (auto& p : layer->parameters()) n += p.numel();
+        units_padded += pad(n);
+        ++units;
+      }
+      std::int64_t all = 0;
+      for (auto& p : model->parameters()) all += p.numel();
+      std::int64_t in_units = 0;
+      for (auto& layer : *model->gpt_neox->layers)
+        for (auto& p : layer->parameters()) in_units += p.numel();
+      root_padded = pad(all - in_units);
+    }
+    train_fsdp(world, layer_units(strategy), {}, 0, nullptr, &stats);
+    const int unit_gathers = strategy == ShardingStrategy::kFullShard ? 2 : 1;
+    EXPECT_EQ(stats.all_gathers, 1 + units * unit_gathers) << strategy_name(strategy);
+    EXPECT_EQ(stats.reduce_scatters, 1 + units) << strategy_name(strategy);
+    const std::int64_t expected =
+        (root_padded * 2 + units_padded * (unit_gathers + 1)) * (world - 1) / world;
+    EXPECT_EQ(stats.comm_elements, expected) << strategy_name(strategy);
+  }
+}
+
+TEST(Fsdp, AWrapPolicyNamingAMissingModuleIsAnError) {
+  GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+  trainyard::testing::run_thread_ranks(1, [&](int, auto pg) {
+    try {
+      FullyShardedDataParallel fsdp(
+          model, trainyard::fsdp::FsdpGroups{.shard = pg, .world_size = 1},
+          FsdpOptions{.wrap = trainyard::fsdp::wrap_modules_named({"gpt_neox.layers.9"})});
+      FAIL() << "expected an error";
+    } catch (const trainyard::InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("'gpt_neox.layers.9'"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
