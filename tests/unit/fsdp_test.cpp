@@ -53,9 +53,12 @@ torch::Tensor batch_for_step(int step, int world) {
 }
 
 struct RunOptions {
+  int steps = kSteps;
   int micro_batches = 1;   // > 1: gradient accumulation (no_sync for all but the last)
   double clip = 0;         // > 0: clip by global norm
   std::string frozen;      // a parameter to freeze, by name
+  bool shm = false;        // ranks' groups through shared memory (ShmProcessGroup)
+  std::vector<double>* losses = nullptr;  // rank 0's loss of every step
 };
 
 using Params = std::map<std::string, torch::Tensor>;
@@ -104,7 +107,7 @@ Params train_fsdp(int world,
                                                     local_world_size ? local_world_size : world);
     FullyShardedDataParallel fsdp(model, groups, options);
     auto opt = make_optimizer(fsdp.parameters());
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < run.steps; ++step) {
       opt.zero_grad();
       auto mine = batch_for_step(step, world).narrow(0, rank * kBatch, kBatch);
       const std::int64_t rows = kBatch / run.micro_batches;
@@ -112,6 +115,7 @@ Params train_fsdp(int world,
         auto ids = mine.narrow(0, m * rows, rows);
         auto backward = [&] {
           auto loss = trainyard::models::causal_lm_loss(fsdp.forward(ids), ids);
+          if (run.losses && rank == 0) run.losses->push_back(loss.template item<double>());
           (loss / run.micro_batches).backward();
         };
         if (m + 1 < run.micro_batches) {
@@ -126,12 +130,12 @@ Params train_fsdp(int world,
         if (norms && rank == 0) norms->push_back(norm);
       }
       opt.step();
-      if (stats && rank == 0 && step == kSteps - 1) *stats = fsdp.last_stats();
+      if (stats && rank == 0 && step == run.steps - 1) *stats = fsdp.last_stats();
     }
     auto full = fsdp.full_parameters();
     if (rank == 0)
       for (auto& [name, t] : full) result[name] = t;
-  });
+  }, trainyard::testing::ThreadRankOptions{.shm = run.shm});
   return result;
 }
 
@@ -183,6 +187,64 @@ INSTANTIATE_TEST_SUITE_P(StrategiesAndWorldSizes,
                                                               ShardingStrategy::kShardGradOp,
                                                               ShardingStrategy::kNoShard),
                                             ::testing::Values(1, 2, 3)));
+
+TEST(Fsdp, SharedMemoryGroupsMatchOneProcess) {
+  auto expected = train_reference(3, {});
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp})
+    expect_same(expected, train_fsdp(3, layer_units(strategy), {.shm = true}),
+                std::string("shm ") + strategy_name(strategy));
+}
+
+// bf16 compute (oneDNN matmuls) with fp32 shards and fp32-accumulated reductions: the loss
+// follows the fp32 run's within 2% (bf16 keeps 8 bits of mantissa, 0.4% per rounding) over 20
+// steps.
+TEST(Fsdp, Bf16MixedPrecisionFollowsFp32) {
+  std::vector<double> fp32, bf16;
+  auto options = layer_units(ShardingStrategy::kFullShard);
+  train_fsdp(2, options, {.steps = 20, .losses = &fp32});
+  options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
+  train_fsdp(2, options, {.steps = 20, .losses = &bf16});
+  ASSERT_EQ(fp32.size(), 20u);
+  ASSERT_EQ(bf16.size(), 20u);
+  for (std::size_t i = 0; i < fp32.size(); ++i)
+    EXPECT_NEAR(bf16[i], fp32[i], 0.02 * fp32[i]) << "step " << i;
+  EXPECT_NE(bf16, fp32);  // bf16 really computed
+}
+
+// Between steps a rank holds its fp32 shards and their gradients: 8 bytes per element / W, plus
+// padding. While running, at most the root and two units are gathered (limit_all_gathers).
+TEST(Fsdp, MemoryStaysWithinTheShardedBounds) {
+  const int world = 3;
+  GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+  std::int64_t total = 0, largest_layer = 0;
+  for (auto& p : model->parameters()) total += p.numel();
+  for (auto& layer : *model->gpt_neox->layers) {
+    std::int64_t n = 0;
+    for (auto& p : layer->parameters()) n += p.numel();
+    largest_layer = std::max(largest_layer, n);
+  }
+  const std::int64_t root = total - largest_layer * tiny_config().num_hidden_layers;
+  trainyard::testing::run_thread_ranks(world, [&](int rank, auto pg) {
+    GptNeoX m(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+    auto options = layer_units(ShardingStrategy::kFullShard);
+    options.forward_prefetch = true;
+    FullyShardedDataParallel fsdp(m, trainyard::fsdp::FsdpGroups{.shard = pg, .world_size = world},
+                                  options);
+    auto opt = make_optimizer(fsdp.parameters());
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      auto ids = batch_for_step(step, world).narrow(0, rank * kBatch, kBatch);
+      trainyard::models::causal_lm_loss(fsdp.forward(ids), ids).backward();
+      opt.step();
+    }
+    const double ideal = 8.0 * total / world;
+    EXPECT_LT(std::abs(fsdp.sharded_state_bytes() - ideal), 0.01 * ideal + 8 * 8 * world);
+    const std::int64_t units = 4 * ((largest_layer + world - 1) / world * world);
+    const std::int64_t root_bytes = 4 * ((root + world - 1) / world * world);
+    EXPECT_LE(fsdp.last_stats().peak_gathered_bytes, root_bytes + 2 * units);
+    EXPECT_GT(fsdp.last_stats().peak_gathered_bytes, root_bytes + units);  // a prefetch overlapped
+  });
+}
 
 TEST(Fsdp, HybridShardOnTwoNodesOfTwoMatchesOneProcess) {
   auto expected = train_reference(4, {});
