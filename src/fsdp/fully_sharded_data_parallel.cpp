@@ -1,8 +1,8 @@
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 
 #include <c10/core/CPUAllocator.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -175,7 +175,7 @@ class FsdpState {
   torch::ScalarType reduce_dtype_ = torch::kFloat32;
   bool reshard_after_forward_ = true;
 
-  std::vector<std::unique_ptr<Unit>> units_;  // [0] is the root
+  std::vector<std::unique_ptr<Unit>> units_;                    // [0] is the root
   std::vector<std::pair<FlatParam*, std::size_t>> grad_index_;  // hook index -> flat, slot
   std::unique_ptr<nn::GradientHooks> grad_hooks_;
   std::vector<std::shared_ptr<Hook>> unit_hooks_;
@@ -213,9 +213,9 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
     shard_size_ = groups_.shard->getSize();
   }
   if (groups_.replicate) replicate_size_ = groups_.replicate->getSize();
-  TY_CHECK(groups_.world_size == shard_size_ * replicate_size_,
-           "FsdpGroups.world_size is ", groups_.world_size, " but the shard group has ",
-           shard_size_, " ranks and the replicate group ", replicate_size_,
+  TY_CHECK(groups_.world_size == shard_size_ * replicate_size_, "FsdpGroups.world_size is ",
+           groups_.world_size, " but the shard group has ", shard_size_,
+           " ranks and the replicate group ", replicate_size_,
            ". HINT: build the groups with make_fsdp_groups().");
   const auto& mp = options_.mixed_precision;
   compute_dtype_ = mp.param_dtype.value_or(torch::kFloat32);
@@ -252,7 +252,8 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
   logger("fsdp")->info(
       "FullyShardedDataParallel: {} units, {} parameter elements, shard group {} x replicas {}, "
       "{} bytes of sharded state on this rank",
-      units_.size(), [&] {
+      units_.size(),
+      [&] {
         std::int64_t n = 0;
         for (auto& u : units_)
           for (auto& f : u->flats) n += f->numel;
@@ -297,8 +298,8 @@ void FsdpState::select_units() {
     found_modules.push_back(&module);
   }
   for (const auto& required : options_.wrap.required_names) {
-    bool ok = std::any_of(found.begin(), found.end(),
-                          [&](const auto& f) { return f.first == required; });
+    bool ok =
+        std::any_of(found.begin(), found.end(), [&](const auto& f) { return f.first == required; });
     TY_CHECK(ok, "FsdpOptions.wrap names module '", required,
              "' as a unit, but the model has no submodule of that name with parameters of its "
              "own. HINT: use the names named_modules() prints, e.g. 'gpt_neox.layers.0'.");
@@ -388,8 +389,7 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
     flat->gathered = full.storage();
     flat->is_gathered = true;
   } else {
-    flat->shard = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel)
-                      .clone();
+    flat->shard = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel).clone();
     flat->gathered = c10::Storage(c10::Storage::use_byte_size_t(),
                                   flat->padded_numel * c10::elementSize(compute_dtype_),
                                   c10::GetCPUAllocator(), /*resizable=*/true);
@@ -476,8 +476,7 @@ int FsdpState::gathered_unit_count() const {
 // The unit `step` places after `unit` in the forward order (this iteration's when it has
 // reached that far, else the previous iteration's); null at either end.
 Unit* FsdpState::neighbour(const Unit& unit, int step) {
-  const auto& order =
-      step > 0 && !previous_order_.empty() ? previous_order_ : forward_order_;
+  const auto& order = step > 0 && !previous_order_.empty() ? previous_order_ : forward_order_;
   auto it = std::find(order.begin(), order.end(), &unit);
   if (it == order.end()) return nullptr;
   auto pos = (it - order.begin()) + step;
@@ -741,8 +740,8 @@ std::vector<std::pair<std::string, torch::Tensor>> FsdpState::full_parameters(
       if (shard_size_ > 1) {
         auto own = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel);
         own.copy_(flat->shard);
-        wait_or_throw(comm::all_gather_flat(groups_.shard, full, own),
-                      "gathering full parameters", shard_rank_, shard_size_);
+        wait_or_throw(comm::all_gather_flat(groups_.shard, full, own), "gathering full parameters",
+                      shard_rank_, shard_size_);
       } else {
         full.copy_(flat->shard);
       }
@@ -773,11 +772,10 @@ std::int64_t FsdpState::sharded_state_bytes() const {
 
 // --- the public wrapper -------------------------------------------------------------------------
 
-FullyShardedDataParallelBase::FullyShardedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
-                                                           FsdpGroups groups,
-                                                           FsdpOptions options)
-    : state_(std::make_unique<FsdpState>(std::move(module), std::move(groups), std::move(options))) {
-}
+FullyShardedDataParallelBase::FullyShardedDataParallelBase(
+    std::shared_ptr<torch::nn::Module> module, FsdpGroups groups, FsdpOptions options)
+    : state_(
+          std::make_unique<FsdpState>(std::move(module), std::move(groups), std::move(options))) {}
 
 FullyShardedDataParallelBase::~FullyShardedDataParallelBase() = default;
 
@@ -794,12 +792,18 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallelBase:
 std::vector<std::string> FullyShardedDataParallelBase::unit_names() const {
   return state_->unit_names();
 }
-const FsdpStats& FullyShardedDataParallelBase::last_stats() const { return state_->stats_; }
+const FsdpStats& FullyShardedDataParallelBase::last_stats() const {
+  return state_->stats_;
+}
 std::int64_t FullyShardedDataParallelBase::sharded_state_bytes() const {
   return state_->sharded_state_bytes();
 }
-const FsdpOptions& FullyShardedDataParallelBase::options() const { return state_->options_; }
-void FullyShardedDataParallelBase::pre_forward() { state_->pre_forward(); }
+const FsdpOptions& FullyShardedDataParallelBase::options() const {
+  return state_->options_;
+}
+void FullyShardedDataParallelBase::pre_forward() {
+  state_->pre_forward();
+}
 torch::Tensor FullyShardedDataParallelBase::post_forward(torch::Tensor output) {
   return state_->post_forward(std::move(output));
 }
@@ -872,10 +876,8 @@ WrapPolicy wrap_by_parameter_count(std::int64_t min_numel) {
 
 WrapPolicy wrap_modules_named(std::vector<std::string> names) {
   std::unordered_set<std::string> set(names.begin(), names.end());
-  return {.wraps =
-              [set](const std::string& name, const torch::nn::Module&, std::int64_t) {
-                return set.count(name) > 0;
-              },
+  return {.wraps = [set](const std::string& name, const torch::nn::Module&,
+                         std::int64_t) { return set.count(name) > 0; },
           .required_names = std::move(names)};
 }
 

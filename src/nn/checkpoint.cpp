@@ -78,8 +78,7 @@ torch::Tensor checkpoint(const UnitForward& forward, const torch::Tensor& input)
     output = forward(input);
   }
   auto node = std::shared_ptr<CheckpointBackward>(
-      new CheckpointBackward(forward, input, std::move(rng_state)),
-      torch::autograd::deleteNode);
+      new CheckpointBackward(forward, input, std::move(rng_state)), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   // The output was computed without a graph, so it is a fresh tensor nobody else refers to.
   torch::autograd::create_gradient_edge(output, node);

@@ -32,7 +32,8 @@ GradientHooks::GradientHooks(const std::vector<torch::Tensor>& params, Callback 
     : callback_(std::make_unique<Callback>(std::move(on_ready))) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params[i]);
-    TY_ASSERT(acc != nullptr, "parameter ", i, " has no gradient accumulator (not a leaf that "
+    TY_ASSERT(acc != nullptr, "parameter ", i,
+              " has no gradient accumulator (not a leaf that "
               "requires grad)");
     keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>(callback_.get(), i)));
     accumulators_.push_back(std::move(acc));

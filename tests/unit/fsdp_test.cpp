@@ -54,10 +54,10 @@ torch::Tensor batch_for_step(int step, int world) {
 
 struct RunOptions {
   int steps = kSteps;
-  int micro_batches = 1;   // > 1: gradient accumulation (no_sync for all but the last)
-  double clip = 0;         // > 0: clip by global norm
-  std::string frozen;      // a parameter to freeze, by name
-  bool shm = false;        // ranks' groups through shared memory (ShmProcessGroup)
+  int micro_batches = 1;  // > 1: gradient accumulation (no_sync for all but the last)
+  double clip = 0;        // > 0: clip by global norm
+  std::string frozen;     // a parameter to freeze, by name
+  bool shm = false;       // ranks' groups through shared memory (ShmProcessGroup)
   std::vector<double>* losses = nullptr;  // rank 0's loss of every step
 };
 
@@ -100,42 +100,45 @@ Params train_fsdp(int world,
                   trainyard::fsdp::FsdpStats* stats = nullptr) {
   Params result;
   auto store = c10::make_intrusive<c10d::HashStore>();
-  trainyard::testing::run_thread_ranks(world, [&](int rank, auto pg) {
-    GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
-    if (!run.frozen.empty()) model->named_parameters()[run.frozen].set_requires_grad(false);
-    auto groups = trainyard::fsdp::make_fsdp_groups(options.sharding, pg, store,
-                                                    local_world_size ? local_world_size : world);
-    FullyShardedDataParallel fsdp(model, groups, options);
-    auto opt = make_optimizer(fsdp.parameters());
-    for (int step = 0; step < run.steps; ++step) {
-      opt.zero_grad();
-      auto mine = batch_for_step(step, world).narrow(0, rank * kBatch, kBatch);
-      const std::int64_t rows = kBatch / run.micro_batches;
-      for (int m = 0; m < run.micro_batches; ++m) {
-        auto ids = mine.narrow(0, m * rows, rows);
-        auto backward = [&] {
-          auto loss = trainyard::models::causal_lm_loss(fsdp.forward(ids), ids);
-          if (run.losses && rank == 0) run.losses->push_back(loss.template item<double>());
-          (loss / run.micro_batches).backward();
-        };
-        if (m + 1 < run.micro_batches) {
-          auto guard = fsdp.no_sync();
-          backward();
-        } else {
-          backward();
+  trainyard::testing::run_thread_ranks(
+      world,
+      [&](int rank, auto pg) {
+        GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+        if (!run.frozen.empty()) model->named_parameters()[run.frozen].set_requires_grad(false);
+        auto groups = trainyard::fsdp::make_fsdp_groups(
+            options.sharding, pg, store, local_world_size ? local_world_size : world);
+        FullyShardedDataParallel fsdp(model, groups, options);
+        auto opt = make_optimizer(fsdp.parameters());
+        for (int step = 0; step < run.steps; ++step) {
+          opt.zero_grad();
+          auto mine = batch_for_step(step, world).narrow(0, rank * kBatch, kBatch);
+          const std::int64_t rows = kBatch / run.micro_batches;
+          for (int m = 0; m < run.micro_batches; ++m) {
+            auto ids = mine.narrow(0, m * rows, rows);
+            auto backward = [&] {
+              auto loss = trainyard::models::causal_lm_loss(fsdp.forward(ids), ids);
+              if (run.losses && rank == 0) run.losses->push_back(loss.template item<double>());
+              (loss / run.micro_batches).backward();
+            };
+            if (m + 1 < run.micro_batches) {
+              auto guard = fsdp.no_sync();
+              backward();
+            } else {
+              backward();
+            }
+          }
+          if (run.clip > 0) {
+            double norm = fsdp.clip_grad_norm_(run.clip);
+            if (norms && rank == 0) norms->push_back(norm);
+          }
+          opt.step();
+          if (stats && rank == 0 && step == run.steps - 1) *stats = fsdp.last_stats();
         }
-      }
-      if (run.clip > 0) {
-        double norm = fsdp.clip_grad_norm_(run.clip);
-        if (norms && rank == 0) norms->push_back(norm);
-      }
-      opt.step();
-      if (stats && rank == 0 && step == run.steps - 1) *stats = fsdp.last_stats();
-    }
-    auto full = fsdp.full_parameters();
-    if (rank == 0)
-      for (auto& [name, t] : full) result[name] = t;
-  }, trainyard::testing::ThreadRankOptions{.shm = run.shm});
+        auto full = fsdp.full_parameters();
+        if (rank == 0)
+          for (auto& [name, t] : full) result[name] = t;
+      },
+      trainyard::testing::ThreadRankOptions{.shm = run.shm});
   return result;
 }
 
@@ -177,8 +180,8 @@ TEST_P(FsdpEquivalence, MatchesOneProcessOnTheCombinedBatch) {
   auto [strategy, world] = GetParam();
   auto expected = train_reference(world, {});
   auto actual = train_fsdp(world, layer_units(strategy), {});
-  expect_same(expected, actual, std::string(strategy_name(strategy)) + " W=" +
-                                    std::to_string(world));
+  expect_same(expected, actual,
+              std::string(strategy_name(strategy)) + " W=" + std::to_string(world));
 }
 
 INSTANTIATE_TEST_SUITE_P(StrategiesAndWorldSizes,
@@ -259,8 +262,8 @@ TEST(Fsdp, ActivationCheckpointingAndPrefetchChangeNothing) {
   auto options = layer_units(ShardingStrategy::kFullShard);
   options.activation_checkpointing = true;
   options.forward_prefetch = true;
-  for (auto prefetch : {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost,
-                        BackwardPrefetch::kNone}) {
+  for (auto prefetch :
+       {BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost, BackwardPrefetch::kNone}) {
     options.backward_prefetch = prefetch;
     trainyard::fsdp::FsdpStats stats;
     auto actual = train_fsdp(2, options, {}, 0, nullptr, &stats);

@@ -18,8 +18,8 @@
 // nn/unit_hook.h); GptNeoX does.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/types.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -108,7 +108,7 @@ FsdpGroups make_fsdp_groups(ShardingStrategy strategy,
 struct FsdpStats {
   int all_gathers = 0;  // flat-buffer all-gathers issued (one per unit per pass that gathers)
   int reduce_scatters = 0;
-  int all_reduces = 0;            // gradient all-reduces across replicas (NO_SHARD, HYBRID)
+  int all_reduces = 0;             // gradient all-reduces across replicas (NO_SHARD, HYBRID)
   std::int64_t comm_elements = 0;  // elements this rank sent: (W-1)/W of each gathered or
                                    // reduce-scattered buffer, 2(R-1)/R of each all-reduced one
   int prefetches = 0;              // gathers started ahead of the unit's need
@@ -185,9 +185,8 @@ class FullyShardedDataParallel : public FullyShardedDataParallelBase {
   FullyShardedDataParallel(M module,
                            const std::shared_ptr<Distributed>& dist,
                            FsdpOptions options = {})
-      : FullyShardedDataParallel(std::move(module),
-                                 groups_from(dist, options.sharding),
-                                 std::move(options)) {}
+      : FullyShardedDataParallel(
+            std::move(module), groups_from(dist, options.sharding), std::move(options)) {}
 
   // The module's forward with the root's parameters gathered; the output must be one tensor.
   template <typename... Args>

@@ -15,9 +15,8 @@ struct WrapPolicy {
   // Called for every submodule, innermost first, with its qualified name ("gpt_neox.layers.3"),
   // the module, and how many parameter elements of its subtree no inner unit has claimed yet.
   // True makes it a unit owning those parameters. Empty: the root is the only unit.
-  std::function<bool(const std::string& name,
-                     const torch::nn::Module& module,
-                     std::int64_t unclaimed_numel)>
+  std::function<bool(
+      const std::string& name, const torch::nn::Module& module, std::int64_t unclaimed_numel)>
       wraps;
   // Qualified names that must each become a unit; construction fails naming any that does not.
   std::vector<std::string> required_names;

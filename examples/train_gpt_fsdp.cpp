@@ -1,0 +1,137 @@
+// GPT-NeoX trained with FullyShardedDataParallel (or DDP, to compare), as the ranks of a job:
+//   build/trainyard run --nproc-per-node 2 -- build/examples/train_gpt_fsdp --preset pythia-14m \
+//       --strategy full_shard --precision bf16-mixed --data /usr/share/games/fortunes/fortunes
+// Tokens are the file's bytes (or seeded random tokens without --data). Step s trains on the
+// global windows [s * W * B, (s + 1) * W * B), rank r on its B of them, so with the same seed
+// and total batch every strategy and world size sees the same data and, in fp32, the same losses.
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "trainyard/comm/process_group.h"
+#include "trainyard/ddp/distributed_data_parallel.h"
+#include "trainyard/error.h"
+#include "trainyard/fsdp/fully_sharded_data_parallel.h"
+#include "trainyard/models/gpt_neox.h"
+
+namespace fsdp = trainyard::fsdp;
+namespace models = trainyard::models;
+
+int main(int argc, char** argv) try {
+  // 1. Flags.
+  CLI::App app{"GPT-NeoX with FSDP"};
+  std::string preset = "pythia-14m", strategy = "full_shard", precision = "fp32", data_path;
+  bool checkpointing = false;
+  std::int64_t seq_len = 256, batch = 4, steps = 10;
+  std::uint64_t seed = 0;
+  double lr = 1e-4;
+  app.add_option("--preset", preset, "model preset")
+      ->check(CLI::IsMember(models::GptNeoXConfig::preset_names()));
+  const std::map<std::string, fsdp::ShardingStrategy> strategies{
+      {"full_shard", fsdp::ShardingStrategy::kFullShard},
+      {"shard_grad_op", fsdp::ShardingStrategy::kShardGradOp},
+      {"no_shard", fsdp::ShardingStrategy::kNoShard},
+      {"hybrid_shard", fsdp::ShardingStrategy::kHybridShard},
+      {"ddp", fsdp::ShardingStrategy::kNoShard}};
+  app.add_option("--strategy", strategy)
+      ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "ddp"}));
+  app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16-mixed"}));
+  app.add_flag("--activation-checkpointing", checkpointing);
+  app.add_option("--seq-len", seq_len)->check(CLI::Range(2, 1 << 16));
+  app.add_option("--batch-size", batch, "sequences per rank")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
+  app.add_option("--seed", seed);
+  app.add_option("--lr", lr);
+  app.add_option("--data", data_path, "train on this file's bytes")->check(CLI::ExistingFile);
+  CLI11_PARSE(app, argc, argv);
+
+  // 2. Join the job and build the model (the same initial values on every rank: seeded per name).
+  auto dist = trainyard::init();
+  torch::set_num_threads(1);
+  auto config = models::GptNeoXConfig::preset(preset);
+  models::GptNeoX model(config, models::GptNeoXInit{.seed = seed});
+  const bool bf16 = precision == "bf16-mixed";
+
+  // 3. Wrap it: one FSDP unit per transformer layer (or DDP over the whole model).
+  std::unique_ptr<fsdp::FullyShardedDataParallel<models::GptNeoX>> sharded;
+  std::unique_ptr<trainyard::ddp::DistributedDataParallel<models::GptNeoX>> replicated;
+  std::vector<torch::Tensor> params;
+  if (strategy == "ddp") {
+    TY_CHECK(!bf16 && !checkpointing, "--strategy ddp runs fp32 without activation checkpointing.");
+    replicated = std::make_unique<trainyard::ddp::DistributedDataParallel<models::GptNeoX>>(
+        model, dist->process_group());
+    params = model->parameters();
+  } else {
+    fsdp::FsdpOptions options{.sharding = strategies.at(strategy),
+                              .wrap = fsdp::wrap_modules_of_type<models::GptNeoXLayerImpl>(),
+                              .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
+                              .forward_prefetch = true,
+                              .limit_all_gathers = true,
+                              .activation_checkpointing = checkpointing};
+    if (bf16)
+      options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
+    sharded =
+        std::make_unique<fsdp::FullyShardedDataParallel<models::GptNeoX>>(model, dist, options);
+    params = sharded->parameters();
+  }
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(lr).eps(1e-8));
+
+  // 4. Tokens: the file's bytes, or seeded random ones.
+  torch::Tensor tokens;
+  if (!data_path.empty()) {
+    std::ifstream in(data_path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    TY_CHECK(static_cast<std::int64_t>(bytes.size()) > seq_len, "--data ", data_path, " has ",
+             bytes.size(), " bytes; it needs more than --seq-len (", seq_len, ").");
+    tokens =
+        torch::from_blob(bytes.data(), {static_cast<std::int64_t>(bytes.size())}, torch::kUInt8)
+            .to(torch::kInt64);
+  } else {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+    tokens = torch::randint(0, config.vocab_size, {1 << 20}, gen,
+                            torch::TensorOptions().dtype(torch::kInt64));
+  }
+  const std::int64_t windows = (tokens.numel() - 1) / seq_len;
+
+  // 5. Train: print the mean loss over all ranks' tokens each step.
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t step = 0; step < steps; ++step) {
+    std::vector<torch::Tensor> rows;
+    for (std::int64_t i = 0; i < batch; ++i) {
+      std::int64_t w = ((step * dist->world_size() + dist->rank()) * batch + i) % windows;
+      rows.push_back(tokens.narrow(0, w * seq_len, seq_len));
+    }
+    auto ids = torch::stack(rows);  // (batch, seq_len)
+    optimizer.zero_grad();
+    auto logits = sharded ? sharded->forward(ids) : replicated->forward(ids);
+    auto loss = models::causal_lm_loss(logits, ids);
+    loss.backward();
+    optimizer.step();
+    std::vector<torch::Tensor> mean{loss.detach().clone() / dist->world_size()};
+    trainyard::wait_work(dist->process_group()->allreduce(mean));
+    if (dist->rank() == 0)
+      std::printf("step %lld loss %.6f\n", static_cast<long long>(step), mean[0].item<double>());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // 6. Throughput and memory.
+  std::int64_t state = 0;
+  for (auto& p : params) state += p.numel() * 4 * 4;  // fp32 parameter, gradient, two moments
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("rank %d: %.1f tokens/s, peak RSS %.1f MiB, model state %.1f MiB (%s, %s%s)\n",
+              dist->rank(), steps * batch * seq_len * dist->world_size() / seconds,
+              usage.ru_maxrss / 1024.0, state / 1048576.0, strategy.c_str(), precision.c_str(),
+              checkpointing ? ", activation checkpointing" : "");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "train_gpt_fsdp: %s\n", e.what());
+  return 1;
+}
