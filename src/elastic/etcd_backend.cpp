@@ -184,8 +184,10 @@ class EtcdBackend final : public RendezvousBackend {
     }
   }
 
-  // POSTs body to path and returns the parsed answer. Connection failures and timeouts, and
-  // etcd's "unavailable" (HTTP 503, 504: no leader, a leader change), are retried up to
+  // POSTs body to path and returns the parsed answer. Connection failures and timeouts, etcd's
+  // "unavailable" (HTTP 503, 504: no leader, a leader change) and its gateway's 408 and 502 (its
+  // gRPC connection closing or timing out: etcd shutting down answers 408 "grpc: the client
+  // connection is closing" for a moment before it stops listening) are retried up to
   // max_attempts times. Retrying a txn is safe: if an attempt that seemed lost was applied, the
   // retry's compare fails and the caller sees its own write as the current state.
   json post(const char* path, const json& body) {
@@ -210,7 +212,9 @@ class EtcdBackend final : public RendezvousBackend {
                                      " with a body that is not JSON: ", excerpt(r.body)));
         }
       }
-      if (r.code == CURLE_OK && r.status != 503 && r.status != 504) {
+      const bool transient =
+          r.status == 408 || r.status == 502 || r.status == 503 || r.status == 504;
+      if (r.code == CURLE_OK && !transient) {
         throw Error(detail::concat(
             describe(), " refused POST ", path, ": ", r.describe(),
             r.status == 404 ? " HINT: is it etcd's client URL, and etcd >= 3.4? (Older versions "
