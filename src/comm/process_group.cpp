@@ -68,6 +68,21 @@ void wait_work(const c10::intrusive_ptr<c10d::Work>& work) {
   work->wait();
 }
 
+void wait_collective(const c10::intrusive_ptr<c10d::Work>& work,
+                     const char* who,
+                     const char* what,
+                     int rank,
+                     int world_size) {
+  try {
+    wait_work(work);
+  } catch (const std::exception& e) {
+    throw NetworkError(detail::concat(who, " on rank ", rank, "/", world_size, ": ", what,
+                                      " failed: ", e.what(),
+                                      " HINT: another rank probably died or timed out; its own "
+                                      "log names the root cause."));
+  }
+}
+
 Distributed::Distributed(DistEnv env,
                          c10::intrusive_ptr<c10d::Store> store,
                          c10::intrusive_ptr<c10d::ProcessGroup> pg)

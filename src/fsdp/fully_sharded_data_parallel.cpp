@@ -80,14 +80,8 @@ void wait_or_throw(const c10::intrusive_ptr<c10d::Work>& work,
                    const char* what,
                    int rank,
                    int world_size) {
-  try {
-    wait_work(work);  // beats while it waits: Note [Hang watchdog]
-  } catch (const std::exception& e) {
-    throw NetworkError(detail::concat("FullyShardedDataParallel on rank ", rank, "/", world_size,
-                                      ": ", what, " failed: ", e.what(),
-                                      " HINT: another rank probably died or timed out; its own "
-                                      "log names the root cause."));
-  }
+  wait_collective(work, "FullyShardedDataParallel", what, rank,
+                  world_size);  // beats: Note [Hang watchdog]
 }
 
 }  // namespace

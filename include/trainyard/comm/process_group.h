@@ -82,6 +82,14 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
 // timeout still bounds it. Thread-safe as Work::wait is.
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work);
 
+// wait_work, with a failure rethrown as NetworkError naming `who` ("DistributedDataParallel"),
+// this rank, and `what` failed ("a gradient all-reduce"), hinting that a peer probably died.
+void wait_collective(const c10::intrusive_ptr<c10d::Work>& work,
+                     const char* who,
+                     const char* what,
+                     int rank,
+                     int world_size);
+
 // A Gloo process group over an existing store: for tests that run ranks as threads over a
 // c10d::HashStore, and for agents that own the store.
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
