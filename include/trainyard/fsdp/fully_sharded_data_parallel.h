@@ -55,8 +55,9 @@ struct MixedPrecision {
   // Dtype of the gathered parameters, so of the forward and backward compute (e.g. bf16). The
   // shards the optimizer updates stay fp32. nullopt: fp32.
   std::optional<torch::ScalarType> param_dtype;
-  // Dtype gradients are communicated in; reductions always accumulate in fp32
-  // (Note [Low-precision reduction] in src/comm/collectives.cpp). nullopt: param_dtype.
+  // Dtype gradients are communicated in; shared-memory reductions accumulate bf16 in fp32
+  // (Note [Flat collectives in shared memory] in src/comm/shm_process_group.cpp), the Gloo ring
+  // rounds partial sums to bf16 between hops (Note [Ring collectives]). nullopt: param_dtype.
   std::optional<torch::ScalarType> reduce_dtype;
   // Dtype the module's buffers are cast to at construction. nullopt: unchanged.
   std::optional<torch::ScalarType> buffer_dtype;
@@ -78,7 +79,7 @@ struct FsdpOptions {
   // exceed it waits until the unit is needed.
   bool limit_all_gathers = true;
   // Recompute each unit's forward in backward instead of keeping its activations
-  // (Note [Activation checkpointing] in src/fsdp/activation_checkpoint.cpp).
+  // (Note [Activation checkpointing] in src/nn/checkpoint.cpp).
   bool activation_checkpointing = false;
   // Required when the model was built on the meta device: see ParamInit.
   ParamInit param_init;
