@@ -180,7 +180,6 @@ class FsdpState {
   std::int64_t gathered_bytes_ = 0;
   bool backward_started_ = false;
   bool sync_this_backward_ = true;
-  Clock::time_point iteration_start_;
 };
 
 class FsdpState::Hook : public nn::UnitHook {
@@ -499,7 +498,6 @@ void FsdpState::pre_forward() {
     unit->pre_backward_done = false;
   }
   stats_ = FsdpStats{.peak_gathered_bytes = gathered_bytes_};
-  iteration_start_ = Clock::now();
   sync_this_backward_ = require_sync_;
   gather(*units_[0], false);
   wait_gathered(*units_[0]);
