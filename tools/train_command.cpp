@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "trainyard/blas_core.h"
-#include "trainyard/checkpoint/storage.h"
+#include "trainyard/storage/storage.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/data/fashion_mnist.h"
 #include "trainyard/elastic/launcher.h"
@@ -32,7 +32,7 @@ int launch_fashion_mnist(const train::FashionMnistOptions& o,
   launch.command.insert(launch.command.end(), args.begin() + 1, args.end());
   auto result = elastic::launch(launch);
   if (!result.succeeded) return result.exit_code();
-  train::print_training_result(checkpoint::join_uri(o.storage, o.name));
+  train::print_training_result(storage::join_uri(o.storage, o.name));
   const auto total =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
           .count();

@@ -21,6 +21,10 @@
 #include "trainyard/log.h"
 
 namespace trainyard::checkpoint {
+
+using storage::join_uri;
+using storage::open_storage;
+using storage::Storage;
 namespace {
 
 constexpr std::string_view kPrefix = "checkpoint_";
@@ -340,7 +344,7 @@ void Checkpointer::apply_retention(std::int64_t committed) {
   }
 }
 
-LoadedCheckpoint Checkpointer::load(const std::string& name) {
+Manifest Checkpointer::read_manifest(const std::string& name) {
   const auto where = join_uri(storage_->uri(), name);
   const auto manifest_text = storage_->read(name + "/" + kManifest);
   if (!manifest_text) {
@@ -361,25 +365,52 @@ LoadedCheckpoint Checkpointer::load(const std::string& name) {
                                                 kManifestFormat,
                                                 " manifest (needs format, step, files)."));
   }
-  LoadedCheckpoint out{.name = name, .checkpoint = {.step = manifest["step"].get<std::int64_t>()}};
+  Manifest out{.name = name, .step = manifest["step"].get<std::int64_t>()};
   for (const auto& [file, info] : manifest["files"].items()) {
-    auto contents = storage_->read(name + "/" + file);
-    if (!contents) {
-      throw CheckpointCorruptError(detail::concat(where, "/", file, " is missing."));
-    }
-    const auto bytes = info.value("bytes", std::uint64_t{0});
-    if (contents->size() != bytes) {
-      throw CheckpointCorruptError(detail::concat(where, "/", file, " has ", contents->size(),
-                                                  " bytes; the manifest says ", bytes, "."));
-    }
-    if (sha256_hex(*contents) != info.value("sha256", "")) {
-      throw CheckpointCorruptError(
-          detail::concat(where, "/", file, " does not match its SHA-256 in the manifest."));
-    }
-    out.checkpoint.files.emplace(file, std::move(*contents));
-    heartbeat_while_waiting();  // a rank loading a large checkpoint is making progress
+    out.files[file] = FileDigest{.bytes = info.value("bytes", std::uint64_t{0}),
+                                 .sha256 = info.value("sha256", "")};
   }
   return out;
+}
+
+std::string Checkpointer::read_file(const Manifest& manifest, const std::string& file) {
+  const auto where = join_uri(storage_->uri(), manifest.name) + "/" + file;
+  const auto digest = manifest.files.find(file);
+  if (digest == manifest.files.end()) {
+    throw CheckpointCorruptError(detail::concat(where, " is not in the checkpoint's manifest."));
+  }
+  auto contents = storage_->read(manifest.name + "/" + file);
+  if (!contents) throw CheckpointCorruptError(detail::concat(where, " is missing."));
+  if (contents->size() != digest->second.bytes) {
+    throw CheckpointCorruptError(detail::concat(
+        where, " has ", contents->size(), " bytes; the manifest says ", digest->second.bytes, "."));
+  }
+  if (sha256_hex(*contents) != digest->second.sha256) {
+    throw CheckpointCorruptError(
+        detail::concat(where, " does not match its SHA-256 in the manifest."));
+  }
+  heartbeat_while_waiting();  // a rank loading a large checkpoint is making progress
+  return std::move(*contents);
+}
+
+LoadedCheckpoint Checkpointer::load(const std::string& name) {
+  const auto manifest = read_manifest(name);
+  LoadedCheckpoint out{.name = name, .checkpoint = {.step = manifest.step}};
+  for (const auto& [file, digest] : manifest.files)
+    out.checkpoint.files.emplace(file, read_file(manifest, file));
+  return out;
+}
+
+void Checkpointer::mark_damaged(const std::string& name, const std::string& why) noexcept {
+  if (options_.read_only) return;
+  try {
+    // Marked, so that retention and later loads leave it alone (kept for inspection).
+    storage_->write(name + "/" + kDamaged,
+                    detail::concat(why, "\nFound by ", writer_.describe(), " at unix time ",
+                                   std::time(nullptr), ".\n"));
+  } catch (const std::exception& m) {
+    logger("checkpoint")->warn("Could not mark {} as damaged: {}", name, m.what());
+  }
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::load_latest() {
@@ -416,15 +447,7 @@ std::optional<LoadedCheckpoint> Checkpointer::load_latest_listed(bool may_rescan
       }
       logger("checkpoint")->warn("Skipping {} and trying the one before it: {}", name, e.what());
       damaged.push_back(name);
-      if (options_.read_only) continue;
-      try {
-        // Marked, so that retention and later loads leave it alone (kept for inspection).
-        storage_->write(name + "/" + kDamaged,
-                        detail::concat(e.what(), "\nFound by ", writer_.describe(),
-                                       " at unix time ", std::time(nullptr), ".\n"));
-      } catch (const std::exception& m) {
-        logger("checkpoint")->warn("Could not mark {} as damaged: {}", name, m.what());
-      }
+      mark_damaged(name, e.what());
     }
   }
   if (!damaged.empty()) {

@@ -16,6 +16,9 @@
 #include "trainyard/log.h"
 
 namespace trainyard::checkpoint {
+
+using storage::join_uri;
+using storage::Storage;
 namespace {
 
 constexpr std::string_view kLeasePrefix = "_lease/";

@@ -166,7 +166,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain, options.limit);
   auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
 
-  const std::string run_uri = checkpoint::join_uri(options.storage, options.name);
+  const std::string run_uri = storage::join_uri(options.storage, options.name);
   // Rank 0 writes the checkpoints and holds the run's lease (Note [Run lease]); the others only
   // read the one rank 0 chose.
   checkpoint::Checkpointer checkpointer(
@@ -197,7 +197,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   }
   Progress progress{.world_size = world};
   if (resume) {
-    const auto where = checkpoint::join_uri(run_uri, resume->name);
+    const auto where = storage::join_uri(run_uri, resume->name);
     auto file = [&](const std::string& f) -> const std::string& {
       auto it = resume->checkpoint.files.find(f);
       TY_CHECK_T(CheckpointCorruptError, it != resume->checkpoint.files.end(), where, " has no ", f,
@@ -222,7 +222,7 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
   optim::ShardedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr),
                                dist->process_group());
   if (resume) {
-    const auto where = checkpoint::join_uri(run_uri, resume->name) + "/optimizer.pt";
+    const auto where = storage::join_uri(run_uri, resume->name) + "/optimizer.pt";
     auto it = resume->checkpoint.files.find("optimizer.pt");
     TY_CHECK_T(CheckpointCorruptError, it != resume->checkpoint.files.end(), where, " is missing.");
     optimizer.load_state_bytes(it->second, where);
@@ -434,8 +434,8 @@ FashionMnistResult run_fashion_mnist_rank(const FashionMnistOptions& options) {
 }
 
 void print_training_result(const std::string& run_uri) {
-  const auto text = checkpoint::open_storage(run_uri)->read("result.json");
-  const auto path = checkpoint::join_uri(run_uri, "result.json");
+  const auto text = storage::open_storage(run_uri)->read("result.json");
+  const auto path = storage::join_uri(run_uri, "result.json");
   TY_CHECK_T(Error, text.has_value(), "No result at ", path,
              ": the job did not finish. HINT: the ranks' output above names the cause.");
   nlohmann::json r;

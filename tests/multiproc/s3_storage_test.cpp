@@ -1,7 +1,7 @@
 // S3 checkpoint storage against a real S3-compatible server: s3rver (npm, installed by
 // scripts/setup.sh), started per test on 127.0.0.1 with port 0 and a temporary directory. Also a
 // scripted fake endpoint for retries and timeouts, and S3Config::from_uri's parsing and variables.
-#include "trainyard/checkpoint/s3_storage.h"
+#include "trainyard/storage/s3_storage.h"
 #include "../log_capture.h"
 #include "trainyard/checkpoint/checkpointer.h"
 
@@ -41,6 +41,8 @@
 
 namespace trainyard::checkpoint {
 namespace {
+using storage::make_s3_storage;
+using storage::S3Config;
 
 using namespace std::chrono_literals;
 using elastic::UniqueFd;

@@ -26,12 +26,15 @@
 
 #include "../log_capture.h"
 #include "trainyard/checkpoint/lease.h"
-#include "trainyard/checkpoint/storage.h"
+#include "trainyard/storage/storage.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
 namespace trainyard::checkpoint {
 namespace {
+using storage::join_uri;
+using storage::open_storage;
+using storage::Storage;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "trainyard/checkpoint/lease.h"
-#include "trainyard/checkpoint/storage.h"
+#include "trainyard/storage/storage.h"
 
 namespace trainyard::checkpoint {
 
@@ -53,6 +53,13 @@ struct Checkpoint {
   std::map<std::string, std::string> files{};  // file name -> contents
 };
 
+// A complete checkpoint's manifest: its step and every file's digest.
+struct Manifest {
+  std::string name;  // "checkpoint_000003"
+  std::int64_t step = 0;
+  std::map<std::string, FileDigest> files{};
+};
+
 struct LoadedCheckpoint {
   std::string name;  // "checkpoint_000003"
   Checkpoint checkpoint;
@@ -65,7 +72,7 @@ class Checkpointer {
   // instance holds the folder. Every method blocks on storage calls; a Checkpointer is used from
   // one thread at a time (save_in_background's thread counts as the caller's).
   explicit Checkpointer(const std::string& uri, CheckpointerOptions options = {});
-  Checkpointer(std::unique_ptr<Storage> storage, CheckpointerOptions options = {});
+  Checkpointer(std::unique_ptr<storage::Storage> storage, CheckpointerOptions options = {});
   ~Checkpointer();  // waits for a background save; releases the lease
 
   // Writes a new checkpoint and returns its name: begin(), write_file() for each file, commit().
@@ -109,12 +116,23 @@ class Checkpointer {
   // file does not match its manifest.
   LoadedCheckpoint load(const std::string& name);
 
+  // The pieces of load(), for readers that stream a checkpoint file by file (FSDP: each rank
+  // reads only the shards it needs). read_manifest throws CheckpointCorruptError when the
+  // checkpoint is incomplete or its manifest malformed; read_file when the file is missing or
+  // does not match its digest, naming the file.
+  Manifest read_manifest(const std::string& name);
+  std::string read_file(const Manifest& manifest, const std::string& file);
+  // Marks checkpoint `name` DAMAGED (`why` is kept in the marker), so that loads and retention
+  // leave it alone; logs instead of throwing when the marker cannot be written. A reader only
+  // logs.
+  void mark_damaged(const std::string& name, const std::string& why) noexcept;
+
   // Complete checkpoints (manifest present, not marked damaged, not verified), oldest first.
   std::vector<std::string> list_complete();
   // Checkpoints marked DAMAGED by an earlier load, oldest first.
   std::vector<std::string> list_damaged();
 
-  Storage& storage() { return *storage_; }
+  storage::Storage& storage() { return *storage_; }
   // This writer (job instance, host, pid); its token names its lease and claims.
   const WriterIdentity& writer() const { return writer_; }
 
@@ -129,7 +147,7 @@ class Checkpointer {
   // pass with removed_meanwhile set when may_rescan, and is skipped (not marked) otherwise.
   std::optional<LoadedCheckpoint> load_latest_listed(bool may_rescan, bool& removed_meanwhile);
 
-  std::unique_ptr<Storage> storage_;
+  std::unique_ptr<storage::Storage> storage_;
   CheckpointerOptions options_;
   WriterIdentity writer_;
   std::unique_ptr<RunLease> lease_;  // null when read_only

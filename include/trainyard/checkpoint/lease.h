@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "trainyard/checkpoint/storage.h"
+#include "trainyard/storage/storage.h"
 #include "trainyard/comm/dist_env.h"
 
 namespace trainyard::checkpoint {
@@ -50,7 +50,7 @@ struct RunLeaseOptions {
 };
 
 // The leases stored now. A record that does not parse is skipped with a warning.
-std::vector<LeaseRecord> list_leases(Storage& storage);
+std::vector<LeaseRecord> list_leases(storage::Storage& storage);
 
 // True when `lease` can no longer be held by a live writer: not renewed within `timeout`, or
 // held by a process of this host (same boot and pid namespace) that no longer exists.
@@ -62,7 +62,7 @@ class RunLease {
   // of another job instance makes the constructor remove its own and throw Error naming that
   // holder. Blocks on storage calls; starts the renewal thread (every lease_timeout / 3).
   // `storage` must outlive this object and be thread-safe.
-  RunLease(Storage* storage, WriterIdentity writer, RunLeaseOptions options = {});
+  RunLease(storage::Storage* storage, WriterIdentity writer, RunLeaseOptions options = {});
   // Stops renewing and removes the lease object (best effort; never throws).
   ~RunLease();
   RunLease(const RunLease&) = delete;
@@ -80,7 +80,7 @@ class RunLease {
   void write_record();
   void renew_loop();
 
-  Storage* const storage_;  // owned by the Checkpointer, which outlives this lease
+  storage::Storage* const storage_;  // owned by the Checkpointer, which outlives this lease
   const WriterIdentity writer_;
   const RunLeaseOptions options_;
   const std::string key_;

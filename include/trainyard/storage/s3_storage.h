@@ -13,10 +13,10 @@
 #include <memory>
 #include <string>
 
-#include "trainyard/checkpoint/storage.h"
+#include "trainyard/storage/storage.h"
 #include "trainyard/comm/dist_env.h"
 
-namespace trainyard::checkpoint {
+namespace trainyard::storage {
 
 // Seconds for S3Config.retry_deadline, read by S3Config::from_uri.
 constexpr const char* kS3RetryDeadlineEnv = "TRAINYARD_S3_RETRY_DEADLINE";
@@ -58,4 +58,4 @@ struct S3Config {
 // retry_deadline plus one attempt at most), then throws NetworkError saying how long it tried.
 std::unique_ptr<Storage> make_s3_storage(S3Config config);
 
-}  // namespace trainyard::checkpoint
+}  // namespace trainyard::storage

@@ -1,4 +1,4 @@
-#include "trainyard/checkpoint/storage.h"
+#include "trainyard/storage/storage.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,10 +8,10 @@
 #include <cstring>
 #include <filesystem>
 
-#include "trainyard/checkpoint/s3_storage.h"
+#include "trainyard/storage/s3_storage.h"
 #include "trainyard/error.h"
 
-namespace trainyard::checkpoint {
+namespace trainyard::storage {
 namespace fs = std::filesystem;
 namespace {
 
@@ -187,4 +187,4 @@ std::string join_uri(const std::string& uri, const std::string& relative) {
   return uri + "/" + relative;
 }
 
-}  // namespace trainyard::checkpoint
+}  // namespace trainyard::storage

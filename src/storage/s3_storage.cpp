@@ -1,7 +1,7 @@
 // S3Storage: checkpoint storage on Amazon S3 or an S3-compatible service. libcurl signs every
 // request (CURLOPT_AWS_SIGV4); the few XML answers S3 gives (ListObjectsV2, multipart upload,
 // errors) are read by a small parser below. See s3_storage.h for the behaviour.
-#include "trainyard/checkpoint/s3_storage.h"
+#include "trainyard/storage/s3_storage.h"
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
@@ -24,7 +24,7 @@
 #include "trainyard/log.h"
 #include "trainyard/seconds.h"
 
-namespace trainyard::checkpoint {
+namespace trainyard::storage {
 namespace {
 
 constexpr std::size_t kMinPartSize = 5u << 20;     // S3's minimum for every part but the last
@@ -801,4 +801,4 @@ std::unique_ptr<Storage> make_s3_storage(S3Config config) {
   return std::make_unique<S3Storage>(std::move(config));
 }
 
-}  // namespace trainyard::checkpoint
+}  // namespace trainyard::storage

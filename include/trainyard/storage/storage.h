@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace trainyard::checkpoint {
+namespace trainyard::storage {
 
 class Storage {
  public:
@@ -47,4 +47,4 @@ std::unique_ptr<Storage> open_storage(const std::string& uri);
 // A URI joined with a relative path: ("s3://b/runs", "job7") -> "s3://b/runs/job7".
 std::string join_uri(const std::string& uri, const std::string& relative);
 
-}  // namespace trainyard::checkpoint
+}  // namespace trainyard::storage
