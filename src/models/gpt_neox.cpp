@@ -339,12 +339,30 @@ std::int64_t GptNeoXConfig::parameter_count() const {
 
 // --- building blocks -----------------------------------------------------------------------
 
+namespace {
+
+// Set while a GptNeoX is built with GptNeoXInit::deferred: the building blocks, which get only
+// TensorOptions, then create parameters with their shape and no memory. Thread-local, so models
+// built on other threads at the same time are unaffected.
+thread_local bool building_deferred = false;
+
+torch::Tensor empty_parameter(at::IntArrayRef shape, const torch::TensorOptions& options) {
+  if (!building_deferred) return torch::empty(shape, options);
+  // A CPU tensor whose storage has zero bytes, sized as `shape`: FSDP gives it values unit by
+  // unit (FsdpOptions::param_init) and views them in its own storage.
+  auto t = torch::empty({0}, options.device(torch::kCPU));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
+}
+
+}  // namespace
+
 DenseImpl::DenseImpl(std::int64_t in_features,
                      std::int64_t out_features,
                      bool bias,
                      const torch::TensorOptions& options) {
-  weight = register_parameter("weight", torch::empty({out_features, in_features}, options));
-  if (bias) this->bias = register_parameter("bias", torch::empty({out_features}, options));
+  weight = register_parameter("weight", empty_parameter({out_features, in_features}, options));
+  if (bias) this->bias = register_parameter("bias", empty_parameter({out_features}, options));
 }
 
 torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
@@ -353,8 +371,8 @@ torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
 
 LayerNormImpl::LayerNormImpl(std::int64_t features, double eps, const torch::TensorOptions& options)
     : eps(eps) {
-  weight = register_parameter("weight", torch::empty({features}, options));
-  bias = register_parameter("bias", torch::empty({features}, options));
+  weight = register_parameter("weight", empty_parameter({features}, options));
+  bias = register_parameter("bias", empty_parameter({features}, options));
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
@@ -364,7 +382,7 @@ torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
 EmbeddingImpl::EmbeddingImpl(std::int64_t count,
                              std::int64_t dim,
                              const torch::TensorOptions& options) {
-  weight = register_parameter("weight", torch::empty({count, dim}, options));
+  weight = register_parameter("weight", empty_parameter({count, dim}, options));
 }
 
 torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
@@ -490,11 +508,21 @@ torch::Tensor GptNeoXModelImpl::forward(const torch::Tensor& input_ids) {
 GptNeoXImpl::GptNeoXImpl(GptNeoXConfig config, GptNeoXInit init)
     : config_(std::move(config)), seed_(init.seed) {
   config_.validate();
+  TY_CHECK(!init.deferred || init.device.is_cpu(),
+           "GptNeoXInit: deferred parameters are CPU tensors; leave device at kCPU (got ",
+           init.device, ").");
   const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(init.device);
-  gpt_neox = register_module("gpt_neox", GptNeoXModel(config_, options));
-  embed_out = register_module(
-      "embed_out", Dense(config_.hidden_size, config_.vocab_size, /*bias=*/false, options));
-  if (init.device.is_meta()) return;
+  building_deferred = init.deferred;
+  try {
+    gpt_neox = register_module("gpt_neox", GptNeoXModel(config_, options));
+    embed_out = register_module(
+        "embed_out", Dense(config_.hidden_size, config_.vocab_size, /*bias=*/false, options));
+  } catch (...) {
+    building_deferred = false;
+    throw;
+  }
+  building_deferred = false;
+  if (init.device.is_meta() || init.deferred) return;
   auto params = named_parameters();
   for (auto& item : params) init_parameter(item.key(), item.value());
 }

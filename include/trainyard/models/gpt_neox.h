@@ -62,6 +62,11 @@ struct GptNeoXInit {
   // initialised fp32 parameters.
   torch::Device device = torch::kCPU;
   std::uint64_t seed = 0;  // see Note [Per-name initialisation]
+  // CPU parameters with their shapes but no memory (zero-byte storage) and no values: for
+  // FullyShardedDataParallel, which allocates and initialises one unit at a time through
+  // FsdpOptions::param_init (GptNeoXImpl::init_parameter), so the full model never exists in one
+  // process. Such a model cannot run until FSDP has taken it.
+  bool deferred = false;
 };
 
 // Note [Per-name initialisation]
