@@ -1,13 +1,13 @@
 // FullyShardedDataParallel equivalence: W ranks (threads over an in-memory store, real Gloo
 // groups) each with batch B, under every sharding strategy, must end where one process with
-// batch W*B ends. The model is a small GPT-NeoX with a vocabulary of 61 so that no unit's element
-// count divides evenly and every flat buffer needs padding.
+// batch W*B ends, on the small GPT-NeoX of tiny_gpt_neox.h.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <map>
 
 #include "thread_ranks.h"
+#include "tiny_gpt_neox.h"
 #include "trainyard/error.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/models/gpt_neox.h"
@@ -34,22 +34,12 @@ constexpr double kLr = 0.05;
 constexpr double kTolerance = 1e-5;
 
 GptNeoXConfig tiny_config() {
-  GptNeoXConfig c;
-  c.vocab_size = 61;
-  c.hidden_size = 16;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 40;
-  c.rotary_pct = 0.5;
-  c.max_position_embeddings = 16;
-  return c;
+  return trainyard::testing::tiny_gpt_neox_config();
 }
 
 // (world * kBatch, kSeq): rank r trains on rows [r * kBatch, (r + 1) * kBatch) of step `step`.
 torch::Tensor batch_for_step(int step, int world) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
-  return torch::randint(0, tiny_config().vocab_size, {world * kBatch, kSeq}, gen,
-                        torch::TensorOptions().dtype(torch::kInt64));
+  return trainyard::testing::tiny_gpt_neox_batch(step, world * kBatch, kSeq);
 }
 
 struct RunOptions {
@@ -158,20 +148,8 @@ FsdpOptions layer_units(ShardingStrategy strategy) {
                      .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>()};
 }
 
-const char* strategy_name(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::kFullShard:
-      return "FULL_SHARD";
-    case ShardingStrategy::kShardGradOp:
-      return "SHARD_GRAD_OP";
-    case ShardingStrategy::kNoShard:
-      return "NO_SHARD";
-    case ShardingStrategy::kHybridShard:
-      return "HYBRID_SHARD";
-    case ShardingStrategy::kHybridShardGradOp:
-      return "HYBRID_SHARD_GRAD_OP";
-  }
-  return "?";
+std::string strategy_name(ShardingStrategy s) {
+  return std::string(trainyard::fsdp::to_string(s));
 }
 
 class FsdpEquivalence : public ::testing::TestWithParam<std::tuple<ShardingStrategy, int>> {};
@@ -346,6 +324,42 @@ TEST(Fsdp, AWrapPolicyNamingAMissingModuleIsAnError) {
       EXPECT_NE(std::string(e.what()).find("'gpt_neox.layers.9'"), std::string::npos) << e.what();
     }
   });
+}
+
+// A deferred model holds no parameter memory; FSDP initialises it one unit at a time from the
+// per-name initialiser, so every world size gets exactly the eagerly built values.
+TEST(Fsdp, DeferredModelIsMaterialisedUnitByUnitWithTheEagerValues) {
+  Params eager;
+  {
+    GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+    for (auto& item : model->named_parameters()) eager[item.key()] = item.value().detach().clone();
+  }
+  for (int world : {1, 2, 3}) {
+    Params actual;
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    trainyard::testing::run_thread_ranks(world, [&](int rank, auto pg) {
+      GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed, .deferred = true});
+      auto held = [&] {
+        std::int64_t bytes = 0;
+        for (auto& p : model->parameters()) bytes += p.storage().nbytes();
+        return bytes;
+      };
+      EXPECT_EQ(held(), 0) << "a deferred model allocates nothing";
+      auto options = layer_units(ShardingStrategy::kFullShard);
+      options.param_init = [model](const std::string& name, torch::Tensor& t) {
+        model->init_parameter(name, t);
+      };
+      FullyShardedDataParallel fsdp(
+          model, trainyard::fsdp::make_fsdp_groups(options.sharding, pg, store, world), options);
+      if (world > 1) EXPECT_EQ(held(), 0) << "between steps only the shards hold values";
+      auto full = fsdp.full_parameters();
+      if (rank == 0)
+        for (auto& [name, t] : full) actual[name] = t;
+    });
+    ASSERT_EQ(actual.size(), eager.size());
+    for (const auto& [name, t] : eager)
+      EXPECT_TRUE(torch::equal(t, actual.at(name))) << "W=" << world << ": " << name;
+  }
 }
 
 }  // namespace

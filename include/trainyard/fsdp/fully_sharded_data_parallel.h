@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,11 @@ enum class ShardingStrategy {
   kHybridShard,  // FULL_SHARD inside a node, replicated across nodes
   kHybridShardGradOp,  // SHARD_GRAD_OP inside a node, replicated across nodes
 };
+
+// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_grad_op" (PyTorch's
+// names, lower case), and back; parsing an unknown name throws InvalidArgumentError listing them.
+std::string_view to_string(ShardingStrategy strategy);
+ShardingStrategy parse_sharding_strategy(std::string_view name);
 
 enum class BackwardPrefetch {
   kNone,
@@ -167,6 +173,8 @@ class FullyShardedDataParallelBase {
   // (fp32), excluding optimizer state.
   std::int64_t sharded_state_bytes() const;
   const FsdpOptions& options() const;
+  // The engine, for FSDP's own code (state dicts); its type is not public.
+  FsdpState& state() { return *state_; }
 
  protected:
   void pre_forward();
