@@ -4,6 +4,9 @@
 // Tokens are the file's bytes (or seeded random tokens without --data). Step s trains on the
 // global windows [s * W * B, (s + 1) * W * B), rank r on its B of them, so with the same seed
 // and total batch every strategy and world size sees the same data and, in fp32, the same losses.
+// With --storage it saves a sharded checkpoint every --checkpoint-every steps and at the end, and
+// resumes from the newest one on start, at whatever world size and strategy it now runs.
+#include <ATen/autocast_mode.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -12,12 +15,13 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
-#include <map>
 
+#include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/ddp/distributed_data_parallel.h"
 #include "trainyard/error.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
+#include "trainyard/fsdp/state_dict.h"
 #include "trainyard/models/gpt_neox.h"
 
 namespace fsdp = trainyard::fsdp;
@@ -27,20 +31,16 @@ int main(int argc, char** argv) try {
   // 1. Flags.
   CLI::App app{"GPT-NeoX with FSDP"};
   std::string preset = "pythia-14m", strategy = "full_shard", precision = "fp32", data_path;
+  std::string storage;
   bool checkpointing = false;
-  std::int64_t seq_len = 256, batch = 4, steps = 10;
+  std::int64_t seq_len = 256, batch = 4, steps = 10, checkpoint_every = 0;
   std::uint64_t seed = 0;
   double lr = 1e-4;
   app.add_option("--preset", preset, "model preset")
       ->check(CLI::IsMember(models::GptNeoXConfig::preset_names()));
-  const std::map<std::string, fsdp::ShardingStrategy> strategies{
-      {"full_shard", fsdp::ShardingStrategy::kFullShard},
-      {"shard_grad_op", fsdp::ShardingStrategy::kShardGradOp},
-      {"no_shard", fsdp::ShardingStrategy::kNoShard},
-      {"hybrid_shard", fsdp::ShardingStrategy::kHybridShard},
-      {"ddp", fsdp::ShardingStrategy::kNoShard}};
   app.add_option("--strategy", strategy)
-      ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "ddp"}));
+      ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard",
+                             "hybrid_shard_grad_op", "ddp"}));
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   app.add_flag("--activation-checkpointing", checkpointing);
   app.add_option("--seq-len", seq_len)->check(CLI::Range(2, 1 << 16));
@@ -49,7 +49,11 @@ int main(int argc, char** argv) try {
   app.add_option("--seed", seed);
   app.add_option("--lr", lr);
   app.add_option("--data", data_path, "train on this file's bytes")->check(CLI::ExistingFile);
+  app.add_option("--storage", storage, "run folder for checkpoints (path, file://, s3://)");
+  app.add_option("--checkpoint-every", checkpoint_every, "steps; 0: only at the end")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
+  TY_CHECK(storage.empty() || strategy != "ddp", "--storage needs an FSDP --strategy.");
 
   // 2. Join the job and build the model (the same initial values on every rank: seeded per name).
   auto dist = trainyard::init();
@@ -63,12 +67,12 @@ int main(int argc, char** argv) try {
   std::unique_ptr<trainyard::ddp::DistributedDataParallel<models::GptNeoX>> replicated;
   std::vector<torch::Tensor> params;
   if (strategy == "ddp") {
-    TY_CHECK(!bf16 && !checkpointing, "--strategy ddp runs fp32 without activation checkpointing.");
+    TY_CHECK(!checkpointing, "--strategy ddp runs without activation checkpointing.");
     replicated = std::make_unique<trainyard::ddp::DistributedDataParallel<models::GptNeoX>>(
         model, dist->process_group());
     params = model->parameters();
   } else {
-    fsdp::FsdpOptions options{.sharding = strategies.at(strategy),
+    fsdp::FsdpOptions options{.sharding = fsdp::parse_sharding_strategy(strategy),
                               .wrap = fsdp::wrap_modules_of_type<models::GptNeoXLayerImpl>(),
                               .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
                               .forward_prefetch = true,
@@ -99,9 +103,26 @@ int main(int argc, char** argv) try {
   }
   const std::int64_t windows = (tokens.numel() - 1) / seq_len;
 
-  // 5. Train: print the mean loss over all ranks' tokens each step.
+  // 5. Resume from the newest checkpoint that every rank can load (resharded if need be).
+  std::unique_ptr<trainyard::checkpoint::Checkpointer> ckpt;
+  std::int64_t first = 0;
+  if (!storage.empty()) {
+    ckpt = std::make_unique<trainyard::checkpoint::Checkpointer>(storage);
+    if (auto loaded = fsdp::load_latest_checkpoint(*sharded, &optimizer, *ckpt))
+      first = loaded->step;
+  }
+  auto save = [&](std::int64_t step) {
+    auto name = fsdp::save_checkpoint(*sharded, &optimizer, *ckpt, *dist->store(), step);
+    if (dist->rank() == 0)
+      std::printf("saved %s at step %lld\n", name.c_str(), static_cast<long long>(step));
+  };
+
+  // 6. Train: print the mean loss over all ranks' tokens each step. DDP's bf16-mixed is autocast.
+  at::autocast::set_cpu_enabled(bf16 && replicated);
+  at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
   const auto start = std::chrono::steady_clock::now();
-  for (std::int64_t step = 0; step < steps; ++step) {
+  double exposed_ms = 0;  // FSDP: time compute waited for communication
+  for (std::int64_t step = first; step < steps; ++step) {
     std::vector<torch::Tensor> rows;
     for (std::int64_t i = 0; i < batch; ++i) {
       std::int64_t w = ((step * dist->world_size() + dist->rank()) * batch + i) % windows;
@@ -111,25 +132,31 @@ int main(int argc, char** argv) try {
     optimizer.zero_grad();
     auto logits = sharded ? sharded->forward(ids) : replicated->forward(ids);
     auto loss = models::causal_lm_loss(logits, ids);
+    at::autocast::clear_cache();
     loss.backward();
+    if (sharded) exposed_ms += sharded->last_stats().exposed_comm_ms;
     optimizer.step();
     std::vector<torch::Tensor> mean{loss.detach().clone() / dist->world_size()};
     trainyard::wait_work(dist->process_group()->allreduce(mean));
     if (dist->rank() == 0)
       std::printf("step %lld loss %.6f\n", static_cast<long long>(step), mean[0].item<double>());
+    if (ckpt && (step + 1 == steps || (checkpoint_every && (step + 1) % checkpoint_every == 0)))
+      save(step + 1);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  // 6. Throughput and memory.
+  // 7. Throughput and memory.
   std::int64_t state = 0;
   for (auto& p : params) state += p.numel() * 4 * 4;  // fp32 parameter, gradient, two moments
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  std::printf("rank %d: %.1f tokens/s, peak RSS %.1f MiB, model state %.1f MiB (%s, %s%s)\n",
-              dist->rank(), steps * batch * seq_len * dist->world_size() / seconds,
-              usage.ru_maxrss / 1024.0, state / 1048576.0, strategy.c_str(), precision.c_str(),
-              checkpointing ? ", activation checkpointing" : "");
+  std::printf(
+      "rank %d: %.1f tokens/s, peak RSS %.1f MiB, model state %.1f MiB, exposed comm %.1f%% (%s, "
+      "%s%s)\n",
+      dist->rank(), (steps - first) * batch * seq_len * dist->world_size() / seconds,
+      usage.ru_maxrss / 1024.0, state / 1048576.0, exposed_ms / 10 / seconds, strategy.c_str(),
+      precision.c_str(), checkpointing ? ", activation checkpointing" : "");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_gpt_fsdp: %s\n", e.what());
