@@ -237,6 +237,81 @@ TEST(MultiNode, NodeLostAndNodeJoinedDuringTraining) {
   EXPECT_GT(result["accuracy"].get<double>(), 0.3) << result.dump();
 }
 
+#ifdef TRAINYARD_GPT_FSDP_PATH
+// Issue 9: an FSDP job under --nnodes 2:3 loses a node; the two survivors resume from the sharded
+// checkpoint that three ranks wrote, resharded onto two on load, and finish the run.
+TEST(MultiNode, FsdpJobThatLosesANodeReshardsItsCheckpointOntoTheSurvivors) {
+  Hosts hosts(3);
+  if (!hosts.ok())
+    TY_MISSING_PREREQUISITE("cannot create network namespaces here: " << hosts.error());
+  TempDir dir;
+  const std::string endpoint = hosts.addr(0) + ":29400";
+  auto node = [&](int i) {
+    std::string cmd;
+    for (const auto& a : hosts.in(i, {TRAINYARD_CLI_PATH,
+                                      "run",
+                                      "--nnodes",
+                                      "2:3",
+                                      "--nproc-per-node",
+                                      "1",
+                                      "--rdzv-backend",
+                                      "c10d",
+                                      "--rdzv-endpoint",
+                                      endpoint,
+                                      "--rdzv-id",
+                                      "fsdp",
+                                      "--max-restarts",
+                                      "2",
+                                      "--rdzv-conf",
+                                      "last_call_timeout=1,keep_alive_interval=0.5,join_timeout=60",
+                                      "--",
+                                      TRAINYARD_GPT_FSDP_PATH,
+                                      "--preset",
+                                      "tiny",
+                                      "--strategy",
+                                      "full_shard",
+                                      "--seq-len",
+                                      "32",
+                                      "--batch-size",
+                                      "2",
+                                      "--steps",
+                                      "400",
+                                      "--checkpoint-every",
+                                      "5",
+                                      "--storage",
+                                      (dir.path() / "run").string()})) {
+      cmd += "'" + a + "' ";
+    }
+    const auto log = (dir.path() / ("n" + std::to_string(i) + ".log")).string();
+    return trainyard::elastic::Subprocess(trainyard::elastic::SubprocessOptions{
+        .argv = {"/bin/sh", "-c", cmd + "> " + log + " 2>&1"}});
+  };
+  auto n0 = node(0);
+  ASSERT_TRUE(wait_for_text(dir.path() / "n0.log", "Serving the rendezvous store", 20s))
+      << read_file(dir.path() / "n0.log");
+  auto n1 = node(1);
+  auto n2 = node(2);
+  ASSERT_TRUE(trainyard::mptest::wait_for_files(
+      {dir.path() / "run" / "checkpoint_000000" / "MANIFEST.json"}, 90s))
+      << read_file(dir.path() / "n0.log");
+  hosts.kill_all(2);
+  n2.wait_for(5s);
+  for (auto* n : {&n0, &n1}) {
+    auto status = n->wait_for(110s);
+    ASSERT_TRUE(status.has_value()) << read_file(dir.path() / "n0.log");
+    EXPECT_TRUE(status->success()) << read_file(dir.path() / "n0.log");
+  }
+  const auto log = read_file(dir.path() / "n0.log") + read_file(dir.path() / "n1.log");
+  EXPECT_TRUE(contains(log, "group_world_size=2")) << log;
+  // Global rank 0 (on either survivor) says what it loaded and how.
+  EXPECT_TRUE(contains(log,
+                       "saved by 3 ranks (full_shard), loaded on 2 (full_shard): resharded "
+                       "on load"))
+      << log;
+  EXPECT_TRUE(contains(log, "step 399 loss")) << log;
+}
+#endif
+
 // Issue 8: a node cut off by the network keeps trying to rejoin within its restarts, and rejoins
 // once its link returns; the node that stays up goes on alone without waiting out the last call,
 // since the lost node is known dead. The ranks are a shell loop that runs until a file exists:
