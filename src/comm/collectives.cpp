@@ -267,11 +267,25 @@ void store(const at::Tensor& out, const float* sum, float divisor) {
   store<float>(out, sum, divisor);
 }
 
+// A reduce-scatter's working memory: (n,) in the wire dtype to send and to receive, (n,) fp32 for
+// the partial sum. Allocated by the caller, on its own thread: memory a short-lived ring thread
+// allocates comes from a per-thread glibc arena, which serves large blocks with fresh mmap()s,
+// every page of them faulted in again on each call (Note [Reusing freed memory] in
+// process_group.cpp) — that was most of the ring's time.
+struct RingScratch {
+  at::Tensor sending, receiving, sum;
+  RingScratch(const at::Tensor& input, std::int64_t n)
+      : sending(at::empty({n}, input.options())),
+        receiving(at::empty({n}, input.options())),
+        sum(at::empty({n}, input.options().dtype(at::kFloat))) {}
+};
+
 // See Note [Ring collectives]. output (n,), input (W * n,).
 void ring_reduce_scatter(c10d::ProcessGroup& group,
                          at::Tensor output,
                          at::Tensor input,
-                         ReduceOp op) {
+                         ReduceOp op,
+                         RingScratch& scratch) {
   RingPeer peer(group, "reduce_scatter_flat");
   const int rank = peer.rank();
   const int world = peer.world();
@@ -283,17 +297,14 @@ void ring_reduce_scatter(c10d::ProcessGroup& group,
                        .dtype = static_cast<std::int64_t>(input.scalar_type()),
                        .op = static_cast<std::int64_t>(op)});
   if (n == 0) return;
-  const auto wire = input.options();
-  auto sending = at::empty({n}, wire);
-  auto receiving = at::empty({n}, wire);
-  std::vector<float> sum(static_cast<std::size_t>(n));  // fp32 partial sum
+  float* sum = scratch.sum.data_ptr<float>();  // fp32 partial sum
   for (int step = 0; step < world - 1; ++step) {
     // Own input's slot first, then the partial sum received last step.
-    peer.exchange(step == 0 ? slot(rank - 1) : sending, receiving, step);
-    add_pair(sum.data(), receiving, slot(rank - step - 2));
-    if (step < world - 2) store(sending, sum.data(), 1.0f);
+    peer.exchange(step == 0 ? slot(rank - 1) : scratch.sending, scratch.receiving, step);
+    add_pair(sum, scratch.receiving, slot(rank - step - 2));
+    if (step < world - 2) store(scratch.sending, sum, 1.0f);
   }
-  store(output, sum.data(), divisor);
+  store(output, sum, divisor);
 }
 
 // See Note [Ring collectives]. output (W * n,), input (n,).
@@ -387,8 +398,10 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(
     work->complete(nullptr);
     return work;
   }
-  work->start(group,
-              [g = group.get(), output, input, op] { ring_reduce_scatter(*g, output, input, op); });
+  auto scratch = std::make_shared<RingScratch>(input, output.numel());
+  work->start(group, [g = group.get(), output, input, op, scratch] {
+    ring_reduce_scatter(*g, output, input, op, *scratch);
+  });
   return work;
 }
 
