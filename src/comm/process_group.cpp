@@ -125,13 +125,14 @@ std::shared_ptr<Distributed> init(const InitOptions& options) {
 // trim threshold. Training allocates and frees many such blocks every step (activations,
 // gradients, FSDP's gathered parameters and reduction buffers), so each step's memory arrives as
 // fresh pages, each faulted in and zeroed by the kernel on first touch. On the VMs this project
-// runs on a page fault costs tens of microseconds (zeroing 8 MiB of fresh memory took ~90 ms),
-// and pythia-70m under FULL_SHARD bf16 trained at 98 tokens/s with glibc's defaults against 264
-// with every block kept for reuse (2 ranks, docs/BENCHMARKS.md); the ring reduce-scatter went
-// from 0.08 to ~0.6 GB/s. So a rank sets M_MMAP_MAX to 0 (every block from the heap, reused) and
-// M_TRIM_THRESHOLD high (the heap not given back): freed memory is reused, and peak RSS is the
-// high-water mark of what was live plus fragmentation (~+30% on that run). glibc still maps
-// memory when the heap cannot grow. A process that set glibc's variables keeps its own choice.
+// runs on a page fault costs ~15 us (first touch of 32 MiB: ~120 ms; of the same memory reused:
+// ~1 ms), and pythia-70m under FULL_SHARD bf16 trained at 98 tokens/s with glibc's defaults
+// against 264 with every block kept for reuse (2 ranks, docs/BENCHMARKS.md). So a rank sets
+// M_MMAP_MAX to 0 (every block from the heap, reused) and M_TRIM_THRESHOLD high (the heap not
+// given back): peak RSS is then the high-water mark of what was live plus fragmentation (~+30% on
+// that run). glibc still maps memory when the heap cannot grow, and threads other than the main
+// one allocate from their own arenas, which still map large blocks afresh. A process that set
+// glibc's variables keeps its own choice.
 static void reuse_freed_memory() {
   for (const char* var : {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
     if (std::getenv(var) != nullptr) return;
