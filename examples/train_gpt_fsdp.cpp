@@ -59,7 +59,8 @@ int main(int argc, char** argv) try {
   auto dist = trainyard::init();
   torch::set_num_threads(1);
   auto config = models::GptNeoXConfig::preset(preset);
-  models::GptNeoX model(config, models::GptNeoXInit{.seed = seed});
+  // Under FSDP the model is deferred: FSDP materialises it one unit at a time.
+  models::GptNeoX model(config, models::GptNeoXInit{.seed = seed, .deferred = strategy != "ddp"});
   const bool bf16 = precision == "bf16-mixed";
 
   // 3. Wrap it: one FSDP unit per transformer layer (or DDP over the whole model).
@@ -77,7 +78,10 @@ int main(int argc, char** argv) try {
                               .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
                               .forward_prefetch = true,
                               .limit_all_gathers = true,
-                              .activation_checkpointing = checkpointing};
+                              .activation_checkpointing = checkpointing,
+                              .param_init = [model](const std::string& name, torch::Tensor& t) {
+                                model->init_parameter(name, t);
+                              }};
     if (bf16)
       options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
     sharded =
