@@ -63,7 +63,7 @@ int main(int argc, char** argv) try {
   models::GptNeoX model(config, models::GptNeoXInit{.seed = seed, .deferred = strategy != "ddp"});
   const bool bf16 = precision == "bf16-mixed";
 
-  // 3. Wrap it: one FSDP unit per transformer layer (or DDP over the whole model).
+  // 3. Wrap it: one FSDP unit per transformer layer and per embedding (or DDP over the model).
   std::unique_ptr<fsdp::FullyShardedDataParallel<models::GptNeoX>> sharded;
   std::unique_ptr<trainyard::ddp::DistributedDataParallel<models::GptNeoX>> replicated;
   std::vector<torch::Tensor> params;
@@ -73,15 +73,17 @@ int main(int argc, char** argv) try {
         model, dist->process_group());
     params = model->parameters();
   } else {
-    fsdp::FsdpOptions options{.sharding = fsdp::parse_sharding_strategy(strategy),
-                              .wrap = fsdp::wrap_modules_of_type<models::GptNeoXLayerImpl>(),
-                              .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
-                              .forward_prefetch = true,
-                              .limit_all_gathers = true,
-                              .activation_checkpointing = checkpointing,
-                              .param_init = [model](const std::string& name, torch::Tensor& t) {
-                                model->init_parameter(name, t);
-                              }};
+    fsdp::FsdpOptions options{
+        .sharding = fsdp::parse_sharding_strategy(strategy),
+        .wrap = fsdp::wrap_any_of({fsdp::wrap_modules_of_type<models::GptNeoXLayerImpl>(),
+                                   fsdp::wrap_modules_named({"gpt_neox.embed_in", "embed_out"})}),
+        .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
+        .forward_prefetch = true,
+        .limit_all_gathers = true,
+        .activation_checkpointing = checkpointing,
+        .param_init = [model](const std::string& name, torch::Tensor& t) {
+          model->init_parameter(name, t);
+        }};
     if (bf16)
       options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
     sharded =

@@ -423,7 +423,9 @@ torch::Tensor FsdpState::run_unit(Unit& unit,
 
   auto x = input;
   if (x.is_floating_point() && x.scalar_type() != compute_dtype_) x = x.to(compute_dtype_);
-  auto output = options_.activation_checkpointing ? nn::checkpoint(forward, x) : forward(x);
+  // Recomputing pays only where activations are kept: not for a unit fed token ids (embeddings).
+  const bool recompute = options_.activation_checkpointing && x.is_floating_point();
+  auto output = recompute ? nn::checkpoint(forward, x) : forward(x);
   const bool backward_follows = at::GradMode::is_enabled() && output.requires_grad();
   if (reshard_after_forward_ || !backward_follows) free_unit(unit);
   if (backward_follows) {
@@ -815,6 +817,20 @@ WrapPolicy wrap_modules_named(std::vector<std::string> names) {
   return {.wraps = [set](const std::string& name, const torch::nn::Module&,
                          std::int64_t) { return set.count(name) > 0; },
           .required_names = std::move(names)};
+}
+
+WrapPolicy wrap_any_of(std::vector<WrapPolicy> policies) {
+  WrapPolicy out;
+  for (const auto& p : policies)
+    out.required_names.insert(out.required_names.end(), p.required_names.begin(),
+                              p.required_names.end());
+  out.wraps = [policies = std::move(policies)](
+                  const std::string& name, const torch::nn::Module& module, std::int64_t numel) {
+    return std::any_of(policies.begin(), policies.end(), [&](const WrapPolicy& p) {
+      return p.wraps && p.wraps(name, module, numel);
+    });
+  };
+  return out;
 }
 
 }  // namespace trainyard::fsdp

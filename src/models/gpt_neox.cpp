@@ -493,8 +493,12 @@ torch::Tensor GptNeoXModelImpl::forward(const torch::Tensor& input_ids) {
            input_ids.scalar_type(), ".");
   TY_CHECK(input_ids.size(1) <= max_positions_, "GptNeoX got a sequence of ", input_ids.size(1),
            " tokens; max_position_embeddings is ", max_positions_, ".");
-  auto x = maybe_dropout(embed_in->forward(input_ids), hidden_dropout_,
-                         is_training());  // (B, T, hidden)
+  // The embeddings, like the layers, are called as units, so a wrapper may shard them too.
+  auto embed = embed_in.ptr();
+  auto x = maybe_dropout(
+      trainyard::nn::call_unit(*embed, input_ids,
+                               [embed](const torch::Tensor& ids) { return embed->forward(ids); }),
+      hidden_dropout_, is_training());  // (B, T, hidden)
   for (std::int64_t i = 0; i < num_layers(); ++i) {
     // The unit's forward holds the layer by value: a hook may call it again in backward
     // (activation checkpointing), after this frame is gone.
@@ -528,7 +532,10 @@ GptNeoXImpl::GptNeoXImpl(GptNeoXConfig config, GptNeoXInit init)
 }
 
 torch::Tensor GptNeoXImpl::forward(const torch::Tensor& input_ids) {
-  return embed_out->forward(gpt_neox->forward(input_ids));  // (B, T, vocab_size)
+  auto head = embed_out.ptr();
+  return trainyard::nn::call_unit(
+      *head, gpt_neox->forward(input_ids),
+      [head](const torch::Tensor& h) { return head->forward(h); });  // (B, T, vocab_size)
 }
 
 torch::Tensor GptNeoXImpl::loss(const torch::Tensor& input_ids, const torch::Tensor& labels) {

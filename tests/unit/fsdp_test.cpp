@@ -326,6 +326,24 @@ TEST(Fsdp, AWrapPolicyNamingAMissingModuleIsAnError) {
   });
 }
 
+// The embeddings as units of their own (wrap_any_of), with activation checkpointing (which skips
+// the token-id-fed embedding) and prefetch: still the one-process result.
+TEST(Fsdp, EmbeddingsAsUnitsMatchOneProcess) {
+  auto expected = train_reference(3, {});
+  for (bool recompute : {false, true}) {
+    FsdpOptions options{
+        .wrap = trainyard::fsdp::wrap_any_of(
+            {trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>(),
+             trainyard::fsdp::wrap_modules_named({"gpt_neox.embed_in", "embed_out"})}),
+        .forward_prefetch = true,
+        .activation_checkpointing = recompute};
+    trainyard::fsdp::FsdpStats stats;
+    auto actual = train_fsdp(3, options, {}, 0, nullptr, &stats);
+    expect_same(expected, actual, recompute ? "embeddings as units, recomputed" : "embeddings");
+    EXPECT_EQ(stats.reduce_scatters, 6) << "root, embed_in, 3 layers, embed_out";
+  }
+}
+
 // A deferred model holds no parameter memory; FSDP initialises it one unit at a time from the
 // per-name initialiser, so every world size gets exactly the eagerly built values.
 TEST(Fsdp, DeferredModelIsMaterialisedUnitByUnitWithTheEagerValues) {

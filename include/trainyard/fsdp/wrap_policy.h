@@ -39,4 +39,10 @@ WrapPolicy wrap_by_parameter_count(std::int64_t min_numel);
 // Names that match no submodule are an error at construction.
 WrapPolicy wrap_modules_named(std::vector<std::string> names);
 
+// A unit for each submodule any of `policies` wraps; every policy's required names stay required.
+// E.g. GPT-NeoX's layers and its two embeddings, which hold a quarter of pythia's parameters:
+//   wrap_any_of({wrap_modules_of_type<GptNeoXLayerImpl>(),
+//                wrap_modules_named({"gpt_neox.embed_in", "embed_out"})})
+WrapPolicy wrap_any_of(std::vector<WrapPolicy> policies);
+
 }  // namespace trainyard::fsdp
