@@ -23,6 +23,7 @@
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/fsdp/state_dict.h"
 #include "trainyard/models/gpt_neox.h"
+#include "trainyard/optim/fused_adamw.h"
 
 namespace fsdp = trainyard::fsdp;
 namespace models = trainyard::models;
@@ -90,7 +91,7 @@ int main(int argc, char** argv) try {
         std::make_unique<fsdp::FullyShardedDataParallel<models::GptNeoX>>(model, dist, options);
     params = sharded->parameters();
   }
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(lr).eps(1e-8));
+  trainyard::optim::FusedAdamW optimizer(params, torch::optim::AdamWOptions(lr).eps(1e-8));
 
   // 4. Tokens: the file's bytes, or seeded random ones.
   torch::Tensor tokens;
