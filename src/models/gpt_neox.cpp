@@ -423,7 +423,12 @@ torch::Tensor GptNeoXAttentionImpl::forward(const torch::Tensor& x) {
   auto scores = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2))
                     .mul_(1.0 / std::sqrt(static_cast<double>(hs)));  // (B, heads, T, T)
   const auto future = torch::ones({seq, seq}, x.options().dtype(torch::kBool)).triu(1);
-  scores.masked_fill_(future, std::numeric_limits<float>::lowest());
+  // The most negative value of the scores' dtype (HF's finfo(dtype).min): under CPU autocast the
+  // matmul above gives bf16 scores, to which float's lowest does not convert.
+  const double lowest = scores.scalar_type() == torch::kBFloat16
+                            ? static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest())
+                            : std::numeric_limits<float>::lowest();
+  scores.masked_fill_(future, lowest);
   auto probs = torch::softmax(scores, -1).to(v.scalar_type());
   probs = maybe_dropout(probs, attention_dropout_, is_training());
   const auto out = torch::matmul(probs, v)  // (B, heads, T, head_size)
