@@ -41,6 +41,7 @@
 
 namespace trainyard::checkpoint {
 namespace {
+using storage::kS3RetryDeadlineEnv;
 using storage::make_s3_storage;
 using storage::S3Config;
 
