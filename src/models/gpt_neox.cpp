@@ -355,6 +355,17 @@ torch::Tensor empty_parameter(at::IntArrayRef shape, const torch::TensorOptions&
   return t;
 }
 
+// A deferred model's parameters have no memory until FSDP gathers them: running one without FSDP
+// would read through a null pointer.
+const torch::Tensor& materialised(const torch::Tensor& weight) {
+  TY_CHECK(weight.numel() == 0 || weight.storage().nbytes() > 0, "GptNeoX: a parameter of shape ",
+           weight.sizes(),
+           " has no memory: the model was built with GptNeoXInit::deferred and runs only under "
+           "FullyShardedDataParallel, which materialises it. HINT: build it without .deferred "
+           "to run it on its own.");
+  return weight;
+}
+
 }  // namespace
 
 DenseImpl::DenseImpl(std::int64_t in_features,
@@ -366,7 +377,7 @@ DenseImpl::DenseImpl(std::int64_t in_features,
 }
 
 torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
-  return torch::linear(x, weight, bias);
+  return torch::linear(x, materialised(weight), bias);
 }
 
 LayerNormImpl::LayerNormImpl(std::int64_t features, double eps, const torch::TensorOptions& options)
@@ -376,7 +387,7 @@ LayerNormImpl::LayerNormImpl(std::int64_t features, double eps, const torch::Ten
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
-  return torch::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  return torch::layer_norm(x, {weight.size(0)}, materialised(weight), bias, eps);
 }
 
 EmbeddingImpl::EmbeddingImpl(std::int64_t count,
@@ -386,7 +397,7 @@ EmbeddingImpl::EmbeddingImpl(std::int64_t count,
 }
 
 torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
-  return torch::embedding(weight, ids);
+  return torch::embedding(materialised(weight), ids);
 }
 
 // --- attention, MLP, layer ---------------------------------------------------------------------

@@ -246,7 +246,9 @@ TEST(Fsdp, ActivationCheckpointingAndPrefetchChangeNothing) {
     trainyard::fsdp::FsdpStats stats;
     auto actual = train_fsdp(2, options, {}, 0, nullptr, &stats);
     expect_same(expected, actual, "checkpointing, prefetch " + std::to_string(int(prefetch)));
-    if (prefetch != BackwardPrefetch::kNone) EXPECT_GT(stats.prefetches, 0);
+    if (prefetch != BackwardPrefetch::kNone) {
+      EXPECT_GT(stats.prefetches, 0);
+    }
   }
 }
 
@@ -363,13 +365,25 @@ TEST(Fsdp, DeferredModelIsMaterialisedUnitByUnitWithTheEagerValues) {
         return bytes;
       };
       EXPECT_EQ(held(), 0) << "a deferred model allocates nothing";
+      if (rank == 0) {
+        try {
+          model->forward(batch_for_step(0, 1));
+          ADD_FAILURE() << "a deferred model ran without FSDP";
+        } catch (const trainyard::InvalidArgumentError& e) {
+          EXPECT_NE(std::string(e.what()).find("runs only under FullyShardedDataParallel"),
+                    std::string::npos)
+              << e.what();
+        }
+      }
       auto options = layer_units(ShardingStrategy::kFullShard);
       options.param_init = [model](const std::string& name, torch::Tensor& t) {
         model->init_parameter(name, t);
       };
       FullyShardedDataParallel fsdp(
           model, trainyard::fsdp::make_fsdp_groups(options.sharding, pg, store, world), options);
-      if (world > 1) EXPECT_EQ(held(), 0) << "between steps only the shards hold values";
+      if (world > 1) {
+        EXPECT_EQ(held(), 0) << "between steps only the shards hold values";
+      }
       auto full = fsdp.full_parameters();
       if (rank == 0)
         for (auto& [name, t] : full) actual[name] = t;
