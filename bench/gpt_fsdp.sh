@@ -14,9 +14,9 @@
 # and, only when named: python:fp32:reuse python:bf16:reuse, the peer with glibc told to keep freed
 # memory for reuse (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647), as trainyard's ranks do
 # by themselves (Note [Reusing freed memory]).
-# bf16 is --precision bf16-mixed (C++: FSDP's bf16 parameters, fp32 reduction; Python: CPU
-# autocast to bf16); fp32 is --precision fp32. A variant that fails (exit code, timeout, or no
-# result line) is reported as "failed" and the others go on.
+# bf16 is --precision bf16-mixed (C++ FSDP: bf16 parameters, fp32 reduction; C++ DDP and the
+# Python peer: CPU autocast to bf16); fp32 is --precision fp32. A variant that fails (exit code,
+# timeout, or no result line) is reported as "failed" and the others go on.
 #
 # Columns: tokens/s over steps 1.. (the warm-up step 0 left out: the script stamps each
 # "step N loss X" line as it arrives, so it needs --steps >= 2), median over rounds, and each
@@ -30,17 +30,21 @@
 # run` like the ranks, each timing square N x N torch.mm with torch.set_num_threads(1) in Debian's
 # python3-torch, which loads the same LibTorch library as the C++ example (the script checks and
 # prints both paths). 6 x parameters counts model FLOPs only (no attention scores, no
-# recomputation under activation checkpointing).
+# recomputation under activation checkpointing), and counts the input embedding, a lookup (the
+# output says by how much).
 # Then the ratios: FULL_SHARD bf16 / DDP bf16 tokens/s (bar >= 0.9), FULL_SHARD bf16 / Python DDP
-# bf16 tokens/s (bar >= 1.5), FULL_SHARD fp32 / DDP fp32 peak RSS.
+# bf16 tokens/s (bar >= 1.5; also against python:bf16:reuse when it ran), FULL_SHARD fp32 / DDP
+# fp32 peak RSS, with each round's own ratio beside the ratio of the medians.
 #
-#   bench/gpt_fsdp.sh                       # pythia-70m, seq 256, batch 4/rank, 2 ranks x 1 thread
-#   bench/gpt_fsdp.sh --smoke               # ~1 minute: pythia-14m, seq 64, batch 1, 2 steps, 1 round
+#   bench/gpt_fsdp.sh                       # pythia-70m, seq 256, batch 4/rank, 2 ranks x 1 thread:
+#                                           # ~12 minutes on a quiet machine
+#   bench/gpt_fsdp.sh --smoke               # ~1.5 minutes: pythia-14m, seq 64, batch 1, 2 steps, 1 round
+#   bench/gpt_fsdp.sh --variants all,python:fp32:reuse,python:bf16:reuse --rounds 3
 #   bench/gpt_fsdp.sh --rounds 5 --steps 6 --variants ddp:bf16,full_shard:bf16,python:bf16
 #   BENCH_STEPS=2 bench/gpt_fsdp.sh          # every flag has a BENCH_* variable
 #
 # It runs, per round and variant:
-#   build/trainyard run --nproc-per-node R -- build/examples/train_gpt_fsdp --preset P \
+#   build/trainyard run --nproc-per-node R -- stdbuf -oL build/examples/train_gpt_fsdp --preset P \
 #       --strategy S --precision X [--activation-checkpointing] --seq-len T --batch-size B \
 #       --steps N --lr LR --seed SEED --data FILE
 #   build/trainyard run --nproc-per-node R -- /usr/bin/python3 bench/python/gpt_neox_ddp.py \
@@ -52,8 +56,8 @@
 #   --batch-size B    BENCH_BATCH_SIZE   4      sequences per rank
 #   --steps N         BENCH_STEPS        3      steps per run (>= 2; the first is warm-up)
 #   --rounds K        BENCH_ROUNDS       2      (--repeats is the same)
-#   --variants LIST   BENCH_VARIANTS     all    comma-separated names from the list above ("all"
-#                                               stands for the default twelve: all,python:bf16:reuse)
+#   --variants LIST   BENCH_VARIANTS     all    comma-separated names from the list above; "all"
+#                                               is the default twelve (all,python:bf16:reuse adds one)
 #   --ranks R         BENCH_RANKS        2
 #   --lr LR           BENCH_LR           1e-4   AdamW learning rate
 #   --seed S          BENCH_SEED         0
