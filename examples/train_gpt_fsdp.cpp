@@ -7,6 +7,7 @@
 // With --storage it saves a sharded checkpoint every --checkpoint-every steps and at the end, and
 // resumes from the newest one on start, at whatever world size and strategy it now runs.
 #include <ATen/autocast_mode.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -28,12 +29,29 @@
 namespace fsdp = trainyard::fsdp;
 namespace models = trainyard::models;
 
+namespace {
+
+// Resident memory now and the heap's bytes in use, for --memory-trace.
+void trace_memory(int rank, const char* phase, std::int64_t step) {
+  std::ifstream status("/proc/self/status");
+  std::string line, rss = "?";
+  while (std::getline(status, line))
+    if (line.rfind("VmRSS:", 0) == 0) rss = line.substr(6);
+  const struct mallinfo2 heap = mallinfo2();
+  std::printf("rank %d step %lld %-9s RSS %s, heap in use %.0f MiB of %.0f MiB\n", rank,
+              static_cast<long long>(step), phase, rss.c_str(),
+              (heap.uordblks + heap.hblkhd) / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) try {
   // 1. Flags.
   CLI::App app{"GPT-NeoX with FSDP"};
   std::string preset = "pythia-14m", strategy = "full_shard", precision = "fp32", data_path;
   std::string storage;
-  bool checkpointing = false;
+  bool checkpointing = false, memory_trace = false;
   std::int64_t seq_len = 256, batch = 4, steps = 10, checkpoint_every = 0;
   std::uint64_t seed = 0;
   double lr = 1e-4;
@@ -44,6 +62,7 @@ int main(int argc, char** argv) try {
                              "hybrid_shard_grad_op", "ddp"}));
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   app.add_flag("--activation-checkpointing", checkpointing);
+  app.add_flag("--memory-trace", memory_trace, "print RSS and heap use at every phase of a step");
   app.add_option("--seq-len", seq_len)->check(CLI::Range(2, 1 << 16));
   app.add_option("--batch-size", batch, "sequences per rank")->check(CLI::Range(1, 1 << 16));
   app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
@@ -136,13 +155,21 @@ int main(int argc, char** argv) try {
       rows.push_back(tokens.narrow(0, w * seq_len, seq_len));
     }
     auto ids = torch::stack(rows);  // (batch, seq_len)
+    auto trace = [&](const char* phase) {
+      if (memory_trace) trace_memory(dist->rank(), phase, step);
+    };
+    trace("start");
     optimizer.zero_grad();
     auto logits = sharded ? sharded->forward(ids) : replicated->forward(ids);
+    trace("forward");
     auto loss = models::causal_lm_loss(logits, ids);
     at::autocast::clear_cache();
+    trace("loss");
     loss.backward();
+    trace("backward");
     if (sharded) exposed_ms += sharded->last_stats().exposed_comm_ms;
     optimizer.step();
+    trace("optimizer");
     std::vector<torch::Tensor> mean{loss.detach().clone() / dist->world_size()};
     trainyard::wait_work(dist->process_group()->allreduce(mean));
     if (dist->rank() == 0)
