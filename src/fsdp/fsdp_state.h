@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -107,6 +108,7 @@ class FsdpState {
   void on_gradient_ready(std::size_t index);
   void reduce_flat(FlatParam& flat);
   void launch_replica_reductions(bool all);
+  void settle_reductions(bool all);
   void finalize_backward();
   void abandon_backward();
   std::string where() const;
@@ -127,7 +129,8 @@ class FsdpState {
 
   std::vector<Unit*> forward_order_;  // this iteration's
   std::vector<Unit*> previous_order_;
-  std::vector<PendingReduction> pending_;
+  std::deque<PendingReduction> pending_;  // issued in this order, settled from the front
+  std::int64_t reduction_bytes_ = 0;      // full gradients of pending_ still alive
   std::int64_t gathered_bytes_ = 0;
   bool backward_started_ = false;
   bool sync_this_backward_ = true;

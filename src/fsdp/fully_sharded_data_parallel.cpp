@@ -51,6 +51,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Reductions whose flat gradients may be in flight at once: Note [Settling reductions].
+constexpr std::size_t kReductionsInFlight = 2;
+
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
@@ -509,8 +512,10 @@ void FsdpState::reduce_flat(FlatParam& flat) {
   } else {
     r.output = r.input.scalar_type() == torch::kFloat32 ? r.input : r.input.to(torch::kFloat32);
   }
+  reduction_bytes_ += r.input.nbytes();
+  stats_.peak_reduction_bytes = std::max(stats_.peak_reduction_bytes, reduction_bytes_);
   pending_.push_back(std::move(r));
-  launch_replica_reductions(/*all=*/false);
+  settle_reductions(/*all=*/false);
 }
 
 // Starts the cross-replica all-reduce of every pending reduction whose shard-group part is done,
@@ -546,32 +551,52 @@ void FsdpState::finalize_backward() {
         if (flat->trainable) reduce_flat(*flat);
   }
   try {
-    launch_replica_reductions(/*all=*/true);
-    auto start = Clock::now();
-    torch::NoGradGuard no_grad;
-    for (auto& r : pending_) {
-      if (r.scatter)
-        wait_or_throw(r.scatter, "a gradient reduce-scatter", shard_rank_, shard_size_);
-      if (r.replicate)
-        wait_or_throw(r.replicate, "a gradient all-reduce across replicas", shard_rank_,
-                      shard_size_);
-      r.scatter.reset();
-      r.replicate.reset();
-      r.output.div_(groups_.world_size);
-      auto& grad = r.flat->shard.mutable_grad();
-      if (grad.defined())
-        grad.add_(r.output);
-      else
-        grad = r.output;
-    }
-    stats_.exposed_comm_ms += ms_since(start);
+    settle_reductions(/*all=*/true);
   } catch (...) {
     abandon_backward();
     throw;
   }
   for (auto& unit : units_) free_unit(*unit);
-  pending_.clear();
   backward_started_ = false;
+}
+
+// Note [Settling reductions]
+// A flat gradient (padded_numel elements of the reduce dtype) must stay alive until the
+// collective reading it completes. Keeping every unit's until the end of backward would hold the
+// full model's gradients at once (FULL_SHARD's point is never to); so each new reduction first
+// settles the ones already complete, oldest first, and, with more than kReductionsInFlight still
+// running, waits for the oldest: the collectives complete in issue order on every group we use.
+// Settling a reduction averages its fp32 shard output into the shard's gradient and drops the
+// flat gradient. The wait counts as exposed communication.
+void FsdpState::settle_reductions(bool all) {
+  launch_replica_reductions(all);
+  torch::NoGradGuard no_grad;
+  auto done = [](const c10::intrusive_ptr<c10d::Work>& w) { return !w || w->isCompleted(); };
+  while (!pending_.empty()) {
+    auto& r = pending_.front();
+    const bool must = all || pending_.size() > kReductionsInFlight;
+    const bool launched = !groups_.replicate || r.replicate;
+    if (!must && !(launched && done(r.scatter) && done(r.replicate))) break;
+    auto start = Clock::now();
+    if (r.scatter) {
+      wait_or_throw(r.scatter, "a gradient reduce-scatter", shard_rank_, shard_size_);
+      r.scatter.reset();
+    }
+    if (!launched) launch_replica_reductions(/*all=*/false);  // the front's is next in order
+    if (r.replicate) {
+      wait_or_throw(r.replicate, "a gradient all-reduce across replicas", shard_rank_, shard_size_);
+      r.replicate.reset();
+    }
+    stats_.exposed_comm_ms += ms_since(start);
+    r.output.div_(groups_.world_size);
+    auto& grad = r.flat->shard.mutable_grad();
+    if (grad.defined())
+      grad.add_(r.output);
+    else
+      grad = r.output;
+    reduction_bytes_ -= r.input.nbytes();
+    pending_.pop_front();
+  }
 }
 
 void FsdpState::abandon_backward() {
@@ -585,6 +610,7 @@ void FsdpState::abandon_backward() {
         }
       }
   pending_.clear();
+  reduction_bytes_ = 0;
   for (auto& unit : units_) free_unit(*unit);
   backward_started_ = false;
 }

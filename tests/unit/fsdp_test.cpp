@@ -193,7 +193,8 @@ TEST(Fsdp, Bf16MixedPrecisionFollowsFp32) {
 }
 
 // Between steps a rank holds its fp32 shards and their gradients: 8 bytes per element / W, plus
-// padding. While running, at most the root and two units are gathered (limit_all_gathers).
+// padding. While running, at most the root and two units are gathered (limit_all_gathers), and
+// at most three flat gradients await their reduction (Note [Settling reductions]), not all four.
 TEST(Fsdp, MemoryStaysWithinTheShardedBounds) {
   const int world = 3;
   GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
@@ -224,6 +225,9 @@ TEST(Fsdp, MemoryStaysWithinTheShardedBounds) {
     const std::int64_t root_bytes = 4 * ((root + world - 1) / world * world);
     EXPECT_LE(fsdp.last_stats().peak_gathered_bytes, root_bytes + 2 * units);
     EXPECT_GT(fsdp.last_stats().peak_gathered_bytes, root_bytes + units);  // a prefetch overlapped
+    // Holding every unit's (root_bytes + 3 * units) would exceed this.
+    EXPECT_LE(fsdp.last_stats().peak_reduction_bytes, 3 * std::max(root_bytes, units));
+    EXPECT_GE(fsdp.last_stats().peak_reduction_bytes, std::max(root_bytes, units));
   });
 }
 

@@ -120,6 +120,9 @@ struct FsdpStats {
                                    // reduce-scattered buffer, 2(R-1)/R of each all-reduced one
   int prefetches = 0;              // gathers started ahead of the unit's need
   std::int64_t peak_gathered_bytes = 0;  // largest sum of gathered parameter buffers alive
+  // Largest sum of full flat gradients alive while their reduction is in flight (at most
+  // kReductionsInFlight + 1 buffers: Note [Settling reductions]).
+  std::int64_t peak_reduction_bytes = 0;
   double exposed_comm_ms = 0;  // time compute waited for a gather or for reductions at the end
 };
 
