@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "buffer_pool.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/nn/grad_hooks.h"
 #include "trainyard/nn/unit_hook.h"
@@ -40,6 +41,10 @@ struct FlatParam {
   std::size_t grads_pending = 0;               // this backward's gradients not yet accumulated
   std::vector<bool> grad_ready;
   bool reduced = false;  // its gradient reduction was issued in this backward
+  // (padded_numel,) compute dtype, zeroed, that the parameters' .grad view during this backward
+  // so autograd accumulates into it in place; undefined when they have gradients of their own.
+  // Note [Gradients in place].
+  torch::Tensor grad_buffer;
 };
 
 struct Unit {
@@ -105,6 +110,7 @@ class FsdpState {
   int gathered_unit_count() const;
   void start_backward();
   void pre_backward(Unit& unit);
+  void give_gradient_buffer(FlatParam& flat);
   void on_gradient_ready(std::size_t index);
   void reduce_flat(FlatParam& flat);
   void launch_replica_reductions(bool all);
@@ -112,6 +118,8 @@ class FsdpState {
   void finalize_backward();
   void abandon_backward();
   std::string where() const;
+  // (numel,) of `dtype` from pool_, uninitialised.
+  torch::Tensor pooled(std::int64_t numel, torch::ScalarType dtype);
 
   std::shared_ptr<torch::nn::Module> root_;
   FsdpGroups groups_;
@@ -122,6 +130,7 @@ class FsdpState {
   torch::ScalarType reduce_dtype_ = torch::kFloat32;
   bool reshard_after_forward_ = true;
 
+  BufferPool pool_{0};  // Note [FSDP buffer pool]; its idle limit grows with the largest unit
   std::vector<std::unique_ptr<Unit>> units_;                    // [0] is the root
   std::vector<std::pair<FlatParam*, std::size_t>> grad_index_;  // hook index -> flat, slot
   std::unique_ptr<nn::GradientHooks> grad_hooks_;
@@ -132,6 +141,7 @@ class FsdpState {
   std::deque<PendingReduction> pending_;  // issued in this order, settled from the front
   std::int64_t reduction_bytes_ = 0;      // full gradients of pending_ still alive
   std::int64_t gathered_bytes_ = 0;
+  std::size_t largest_unit_bytes_ = 0;  // a flat buffer's gathered, gradient and output bytes
   bool backward_started_ = false;
   bool sync_this_backward_ = true;
 };

@@ -259,9 +259,17 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   flat->padded_numel = (flat->numel + shard_size_ - 1) / shard_size_ * shard_size_;
   flat->shard_numel = flat->padded_numel / shard_size_;
 
+  // Room in the pool for the working set of the largest unit's buffers: up to three gathered,
+  // three flat gradients and their outputs (Note [Settling reductions]), one more for slack.
+  const std::size_t unit_bytes =
+      flat->padded_numel * (c10::elementSize(compute_dtype_) + c10::elementSize(reduce_dtype_) +
+                            c10::elementSize(torch::kFloat32));
+  largest_unit_bytes_ = std::max(largest_unit_bytes_, unit_bytes);
+  pool_.set_idle_limit(4 * largest_unit_bytes_);
+
   torch::NoGradGuard no_grad;
   // (padded_numel,) fp32: the unit's full values, alive only here.
-  auto full = torch::zeros({flat->padded_numel}, torch::kFloat32);
+  auto full = pooled(flat->padded_numel, torch::kFloat32).zero_();
   for (auto& s : slots) {
     auto dst = full.narrow(0, s.offset, s.numel).view(s.shape);
     if (is_deferred(s.param)) {
@@ -301,13 +309,20 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   }
 }
 
+torch::Tensor FsdpState::pooled(std::int64_t numel, torch::ScalarType dtype) {
+  const auto nbytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, pool_.take(nbytes),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return view_of(storage, 0, {numel}, dtype);
+}
+
 void FsdpState::gather(Unit& unit, bool prefetch) {
   bool issued = false;
   for (auto& flat : unit.flats) {
     if (flat->aliases_shard || flat->is_gathered) continue;
     auto* impl = flat->gathered.unsafeGetStorageImpl();
     const auto nbytes = flat->padded_numel * c10::elementSize(compute_dtype_);
-    impl->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(nbytes));
+    impl->set_data_ptr_noswap(pool_.take(nbytes));
     impl->set_nbytes(nbytes);
     flat->is_gathered = true;
     gathered_bytes_ += nbytes;
@@ -457,7 +472,29 @@ void FsdpState::pre_backward(Unit& unit) {
   gather(unit, false);
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre)
     maybe_prefetch(neighbour(unit, -1));
+  for (auto& flat : unit.flats) give_gradient_buffer(*flat);
   wait_gathered(unit);
+}
+
+// Note [Gradients in place]
+// Left alone, autograd hands each parameter a gradient tensor of its own (the output of the
+// weight-gradient matmul, or the embedding's dense gradient), which reduce_flat then copies into
+// the flat buffer the reduce-scatter reads: a unit's worth of malloc'ed memory per unit per step,
+// in sizes that interleave with everything else on the heap. Instead, before a unit's backward
+// its parameters' .grad are set to views of one zeroed pooled buffer; autograd's AccumulateGrad
+// adds into a defined gradient in place, so the gradients land in the flat buffer directly (as
+// DDP's bucket views do) and, when the compute and reduce dtypes agree, the buffer is the
+// reduce-scatter's input with no copy. A flat buffer whose parameters already hold gradients (an
+// earlier no_sync() backward) keeps the copying path, as does the root, which has no
+// pre-backward hook.
+void FsdpState::give_gradient_buffer(FlatParam& flat) {
+  if (!flat.trainable || !sync_this_backward_ || flat.reduced || flat.grad_buffer.defined()) return;
+  for (auto& s : flat.slots)
+    if (s.param.grad().defined()) return;
+  torch::NoGradGuard no_grad;
+  flat.grad_buffer = pooled(flat.padded_numel, compute_dtype_).zero_();
+  for (auto& s : flat.slots)
+    s.param.mutable_grad() = flat.grad_buffer.narrow(0, s.offset, s.numel).view(s.shape);
 }
 
 void FsdpState::on_gradient_ready(std::size_t index) {
@@ -492,20 +529,30 @@ void FsdpState::reduce_flat(FlatParam& flat) {
   torch::NoGradGuard no_grad;
   PendingReduction r{.flat = &flat};
   // (padded_numel,) reduce dtype: every gradient of the buffer, zero where none or padding.
-  r.input = torch::empty({flat.padded_numel}, torch::TensorOptions().dtype(reduce_dtype_));
-  if (flat.padded_numel > flat.numel)
-    r.input.narrow(0, flat.numel, flat.padded_numel - flat.numel).zero_();
+  if (flat.grad_buffer.scalar_type() == reduce_dtype_) {  // Note [Gradients in place]
+    r.input = flat.grad_buffer;
+  } else if (flat.grad_buffer.defined()) {
+    r.input = pooled(flat.padded_numel, reduce_dtype_).copy_(flat.grad_buffer);
+  } else {
+    r.input = pooled(flat.padded_numel, reduce_dtype_);
+    if (flat.padded_numel > flat.numel)
+      r.input.narrow(0, flat.numel, flat.padded_numel - flat.numel).zero_();
+  }
   for (auto& s : flat.slots) {
     auto dst = r.input.narrow(0, s.offset, s.numel);
     const auto& g = s.param.grad();
-    if (g.defined())
+    const bool in_place = flat.grad_buffer.defined() && g.defined() &&
+                          g.data_ptr() == static_cast<char*>(flat.grad_buffer.data_ptr()) +
+                                              s.offset * flat.grad_buffer.element_size();
+    if (!in_place && g.defined())  // in place: already in r.input, or in what it was cast from
       dst.copy_(g.reshape(-1));
-    else
+    else if (!in_place)
       dst.zero_();
     s.param.mutable_grad().reset();  // the full gradient is not kept
   }
+  flat.grad_buffer.reset();
   if (shard_size_ > 1) {
-    r.output = torch::empty({flat.shard_numel}, torch::kFloat32);
+    r.output = pooled(flat.shard_numel, torch::kFloat32);
     r.scatter = comm::reduce_scatter_flat(groups_.shard, r.output, r.input, comm::ReduceOp::kSum);
     ++stats_.reduce_scatters;
     stats_.comm_elements += comm::flat_collective_elements(flat.shard_numel, shard_size_);
@@ -558,6 +605,7 @@ void FsdpState::finalize_backward() {
   }
   for (auto& unit : units_) free_unit(*unit);
   backward_started_ = false;
+  stats_.buffer_pool_peak_bytes = static_cast<std::int64_t>(pool_.stats().peak_mapped_bytes);
 }
 
 // Note [Settling reductions]
@@ -611,6 +659,12 @@ void FsdpState::abandon_backward() {
       }
   pending_.clear();
   reduction_bytes_ = 0;
+  for (auto& unit : units_)
+    for (auto& flat : unit->flats)
+      if (flat->grad_buffer.defined()) {  // the parameters' gradients are views of it
+        for (auto& s : flat->slots) s.param.mutable_grad().reset();
+        flat->grad_buffer.reset();
+      }
   for (auto& unit : units_) free_unit(*unit);
   backward_started_ = false;
 }
