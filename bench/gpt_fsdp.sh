@@ -240,7 +240,7 @@ run_variant() {
   rc=$(<"$log.rc")
   t1=$EPOCHREALTIME
   local results
-  results=$(grep -oE 'rank [0-9]+: [0-9.]+ tokens/s, peak RSS [0-9.]+ MiB, model state [0-9.]+ MiB(, exposed comm [0-9.]+%)?' "$log" || true)
+  results=$(grep -oE 'rank [0-9]+: [0-9.]+ tokens/s, peak RSS [0-9.]+ MiB, model state [0-9.]+ MiB(, FSDP buffers [0-9]+ MiB)?(, exposed comm [0-9.]+%)?' "$log" || true)
   if ((rc != 0)) || (($(grep -c . <<<"$results") != RANKS)); then
     local why="exit $rc"
     local first_error=""
@@ -267,7 +267,8 @@ run_variant() {
       if (n == 0 || tps < min_tps) min_tps = tps
       if (rss > max_rss) max_rss = rss
       if (st > max_st) max_st = st
-      if (NF >= 15) { e = $15 + 0; if (exposed == "" || e > exposed) exposed = e }
+      if (match($0, /exposed comm [0-9.]+/)) {
+        e = substr($0, RSTART + 13, RLENGTH - 13) + 0; if (exposed == "" || e > exposed) exposed = e }
       n++ }
     END { printf "%s\t%s\tok\t%s\t%s\t%.1f\t%.1f\t%.1f\t%s\t%s\t%.1f\t%s\n", r, v, b, s, min_tps, max_rss, max_st, f, l, t1 - t0, exposed }
   ' <<<"$results" >>"$RUNS"

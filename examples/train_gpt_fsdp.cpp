@@ -185,12 +185,16 @@ int main(int argc, char** argv) try {
   for (auto& p : params) state += p.numel() * 4 * 4;  // fp32 parameter, gradient, two moments
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
+  std::string pool;
+  if (sharded)
+    pool = ", FSDP buffers " +
+           std::to_string(sharded->last_stats().buffer_pool_peak_bytes / 1048576) + " MiB";
   std::printf(
-      "rank %d: %.1f tokens/s, peak RSS %.1f MiB, model state %.1f MiB, exposed comm %.1f%% (%s, "
-      "%s%s)\n",
+      "rank %d: %.1f tokens/s, peak RSS %.1f MiB, model state %.1f MiB%s, exposed comm %.1f%% "
+      "(%s, %s%s)\n",
       dist->rank(), (steps - first) * batch * seq_len * dist->world_size() / seconds,
-      usage.ru_maxrss / 1024.0, state / 1048576.0, exposed_ms / 10 / seconds, strategy.c_str(),
-      precision.c_str(), checkpointing ? ", activation checkpointing" : "");
+      usage.ru_maxrss / 1024.0, state / 1048576.0, pool.c_str(), exposed_ms / 10 / seconds,
+      strategy.c_str(), precision.c_str(), checkpointing ? ", activation checkpointing" : "");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_gpt_fsdp: %s\n", e.what());
