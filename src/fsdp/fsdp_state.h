@@ -143,6 +143,7 @@ class FsdpState {
   std::int64_t gathered_bytes_ = 0;
   std::size_t largest_unit_bytes_ = 0;  // a flat buffer's gathered, gradient and output bytes
   bool backward_started_ = false;
+  bool settled_this_backward_ = false;  // a reduction reached a shard's gradient in this backward
   bool sync_this_backward_ = true;
 };
 

@@ -36,13 +36,18 @@ namespace trainyard::fsdp {
 //   a unit's forward:      gather (or wait for its prefetch), start the next unit's prefetch,
 //                          run it (recomputably with activation checkpointing), free it again
 //                          under FULL_SHARD, and hook its output's gradient (pre-backward)
-//   pre-backward of unit:  gather it again, prefetch the unit whose backward comes next
+//   pre-backward of unit:  gather it again, prefetch the unit whose backward comes next, point
+//                          its parameters' .grad into a zeroed flat gradient buffer (Note
+//                          [Gradients in place])
 //   gradient hooks:        when every trainable parameter of a flat buffer has its gradient,
-//                          copy them into one flat gradient (the reduce dtype), drop the
-//                          parameters' .grad and reduce-scatter into the shard's gradient;
-//                          a unit whose buffers are all reduced is freed
-//   end of backward:       wait for the reductions (all-reduce across replicas for NO_SHARD and
-//                          HYBRID), average, accumulate into shard.grad, free what is left
+//                          reduce-scatter the flat gradient (in the reduce dtype), drop the
+//                          parameters' .grad; a unit whose buffers are all reduced is freed;
+//                          reductions already complete are averaged into shard.grad (Note
+//                          [Settling reductions])
+//   end of backward:       reduce what is left, wait for every reduction (and the all-reduce
+//                          across replicas for NO_SHARD and HYBRID), free every unit
+// The memory for gathered parameters and flat gradients comes from FSDP's buffer pool (Note [FSDP
+// buffer pool] in buffer_pool.cpp).
 // Every rank runs the same graph, so all ranks issue the same collectives in the same order,
 // which Gloo and the shared-memory group require. A parameter that gets no gradient counts as a
 // zero gradient, reduced at the end of backward.
@@ -259,8 +264,9 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   flat->padded_numel = (flat->numel + shard_size_ - 1) / shard_size_ * shard_size_;
   flat->shard_numel = flat->padded_numel / shard_size_;
 
-  // Room in the pool for the working set of the largest unit's buffers: up to three gathered,
-  // three flat gradients and their outputs (Note [Settling reductions]), one more for slack.
+  // Idle room in the pool for about four of the largest unit's sets of step buffers (gathered
+  // parameters, a flat gradient, a full fp32 buffer: an upper bound on what limit_all_gathers
+  // and Note [Settling reductions] keep alive at once); blocks returned beyond it are unmapped.
   const std::size_t unit_bytes =
       flat->padded_numel * (c10::elementSize(compute_dtype_) + c10::elementSize(reduce_dtype_) +
                             c10::elementSize(torch::kFloat32));
@@ -404,7 +410,9 @@ void FsdpState::maybe_prefetch(Unit* unit) {
 
 void FsdpState::pre_forward() {
   if (backward_started_) {
-    logger("fsdp")->warn("the previous backward pass did not finish; discarding its reductions");
+    logger("fsdp")->warn(
+        "the previous backward pass did not finish; discarding its reductions and every "
+        "shard's gradient");
     abandon_backward();
   }
   if (!forward_order_.empty()) previous_order_ = forward_order_;
@@ -478,15 +486,17 @@ void FsdpState::pre_backward(Unit& unit) {
 
 // Note [Gradients in place]
 // Left alone, autograd hands each parameter a gradient tensor of its own (the output of the
-// weight-gradient matmul, or the embedding's dense gradient), which reduce_flat then copies into
-// the flat buffer the reduce-scatter reads: a unit's worth of malloc'ed memory per unit per step,
-// in sizes that interleave with everything else on the heap. Instead, before a unit's backward
-// its parameters' .grad are set to views of one zeroed pooled buffer; autograd's AccumulateGrad
-// adds into a defined gradient in place, so the gradients land in the flat buffer directly (as
-// DDP's bucket views do) and, when the compute and reduce dtypes agree, the buffer is the
-// reduce-scatter's input with no copy. A flat buffer whose parameters already hold gradients (an
-// earlier no_sync() backward) keeps the copying path, as does the root, which has no
-// pre-backward hook.
+// weight-gradient matmul, or the embedding's dense gradient) and keeps it as .grad until the
+// whole flat buffer is ready, when reduce_flat copies them all into the buffer the
+// reduce-scatter reads: a unit's worth of malloc'ed gradients alive at once, per unit, per step.
+// Instead, before a unit's backward its parameters' .grad are set to views (not autograd views:
+// view_of) of one zeroed pooled buffer. With a defined gradient and grad mode off (backward
+// without create_graph), autograd's AccumulateGrad adds each new gradient into it in place and
+// frees it, so each parameter's gradient lives only as long as one add, and when the compute
+// and reduce dtypes agree the buffer is the reduce-scatter's input with no copy. The cost is
+// zeroing the buffer. A flat buffer whose parameters already hold gradients (an earlier
+// no_sync() backward) keeps the copying path, as does the root, which has no pre-backward hook;
+// reduce_flat checks that each .grad still views the buffer and copies any that does not.
 void FsdpState::give_gradient_buffer(FlatParam& flat) {
   if (!flat.trainable || !sync_this_backward_ || flat.reduced || flat.grad_buffer.defined()) return;
   for (auto& s : flat.slots)
@@ -494,7 +504,7 @@ void FsdpState::give_gradient_buffer(FlatParam& flat) {
   torch::NoGradGuard no_grad;
   flat.grad_buffer = pooled(flat.padded_numel, compute_dtype_).zero_();
   for (auto& s : flat.slots)
-    s.param.mutable_grad() = flat.grad_buffer.narrow(0, s.offset, s.numel).view(s.shape);
+    s.param.mutable_grad() = view_of(flat.grad_buffer.storage(), s.offset, s.shape, compute_dtype_);
 }
 
 void FsdpState::on_gradient_ready(std::size_t index) {
@@ -529,8 +539,8 @@ void FsdpState::reduce_flat(FlatParam& flat) {
   torch::NoGradGuard no_grad;
   PendingReduction r{.flat = &flat};
   // (padded_numel,) reduce dtype: every gradient of the buffer, zero where none or padding.
-  if (flat.grad_buffer.scalar_type() == reduce_dtype_) {  // Note [Gradients in place]
-    r.input = flat.grad_buffer;
+  if (flat.grad_buffer.defined() && flat.grad_buffer.scalar_type() == reduce_dtype_) {
+    r.input = flat.grad_buffer;  // Note [Gradients in place]
   } else if (flat.grad_buffer.defined()) {
     r.input = pooled(flat.padded_numel, reduce_dtype_).copy_(flat.grad_buffer);
   } else {
@@ -586,18 +596,18 @@ void FsdpState::launch_replica_reductions(bool all) {
 }
 
 void FsdpState::finalize_backward() {
-  if (sync_this_backward_) {
-    // Buffers whose parameters did not all get a gradient: the rest counts as zero.
-    for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it)
-      for (auto& flat : (*it)->flats)
-        if (flat->trainable) reduce_flat(*flat);
-    for (auto& flat : units_[0]->flats)
-      if (flat->trainable) reduce_flat(*flat);
-    for (auto& unit : units_)  // units that never ran forward (unused)
-      for (auto& flat : unit->flats)
-        if (flat->trainable) reduce_flat(*flat);
-  }
   try {
+    if (sync_this_backward_) {
+      // Buffers whose parameters did not all get a gradient: the rest counts as zero.
+      for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it)
+        for (auto& flat : (*it)->flats)
+          if (flat->trainable) reduce_flat(*flat);
+      for (auto& flat : units_[0]->flats)
+        if (flat->trainable) reduce_flat(*flat);
+      for (auto& unit : units_)  // units that never ran forward (unused)
+        for (auto& flat : unit->flats)
+          if (flat->trainable) reduce_flat(*flat);
+    }
     settle_reductions(/*all=*/true);
   } catch (...) {
     abandon_backward();
@@ -605,6 +615,7 @@ void FsdpState::finalize_backward() {
   }
   for (auto& unit : units_) free_unit(*unit);
   backward_started_ = false;
+  settled_this_backward_ = false;
   stats_.buffer_pool_peak_bytes = static_cast<std::int64_t>(pool_.stats().peak_mapped_bytes);
 }
 
@@ -612,10 +623,14 @@ void FsdpState::finalize_backward() {
 // A flat gradient (padded_numel elements of the reduce dtype) must stay alive until the
 // collective reading it completes. Keeping every unit's until the end of backward would hold the
 // full model's gradients at once (FULL_SHARD's point is never to); so each new reduction first
-// settles the ones already complete, oldest first, and, with more than kReductionsInFlight still
-// running, waits for the oldest: the collectives complete in issue order on every group we use.
-// Settling a reduction averages its fp32 shard output into the shard's gradient and drops the
-// flat gradient. The wait counts as exposed communication.
+// settles the ones already complete, oldest first, and, with more than kReductionsInFlight
+// pending, waits for the oldest: at most kReductionsInFlight + 1 flat gradients are alive, just
+// after one is issued. Settling a reduction averages its fp32 shard output into the shard's
+// gradient and drops the flat gradient; the wait counts as exposed communication. Every rank
+// issues the cross-replica all-reduces (HYBRID, NO_SHARD) in pending order, each at the latest
+// before it is waited for. So a backward that fails part way has already added some units to
+// the shards' gradients: abandon_backward drops every shard's gradient rather than leave a
+// partial sum for the next optimizer step.
 void FsdpState::settle_reductions(bool all) {
   launch_replica_reductions(all);
   torch::NoGradGuard no_grad;
@@ -643,6 +658,7 @@ void FsdpState::settle_reductions(bool all) {
     else
       grad = r.output;
     reduction_bytes_ -= r.input.nbytes();
+    settled_this_backward_ = true;
     pending_.pop_front();
   }
 }
@@ -660,11 +676,16 @@ void FsdpState::abandon_backward() {
   pending_.clear();
   reduction_bytes_ = 0;
   for (auto& unit : units_)
-    for (auto& flat : unit->flats)
+    for (auto& flat : unit->flats) {
       if (flat->grad_buffer.defined()) {  // the parameters' gradients are views of it
         for (auto& s : flat->slots) s.param.mutable_grad().reset();
         flat->grad_buffer.reset();
       }
+      // Part of this backward's reductions reached the shards' gradients (Note [Settling
+      // reductions]); no gradient is better than a partial one the next step would apply.
+      if (settled_this_backward_ && flat->trainable) flat->shard.mutable_grad().reset();
+    }
+  settled_this_backward_ = false;
   for (auto& unit : units_) free_unit(*unit);
   backward_started_ = false;
 }

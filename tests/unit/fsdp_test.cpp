@@ -11,6 +11,7 @@
 #include "trainyard/error.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/models/gpt_neox.h"
+#include "trainyard/nn/unit_hook.h"
 
 namespace {
 
@@ -399,3 +400,45 @@ TEST(Fsdp, DeferredModelIsMaterialisedUnitByUnitWithTheEagerValues) {
 }
 
 }  // namespace
+
+// Two linear units in a chain, whose backward can be made to fail between them.
+struct FailingChain : torch::nn::Module {
+  FailingChain() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = trainyard::nn::call_unit(
+        *a, x, [a = a](const torch::Tensor& t) mutable { return a->forward(t); });
+    h.register_hook([this](const torch::Tensor& g) {
+      if (fail) throw std::runtime_error("injected failure between the units' backward");
+      return g;
+    });
+    return trainyard::nn::call_unit(
+        *b, h, [b = b](const torch::Tensor& t) mutable { return b->forward(t); });
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  bool fail = false;
+};
+
+// Unit b's gradient reaches its shard before the failure (Note [Settling reductions]); the next
+// forward abandons the backward and must leave no shard with that partial gradient.
+TEST(Fsdp, AFailedBackwardLeavesNoPartialGradient) {
+  trainyard::testing::run_thread_ranks(1, [&](int, auto pg) {
+    auto chain = std::make_shared<FailingChain>();
+    FullyShardedDataParallel fsdp(
+        chain, trainyard::fsdp::FsdpGroups{.shard = pg, .world_size = 1},
+        FsdpOptions{.wrap = trainyard::fsdp::wrap_modules_named({"a", "b"})});
+    auto x = torch::ones({2, 4});
+    chain->fail = true;
+    EXPECT_THROW(fsdp.forward(x).sum().backward(), std::exception);
+    bool partial = false;
+    for (auto& p : fsdp.parameters()) partial = partial || p.grad().defined();
+    EXPECT_TRUE(partial);  // b's arrived before the failure
+    chain->fail = false;
+    auto loss = fsdp.forward(x).sum();  // abandons the failed backward
+    for (auto& p : fsdp.parameters()) EXPECT_FALSE(p.grad().defined());
+    loss.backward();
+    for (auto& p : fsdp.parameters()) EXPECT_TRUE(p.grad().defined());
+  });
+}

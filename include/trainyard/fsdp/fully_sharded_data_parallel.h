@@ -126,7 +126,7 @@ struct FsdpStats {
   // Largest memory FSDP's own buffer pool has held (gathered parameters, flat gradients and
   // their outputs, in use or kept for reuse: Note [FSDP buffer pool]), since construction.
   std::int64_t buffer_pool_peak_bytes = 0;
-  double exposed_comm_ms = 0;  // time compute waited for a gather or for reductions at the end
+  double exposed_comm_ms = 0;  // time compute waited for a gather or for a reduction
 };
 
 // make_fsdp_groups over a job's group and store, with its LOCAL_WORLD_SIZE.
