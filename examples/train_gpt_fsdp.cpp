@@ -1,5 +1,5 @@
 // GPT-NeoX trained with FullyShardedDataParallel (or DDP, to compare), as the ranks of a job:
-//   build/trainyard run --nproc-per-node 2 -- build/examples/train_gpt_fsdp --preset pythia-14m \
+//   build/trainyard run --nproc-per-node 2 -- build/examples/train_gpt_fsdp --preset pythia-14m
 //       --strategy full_shard --precision bf16-mixed --data /usr/share/games/fortunes/fortunes
 // Tokens are the file's bytes (or seeded random tokens without --data). Step s trains on the
 // global windows [s * W * B, (s + 1) * W * B), rank r on its B of them, so with the same seed
