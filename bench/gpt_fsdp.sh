@@ -240,7 +240,7 @@ run_variant() {
   rc=$(<"$log.rc")
   t1=$EPOCHREALTIME
   local results
-  results=$(grep -oE 'rank [0-9]+: [0-9.]+ tokens/s, peak RSS [0-9.]+ MiB, model state [0-9.]+ MiB(, FSDP buffers [0-9]+ MiB)?(, exposed comm [0-9.]+%)?' "$log" || true)
+  results=$(grep -oE 'rank [0-9]+: [0-9.]+ tokens/s, peak RSS [0-9.]+ MiB, model state [0-9.]+ MiB(, cached blocks [0-9]+ MiB)?(, exposed comm [0-9.]+%)?' "$log" || true)
   if ((rc != 0)) || (($(grep -c . <<<"$results") != RANKS)); then
     local why="exit $rc"
     local first_error=""

@@ -23,6 +23,7 @@
 #include "trainyard/error.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/fsdp/state_dict.h"
+#include "trainyard/memory/caching_allocator.h"
 #include "trainyard/models/gpt_neox.h"
 #include "trainyard/optim/fused_adamw.h"
 
@@ -38,9 +39,13 @@ void trace_memory(int rank, const char* phase, std::int64_t step) {
   while (std::getline(status, line))
     if (line.rfind("VmRSS:", 0) == 0) rss = line.substr(6);
   const struct mallinfo2 heap = mallinfo2();
-  std::printf("rank %d step %lld %-9s RSS %s, heap in use %.0f MiB of %.0f MiB\n", rank,
-              static_cast<long long>(step), phase, rss.c_str(),
-              (heap.uordblks + heap.hblkhd) / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0);
+  const auto cached = trainyard::memory::cache_stats();
+  std::printf(
+      "rank %d step %lld %-9s RSS %s, heap in use %.0f MiB of %.0f MiB, cached blocks in use %.0f "
+      "MiB of %.0f MiB\n",
+      rank, static_cast<long long>(step), phase, rss.c_str(),
+      (heap.uordblks + heap.hblkhd) / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0,
+      cached.in_use_bytes / 1048576.0, cached.mapped_bytes / 1048576.0);
   std::fflush(stdout);
 }
 
@@ -185,10 +190,9 @@ int main(int argc, char** argv) try {
   for (auto& p : params) state += p.numel() * 4 * 4;  // fp32 parameter, gradient, two moments
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  std::string pool;
-  if (sharded)
-    pool = ", FSDP buffers " +
-           std::to_string(sharded->last_stats().buffer_pool_peak_bytes / 1048576) + " MiB";
+  std::string pool;  // Note [Caching CPU allocator]: FSDP's buffers, and LibTorch's when installed
+  if (const auto cached = trainyard::memory::cache_stats(); cached.peak_mapped_bytes > 0)
+    pool = ", cached blocks " + std::to_string(cached.peak_mapped_bytes / 1048576) + " MiB";
   std::printf(
       "rank %d: %.1f tokens/s, peak RSS %.1f MiB, model state %.1f MiB%s, exposed comm %.1f%% "
       "(%s, %s%s)\n",

@@ -16,6 +16,7 @@
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
+#include "trainyard/memory/caching_allocator.h"
 #include "trainyard/seconds.h"
 
 namespace trainyard {
@@ -121,23 +122,40 @@ std::shared_ptr<Distributed> init(const InitOptions& options) {
 
 // Note [Reusing freed memory]
 // glibc serves allocations above its mmap threshold (128 KiB, rising to at most 32 MiB) with
-// fresh mmap()s and unmaps them on free, and returns the top of the heap to the kernel beyond a
-// trim threshold. Training allocates and frees many such blocks every step (activations,
-// gradients, FSDP's gathered parameters and reduction buffers), so each step's memory arrives as
-// fresh pages, each faulted in and zeroed by the kernel on first touch. On the VMs this project
-// runs on a page fault costs ~15 us (first touch of 32 MiB: ~120 ms; of the same memory reused:
-// ~1 ms), and pythia-70m under FULL_SHARD bf16 trained at 98 tokens/s with glibc's defaults
-// against 264 with every block kept for reuse (2 ranks, docs/BENCHMARKS.md). So a rank sets
-// M_MMAP_MAX to 0 (every block from the heap, reused) and M_TRIM_THRESHOLD high (the heap not
-// given back): peak RSS is then the high-water mark of what was live plus fragmentation (~+30% on
-// that run). glibc still maps memory when the heap cannot grow, and threads other than the main
-// one allocate from their own arenas, which still map large blocks afresh. A process that set
-// glibc's variables keeps its own choice.
+// fresh mmap()s and unmaps them on free. Training allocates and frees many such blocks every
+// step (activations, gradients, FSDP's gathered parameters and reduction buffers), so each step's
+// memory arrives as fresh pages, each faulted in and zeroed by the kernel on first touch. On the
+// VMs this project runs on a page fault costs ~15 us (first touch of 32 MiB: ~120 ms; of the same
+// memory reused: ~1 ms): pythia-70m under FULL_SHARD bf16 trained at 98 tokens/s with glibc's
+// defaults against 264 with freed memory kept (docs/BENCHMARKS.md). So a rank keeps freed
+// memory for reuse, in one of two ways (TRAINYARD_CPU_ALLOCATOR):
+//   caching      (the default) trainyard's caching allocator becomes LibTorch's CPU allocator:
+//                blocks of 1 MiB and more are kept per size class and reused, smaller ones come
+//                from glibc's heap as usual (Note [Caching CPU allocator]).
+//   glibc-reuse  mallopt M_MMAP_MAX 0 (every block from the heap) and M_TRIM_THRESHOLD high (the
+//                heap never given back), what ranks did before the caching allocator. As fast,
+//                but the heap fragments and keeps growing with large tensors of mixed sizes.
+//   glibc        glibc's defaults, page faults and all.
+// A process that set glibc's own variables (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_,
+// GLIBC_TUNABLES) keeps glibc's behaviour as it chose, and without an explicit
+// TRAINYARD_CPU_ALLOCATOR gets no caching allocator either, so the variables mean what they say.
 static void reuse_freed_memory() {
+  const char* choice = std::getenv(kCpuAllocatorEnv);
+  const std::string mode = choice != nullptr ? choice : "";
+  bool glibc_set = false;
   for (const char* var : {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
-    if (std::getenv(var) != nullptr) return;
-  mallopt(M_MMAP_MAX, 0);
-  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+    glibc_set = glibc_set || std::getenv(var) != nullptr;
+  if (mode == "caching" || (mode.empty() && !glibc_set)) {
+    memory::install_caching_allocator();
+  } else if (mode == "glibc-reuse") {
+    if (glibc_set) return;
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  } else if (mode != "glibc" && !mode.empty()) {
+    throw InvalidArgumentError(std::string(kCpuAllocatorEnv) + "='" + mode +
+                               "' is not an allocator. HINT: caching (the default), "
+                               "glibc-reuse or glibc.");
+  }
 }
 
 std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options) {

@@ -11,7 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "buffer_pool.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/nn/grad_hooks.h"
 #include "trainyard/nn/unit_hook.h"
@@ -118,8 +117,8 @@ class FsdpState {
   void finalize_backward();
   void abandon_backward();
   std::string where() const;
-  // (numel,) of `dtype` from pool_, uninitialised.
-  torch::Tensor pooled(std::int64_t numel, torch::ScalarType dtype);
+  // (numel,) of `dtype`, uninitialised, from the caching allocator (Note [FSDP buffers]).
+  torch::Tensor cached_buffer(std::int64_t numel, torch::ScalarType dtype);
 
   std::shared_ptr<torch::nn::Module> root_;
   FsdpGroups groups_;
@@ -130,7 +129,6 @@ class FsdpState {
   torch::ScalarType reduce_dtype_ = torch::kFloat32;
   bool reshard_after_forward_ = true;
 
-  BufferPool pool_{0};  // Note [FSDP buffer pool]; its idle limit grows with the largest unit
   std::vector<std::unique_ptr<Unit>> units_;                    // [0] is the root
   std::vector<std::pair<FlatParam*, std::size_t>> grad_index_;  // hook index -> flat, slot
   std::unique_ptr<nn::GradientHooks> grad_hooks_;
@@ -141,7 +139,6 @@ class FsdpState {
   std::deque<PendingReduction> pending_;  // issued in this order, settled from the front
   std::int64_t reduction_bytes_ = 0;      // full gradients of pending_ still alive
   std::int64_t gathered_bytes_ = 0;
-  std::size_t largest_unit_bytes_ = 0;  // a flat buffer's gathered, gradient and output bytes
   bool backward_started_ = false;
   bool settled_this_backward_ = false;  // a reduction reached a shard's gradient in this backward
   bool sync_this_backward_ = true;

@@ -16,6 +16,7 @@
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/memory/caching_allocator.h"
 #include "trainyard/nn/checkpoint.h"
 #include "trainyard/nn/grad_hooks.h"
 #include "trainyard/nn/unit_hook.h"
@@ -46,8 +47,10 @@ namespace trainyard::fsdp {
 //                          [Settling reductions])
 //   end of backward:       reduce what is left, wait for every reduction (and the all-reduce
 //                          across replicas for NO_SHARD and HYBRID), free every unit
-// The memory for gathered parameters and flat gradients comes from FSDP's buffer pool (Note [FSDP
-// buffer pool] in buffer_pool.cpp).
+// Note [FSDP buffers]: the memory for gathered parameters, flat gradients and reduction outputs
+// comes from trainyard's caching allocator whether or not init() made it LibTorch's (Note
+// [Caching CPU allocator] in src/memory/caching_allocator.cpp): their sizes repeat every step,
+// so after the first step they fault in no pages and fragment no heap.
 // Every rank runs the same graph, so all ranks issue the same collectives in the same order,
 // which Gloo and the shared-memory group require. A parameter that gets no gradient counts as a
 // zero gradient, reduced at the end of backward.
@@ -264,18 +267,9 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   flat->padded_numel = (flat->numel + shard_size_ - 1) / shard_size_ * shard_size_;
   flat->shard_numel = flat->padded_numel / shard_size_;
 
-  // Idle room in the pool for about four of the largest unit's sets of step buffers (gathered
-  // parameters, a flat gradient, a full fp32 buffer: an upper bound on what limit_all_gathers
-  // and Note [Settling reductions] keep alive at once); blocks returned beyond it are unmapped.
-  const std::size_t unit_bytes =
-      flat->padded_numel * (c10::elementSize(compute_dtype_) + c10::elementSize(reduce_dtype_) +
-                            c10::elementSize(torch::kFloat32));
-  largest_unit_bytes_ = std::max(largest_unit_bytes_, unit_bytes);
-  pool_.set_idle_limit(4 * largest_unit_bytes_);
-
   torch::NoGradGuard no_grad;
   // (padded_numel,) fp32: the unit's full values, alive only here.
-  auto full = pooled(flat->padded_numel, torch::kFloat32).zero_();
+  auto full = cached_buffer(flat->padded_numel, torch::kFloat32).zero_();
   for (auto& s : slots) {
     auto dst = full.narrow(0, s.offset, s.numel).view(s.shape);
     if (is_deferred(s.param)) {
@@ -315,10 +309,11 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   }
 }
 
-torch::Tensor FsdpState::pooled(std::int64_t numel, torch::ScalarType dtype) {
+torch::Tensor FsdpState::cached_buffer(std::int64_t numel, torch::ScalarType dtype) {
   const auto nbytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, pool_.take(nbytes),
-                       /*allocator=*/nullptr, /*resizable=*/false);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       memory::caching_allocator()->allocate(nbytes), memory::caching_allocator(),
+                       /*resizable=*/false);
   return view_of(storage, 0, {numel}, dtype);
 }
 
@@ -328,7 +323,7 @@ void FsdpState::gather(Unit& unit, bool prefetch) {
     if (flat->aliases_shard || flat->is_gathered) continue;
     auto* impl = flat->gathered.unsafeGetStorageImpl();
     const auto nbytes = flat->padded_numel * c10::elementSize(compute_dtype_);
-    impl->set_data_ptr_noswap(pool_.take(nbytes));
+    impl->set_data_ptr_noswap(memory::caching_allocator()->allocate(nbytes));
     impl->set_nbytes(nbytes);
     flat->is_gathered = true;
     gathered_bytes_ += nbytes;
@@ -490,7 +485,7 @@ void FsdpState::pre_backward(Unit& unit) {
 // whole flat buffer is ready, when reduce_flat copies them all into the buffer the
 // reduce-scatter reads: a unit's worth of malloc'ed gradients alive at once, per unit, per step.
 // Instead, before a unit's backward its parameters' .grad are set to views (not autograd views:
-// view_of) of one zeroed pooled buffer. With a defined gradient and grad mode off (backward
+// view_of) of one zeroed cached buffer. With a defined gradient and grad mode off (backward
 // without create_graph), autograd's AccumulateGrad adds each new gradient into it in place and
 // frees it, so each parameter's gradient lives only as long as one add, and when the compute
 // and reduce dtypes agree the buffer is the reduce-scatter's input with no copy. The cost is
@@ -502,7 +497,7 @@ void FsdpState::give_gradient_buffer(FlatParam& flat) {
   for (auto& s : flat.slots)
     if (s.param.grad().defined()) return;
   torch::NoGradGuard no_grad;
-  flat.grad_buffer = pooled(flat.padded_numel, compute_dtype_).zero_();
+  flat.grad_buffer = cached_buffer(flat.padded_numel, compute_dtype_).zero_();
   for (auto& s : flat.slots)
     s.param.mutable_grad() = view_of(flat.grad_buffer.storage(), s.offset, s.shape, compute_dtype_);
 }
@@ -542,9 +537,9 @@ void FsdpState::reduce_flat(FlatParam& flat) {
   if (flat.grad_buffer.defined() && flat.grad_buffer.scalar_type() == reduce_dtype_) {
     r.input = flat.grad_buffer;  // Note [Gradients in place]
   } else if (flat.grad_buffer.defined()) {
-    r.input = pooled(flat.padded_numel, reduce_dtype_).copy_(flat.grad_buffer);
+    r.input = cached_buffer(flat.padded_numel, reduce_dtype_).copy_(flat.grad_buffer);
   } else {
-    r.input = pooled(flat.padded_numel, reduce_dtype_);
+    r.input = cached_buffer(flat.padded_numel, reduce_dtype_);
     if (flat.padded_numel > flat.numel)
       r.input.narrow(0, flat.numel, flat.padded_numel - flat.numel).zero_();
   }
@@ -562,7 +557,7 @@ void FsdpState::reduce_flat(FlatParam& flat) {
   }
   flat.grad_buffer.reset();
   if (shard_size_ > 1) {
-    r.output = pooled(flat.shard_numel, torch::kFloat32);
+    r.output = cached_buffer(flat.shard_numel, torch::kFloat32);
     r.scatter = comm::reduce_scatter_flat(groups_.shard, r.output, r.input, comm::ReduceOp::kSum);
     ++stats_.reduce_scatters;
     stats_.comm_elements += comm::flat_collective_elements(flat.shard_numel, shard_size_);
@@ -616,7 +611,6 @@ void FsdpState::finalize_backward() {
   for (auto& unit : units_) free_unit(*unit);
   backward_started_ = false;
   settled_this_backward_ = false;
-  stats_.buffer_pool_peak_bytes = static_cast<std::int64_t>(pool_.stats().peak_mapped_bytes);
 }
 
 // Note [Settling reductions]

@@ -18,6 +18,9 @@ inline constexpr const char* kJobInstanceEnv = "TRAINYARD_JOB_INSTANCE";
 inline constexpr const char* kCollectiveTimeoutEnv = "TRAINYARD_COLLECTIVE_TIMEOUT";
 // Seconds: InitOptions::join_timeout, the bound on reaching MASTER_ADDR:MASTER_PORT.
 inline constexpr const char* kJoinTimeoutEnv = "TRAINYARD_JOIN_TIMEOUT";
+// How init() keeps freed memory for reuse: caching (default), glibc-reuse or glibc (Note
+// [Reusing freed memory] in src/comm/process_group.cpp).
+inline constexpr const char* kCpuAllocatorEnv = "TRAINYARD_CPU_ALLOCATOR";
 
 struct DistEnv {
   int rank = 0;

@@ -33,10 +33,11 @@ struct InitOptions {
   // When every rank is on this host, all-reduce and broadcast dense CPU tensors through shared
   // memory (ShmProcessGroup) instead of loopback sockets. TRAINYARD_SHM=0 turns it off too.
   bool shared_memory = true;
-  // Keep freed memory in the process for reuse instead of returning it to the kernel: see
+  // Keep freed memory in the process for reuse instead of returning it to the kernel, by default
+  // through trainyard's caching CPU allocator (TRAINYARD_CPU_ALLOCATOR chooses another way): see
   // Note [Reusing freed memory] in src/comm/process_group.cpp (2-3x the tokens/s of GPT-NeoX
-  // training on these VMs, for more peak RSS). Left alone when the environment sets glibc's own
-  // malloc variables (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES).
+  // training on these VMs). Left to glibc when the environment sets glibc's own malloc
+  // variables (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES).
   bool reuse_freed_memory = true;
 };
 

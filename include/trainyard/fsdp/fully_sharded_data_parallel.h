@@ -123,9 +123,6 @@ struct FsdpStats {
   // Largest sum of full flat gradients alive while their reduction is in flight (at most
   // kReductionsInFlight + 1 buffers: Note [Settling reductions]).
   std::int64_t peak_reduction_bytes = 0;
-  // Largest memory FSDP's own buffer pool has held (gathered parameters, flat gradients and
-  // their outputs, in use or kept for reuse: Note [FSDP buffer pool]), since construction.
-  std::int64_t buffer_pool_peak_bytes = 0;
   double exposed_comm_ms = 0;  // time compute waited for a gather or for a reduction
 };
 
