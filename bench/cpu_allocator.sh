@@ -70,7 +70,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
       while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done >"$log" || true
     # steady tokens/s from the stamps of the loss lines; RSS lines of rank 0 after the optimizer
     row=$(awk -v tokens=$((BATCH * SEQ_LEN * RANKS)) -v last=$((STEPS - 1)) '
-      / step [0-9]+ loss / { if (n == 0) first = $1; t = $1; n++ }
+      /\]: step [0-9]+ loss [-0-9.naif]+$/ { if (n == 0) first = $1; t = $1; n++ }
       /rank 0 step 1 optimizer RSS/ { for (i = 1; i <= NF; i++) if ($i == "RSS") s1 = $(i + 1) }
       $0 ~ "rank 0 step " last " optimizer RSS" { for (i = 1; i <= NF; i++) if ($i == "RSS") sl = $(i + 1) }
       /rank 0: .* peak RSS/ { for (i = 1; i <= NF; i++) if ($i == "RSS") peak = $(i + 1) }

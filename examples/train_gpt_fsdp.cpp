@@ -42,10 +42,10 @@ void trace_memory(int rank, const char* phase, std::int64_t step) {
   const auto cached = trainyard::memory::cache_stats();
   std::printf(
       "rank %d step %lld %-9s RSS %s, heap in use %.0f MiB of %.0f MiB, cached blocks in use %.0f "
-      "MiB of %.0f MiB\n",
+      "MiB of %.0f MiB (%zu mapped, %zu unmapped so far)\n",
       rank, static_cast<long long>(step), phase, rss.c_str(),
       (heap.uordblks + heap.hblkhd) / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0,
-      cached.in_use_bytes / 1048576.0, cached.mapped_bytes / 1048576.0);
+      cached.in_use_bytes / 1048576.0, cached.mapped_bytes / 1048576.0, cached.maps, cached.unmaps);
   std::fflush(stdout);
 }
 

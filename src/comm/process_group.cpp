@@ -128,13 +128,15 @@ std::shared_ptr<Distributed> init(const InitOptions& options) {
 // VMs this project runs on a page fault costs ~15 us (first touch of 32 MiB: ~120 ms; of the same
 // memory reused: ~1 ms): pythia-70m under FULL_SHARD bf16 trained at 98 tokens/s with glibc's
 // defaults against 264 with freed memory kept (docs/BENCHMARKS.md). So a rank keeps freed
-// memory for reuse, in one of two ways (TRAINYARD_CPU_ALLOCATOR):
+// memory for reuse, one of these ways (TRAINYARD_CPU_ALLOCATOR):
 //   caching      (the default) trainyard's caching allocator becomes LibTorch's CPU allocator:
-//                blocks of 1 MiB and more are kept per size class and reused, smaller ones come
-//                from glibc's heap as usual (Note [Caching CPU allocator]).
+//                tensors of 1 MiB and more get blocks kept per size class and reused (Note
+//                [Caching CPU allocator]); everything else (smaller tensors, and what oneDNN,
+//                Gloo and the rest malloc, e.g. oneDNN's bf16 reorder buffers) comes from a glibc
+//                heap set as for glibc-reuse, which holds little enough to stay unfragmented.
 //   glibc-reuse  mallopt M_MMAP_MAX 0 (every block from the heap) and M_TRIM_THRESHOLD high (the
-//                heap never given back), what ranks did before the caching allocator. As fast,
-//                but the heap fragments and keeps growing with large tensors of mixed sizes.
+//                heap never given back), what ranks did before the caching allocator: as fast,
+//                but with large tensors of mixed sizes the heap fragments and keeps growing.
 //   glibc        glibc's defaults, page faults and all.
 // A process that set glibc's own variables (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_,
 // GLIBC_TUNABLES) keeps glibc's behaviour as it chose, and without an explicit
@@ -142,19 +144,17 @@ std::shared_ptr<Distributed> init(const InitOptions& options) {
 static void reuse_freed_memory() {
   const char* choice = std::getenv(kCpuAllocatorEnv);
   const std::string mode = choice != nullptr ? choice : "";
+  TY_CHECK(mode.empty() || mode == "caching" || mode == "glibc-reuse" || mode == "glibc",
+           kCpuAllocatorEnv, "='", mode,
+           "' is not an allocator. HINT: caching (the default), glibc-reuse or glibc.");
   bool glibc_set = false;
   for (const char* var : {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
     glibc_set = glibc_set || std::getenv(var) != nullptr;
-  if (mode == "caching" || (mode.empty() && !glibc_set)) {
-    memory::install_caching_allocator();
-  } else if (mode == "glibc-reuse") {
-    if (glibc_set) return;
+  const bool caching = mode == "caching" || (mode.empty() && !glibc_set);
+  if (caching) memory::install_caching_allocator();
+  if ((caching || mode == "glibc-reuse") && !glibc_set) {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-  } else if (mode != "glibc" && !mode.empty()) {
-    throw InvalidArgumentError(std::string(kCpuAllocatorEnv) + "='" + mode +
-                               "' is not an allocator. HINT: caching (the default), "
-                               "glibc-reuse or glibc.");
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace trainyard::memory {
@@ -34,8 +35,12 @@ namespace trainyard::memory {
 // only ever serves its class, so nothing fragments. The cost is that memory one class frees is
 // not lent to another. That is bounded: before mapping a new block, idle blocks of other classes
 // (the largest first) are unmapped until mapped memory stays within 5/4 of the peak in use plus
-// kCacheSlackBytes. A workload whose sizes keep changing then maps and unmaps (at glibc's cost),
-// but never holds much more than it ever used. Smaller requests go to c10's own allocator
+// kCacheSlackBytes. A class whose block was shed and is then needed again is one the workload
+// uses every step (a step's classes can add up to more than its peak in use: a class's blocks
+// are not lent to another); shedding it again would cost its page faults every step, so the
+// bound grows by its size, once per such remap. A workload whose sizes keep changing never
+// remaps a class, so it maps and unmaps (at glibc's cost) but never holds much more than it
+// ever used. Smaller requests go to c10's own allocator
 // (glibc's heap, which reuses them well). Every block is freed through one function that looks
 // its pointer up, so raw_allocate()/raw_deallocate() work as LibTorch expects.
 
@@ -45,6 +50,8 @@ struct Cache {
   std::mutex mutex;
   std::unordered_map<std::size_t, std::vector<void*>> idle;  // size class -> blocks
   std::unordered_map<void*, std::size_t> live;               // block -> size class
+  std::unordered_set<std::size_t> shed_classes;  // classes whose idle blocks were unmapped
+  std::size_t allowance = 0;  // mapped bytes allowed beyond the bound, learnt from remaps
   CacheStats stats;
 };
 
@@ -69,6 +76,7 @@ std::vector<std::pair<void*, std::size_t>> shed_idle(Cache& c,
       if (!it->second.empty() && (largest == c.idle.end() || it->first > largest->first))
         largest = it;
     if (largest == c.idle.end()) break;
+    c.shed_classes.insert(largest->first);
     out.emplace_back(largest->second.back(), largest->first);
     largest->second.pop_back();
     c.stats.idle_bytes -= largest->first;
@@ -94,8 +102,11 @@ void* take(std::size_t size) {
       c.live.emplace(ptr, size);
       return ptr;
     }
+    // A class shed before and needed again: the workload uses it every step, and shedding it
+    // would cost its page faults every step. Allow its size beyond the bound from now on.
+    if (c.shed_classes.erase(size) > 0) c.allowance += size;
     const auto peak = std::max(c.stats.peak_in_use_bytes, c.stats.in_use_bytes + size);
-    shed = shed_idle(c, size, peak + peak / 4 + kCacheSlackBytes);
+    shed = shed_idle(c, size, peak + peak / 4 + kCacheSlackBytes + c.allowance);
   }
   unmap_all(shed);
   void* ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -87,3 +87,24 @@ TEST(CachingAllocator, BlocksComeBackFromAnyThreadAndTensorsUseIt) {
   EXPECT_GT(memory::cache_stats().in_use_bytes, before.in_use_bytes);
   EXPECT_EQ(t.sum().item<float>(), float(1 << 20));
 }
+
+// Two classes that do not fit under the bound together, needed in turn (as a training step needs
+// its tensors every step): the first turns shed and remap, then the bound has learnt both and
+// nothing is mapped or unmapped any more.
+TEST(CachingAllocator, AClassNeededAgainAfterBeingShedIsKept) {
+  auto* alloc = memory::caching_allocator();
+  const std::size_t big =
+      memory::cache_stats().peak_in_use_bytes + memory::kCacheSlackBytes + (std::size_t{96} << 20);
+  auto turn = [&] {
+    { auto a = alloc->allocate(big); }
+    { auto b = alloc->allocate(big + big / 4); }
+  };
+  turn();
+  turn();
+  const auto learnt = memory::cache_stats();
+  EXPECT_GT(learnt.unmaps, 0u);
+  for (int i = 0; i < 3; ++i) turn();
+  const auto after = memory::cache_stats();
+  EXPECT_EQ(after.maps, learnt.maps);
+  EXPECT_EQ(after.unmaps, learnt.unmaps);
+}
