@@ -23,11 +23,11 @@ namespace trainyard::memory {
 // gradients, the logits, FSDP's gathered parameters and flat gradients, from a megabyte to a
 // quarter of a gigabyte each. glibc serves them badly either way. With its defaults each is a
 // fresh mmap whose every page is faulted in again each step (~15 us a page on these VMs: pythia-
-// 70m FULL_SHARD trains at half speed). Told to keep freed memory in the heap instead (mallopt
+// 70m FULL_SHARD trains 2-3x slower). Told to keep freed memory in the heap instead (mallopt
 // M_MMAP_MAX 0, what init() did before this allocator), the heap fragments: a freed 200 MB hole
 // is split by smaller requests and the next step's tensor no longer fits, so the heap grows step
-// after step while the bytes in use stay flat (pythia-70m FULL_SHARD fp32: 1.1 GiB in use in a
-// heap of 1.7, 2.3, 2.6, 2.9, 3.3 GiB after steps 0..5, and still growing).
+// after step while the bytes in use stay flat (pythia-70m FULL_SHARD fp32: at most 1.1 GiB in
+// use, in a heap of 1.6, 2.2, 2.2, 2.6, 2.8 GiB after steps 0..4; docs/BENCHMARKS.md).
 // So requests of kCachedMinBytes or more get blocks of their size class (an eighth of a power of
 // two: at most 12.5% larger, and the tail a tensor does not use is never touched, so it costs no
 // RSS), mapped once and kept: a freed block waits for the next request of its class. The sizes

@@ -11,7 +11,8 @@ namespace trainyard::memory {
 
 // Requests of at least this many bytes come from the cache; smaller ones from c10's allocator.
 constexpr std::size_t kCachedMinBytes = std::size_t{1} << 20;
-// Idle blocks are unmapped rather than let mapped memory exceed 5/4 of the peak in use plus this.
+// Idle blocks are unmapped rather than let mapped memory exceed 5/4 of the peak in use plus this
+// (and plus what the cache learnt the workload needs every step: Note [Caching CPU allocator]).
 constexpr std::size_t kCacheSlackBytes = std::size_t{64} << 20;
 
 struct CacheStats {
