@@ -51,7 +51,6 @@ struct Cache {
   std::unordered_map<std::size_t, std::vector<void*>> idle;  // size class -> blocks
   std::unordered_map<void*, std::size_t> live;               // block -> size class
   std::unordered_set<std::size_t> shed_classes;  // classes whose idle blocks were unmapped
-  std::size_t allowance = 0;  // mapped bytes allowed beyond the bound, learnt from remaps
   CacheStats stats;
 };
 
@@ -104,9 +103,9 @@ void* take(std::size_t size) {
     }
     // A class shed before and needed again: the workload uses it every step, and shedding it
     // would cost its page faults every step. Allow its size beyond the bound from now on.
-    if (c.shed_classes.erase(size) > 0) c.allowance += size;
+    if (c.shed_classes.erase(size) > 0) c.stats.learnt_bytes += size;
     const auto peak = std::max(c.stats.peak_in_use_bytes, c.stats.in_use_bytes + size);
-    shed = shed_idle(c, size, peak + peak / 4 + kCacheSlackBytes + c.allowance);
+    shed = shed_idle(c, size, peak + peak / 4 + kCacheSlackBytes + c.stats.learnt_bytes);
   }
   unmap_all(shed);
   void* ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

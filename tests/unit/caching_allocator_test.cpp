@@ -61,8 +61,8 @@ TEST(CachingAllocator, SmallRequestsAndRawAllocationsWork) {
 TEST(CachingAllocator, IdleBlocksOfOtherClassesGiveWayToANewClass) {
   auto* alloc = memory::caching_allocator();
   const auto base = memory::cache_stats();
-  const std::size_t big =
-      base.peak_in_use_bytes + memory::kCacheSlackBytes + (std::size_t{64} << 20);
+  const std::size_t big = base.peak_in_use_bytes + memory::kCacheSlackBytes + base.learnt_bytes +
+                          (std::size_t{64} << 20);
   { auto a = alloc->allocate(big); }  // now idle: the peak in use is at least `big`
   const auto idle = memory::cache_stats();
   ASSERT_GE(idle.idle_bytes, memory::cache_size_class(big));
@@ -93,8 +93,9 @@ TEST(CachingAllocator, BlocksComeBackFromAnyThreadAndTensorsUseIt) {
 // nothing is mapped or unmapped any more.
 TEST(CachingAllocator, AClassNeededAgainAfterBeingShedIsKept) {
   auto* alloc = memory::caching_allocator();
-  const std::size_t big =
-      memory::cache_stats().peak_in_use_bytes + memory::kCacheSlackBytes + (std::size_t{96} << 20);
+  const auto base = memory::cache_stats();
+  const std::size_t big = base.peak_in_use_bytes + memory::kCacheSlackBytes + base.learnt_bytes +
+                          (std::size_t{96} << 20);
   auto turn = [&] {
     { auto a = alloc->allocate(big); }
     { auto b = alloc->allocate(big + big / 4); }

@@ -20,10 +20,11 @@ struct CacheStats {
   std::size_t peak_mapped_bytes = 0;  // largest mapped_bytes so far
   std::size_t in_use_bytes = 0;       // blocks handed out and not yet given back
   std::size_t peak_in_use_bytes = 0;
-  std::size_t idle_bytes = 0;  // blocks waiting for a request of their size class
-  std::size_t maps = 0;        // blocks mapped
-  std::size_t reuses = 0;      // requests served from an idle block
-  std::size_t unmaps = 0;      // idle blocks unmapped to stay within the bound
+  std::size_t idle_bytes = 0;    // blocks waiting for a request of their size class
+  std::size_t maps = 0;          // blocks mapped
+  std::size_t reuses = 0;        // requests served from an idle block
+  std::size_t unmaps = 0;        // idle blocks unmapped to stay within the bound
+  std::size_t learnt_bytes = 0;  // the bound's growth for classes needed again after a shed
 };
 
 // The process's caching allocator (one per process, never destroyed: blocks may be freed at any
