@@ -33,6 +33,29 @@ void read_archive(const std::string& bytes, const std::string& what, Read&& read
   }
 }
 
+// Note [Loading in place]
+// torch::nn::Module::load replaces each tensor's storage (Tensor::set_), which cuts the tie of a
+// parameter that is a view of a larger buffer: ShardedAdam's flat buffers, a reducer's buckets.
+// This reads the archive Module::save writes (a nested archive per submodule) and copies each
+// value into the existing tensor instead, so a model can be loaded after it has been wrapped.
+void copy_from_archive(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  torch::NoGradGuard no_grad;
+  auto copy = [&](const std::string& name, torch::Tensor& into, bool is_buffer) {
+    torch::Tensor value;
+    archive.read(name, value, is_buffer);
+    TORCH_CHECK(value.sizes() == into.sizes(), "\"", name, "\" has shape ", value.sizes(),
+                " in the archive but ", into.sizes(), " in the model");
+    into.copy_(value);
+  };
+  for (auto& p : module.named_parameters(/*recurse=*/false)) copy(p.key(), p.value(), false);
+  for (auto& b : module.named_buffers(/*recurse=*/false)) copy(b.key(), b.value(), true);
+  for (auto& child : module.named_children()) {
+    torch::serialize::InputArchive child_archive;
+    archive.read(child.key(), child_archive);
+    copy_from_archive(*child.value(), child_archive);
+  }
+}
+
 }  // namespace
 
 std::string module_to_bytes(const torch::nn::Module& module) {
@@ -44,7 +67,7 @@ std::string optimizer_to_bytes(const torch::optim::Optimizer& optimizer) {
 }
 
 void load_module(torch::nn::Module& module, const std::string& bytes, const std::string& what) {
-  read_archive(bytes, what, [&](auto& archive) { module.load(archive); });
+  read_archive(bytes, what, [&](auto& archive) { copy_from_archive(module, archive); });
 }
 
 void load_optimizer(torch::optim::Optimizer& optimizer,

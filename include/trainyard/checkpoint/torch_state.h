@@ -16,8 +16,9 @@ namespace trainyard::checkpoint {
 std::string module_to_bytes(const torch::nn::Module& module);
 std::string optimizer_to_bytes(const torch::optim::Optimizer& optimizer);
 
-// Load into an existing module or optimizer of the same structure. `what` names the source in
-// errors; a mismatch or a damaged archive throws CheckpointCorruptError.
+// Load into an existing module or optimizer of the same structure; a module's tensors are
+// overwritten in place (Note [Loading in place]), so views of them stay views. `what` names the
+// source in errors; a mismatch or a damaged archive throws CheckpointCorruptError.
 void load_module(torch::nn::Module& module, const std::string& bytes, const std::string& what);
 void load_optimizer(torch::optim::Optimizer& optimizer,
                     const std::string& bytes,
