@@ -1,0 +1,37 @@
+// What a training run is (RunConfig: where it is kept and how often it is saved) and what it runs
+// on (ScalingConfig: how many ranks and threads, and how the launcher treats them), as Ray Train
+// names them. Every recipe takes both; the recipe's own fields (epochs, lr, ...) stay its own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trainyard::train {
+
+struct RunConfig {
+  std::string storage = "results";    // a directory, file:///dir or s3://bucket/prefix
+  std::string name;                   // the run's folder under storage; a recipe sets its default
+  std::int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only the final one
+  int num_to_keep = 2;                // newest complete checkpoints kept; 0: all
+  // Bound on every collective and store wait of a rank (InitOptions::timeout), in seconds.
+  double collective_timeout_s = 300;
+
+  // <storage>/<name>: the run's folder.
+  std::string uri() const;
+  // Throws InvalidArgumentError naming the flag (--storage, --name, ...) and the fix.
+  void validate() const;
+};
+
+struct ScalingConfig {
+  int workers = 2;       // ranks started when the recipe launches itself
+  int threads = 0;       // intra-op threads per rank; 0: this node's cores / its ranks
+  int max_restarts = 0;  // when the recipe launches itself: agent restarts after a failure
+  // When the recipe launches itself: the launcher's hang watchdog (LaunchOptions::hang_timeout),
+  // in seconds; 0 turns it off. See Note [Hang watchdog].
+  double hang_timeout_s = 30;
+
+  // Throws InvalidArgumentError naming the flag and the fix.
+  void validate() const;
+};
+
+}  // namespace trainyard::train

@@ -1,0 +1,225 @@
+// The run protocol every recipe shares, one Trainer per rank:
+//
+//   Trainer trainer("fashion-mnist", run, scaling);        // joins the job, opens the run folder
+//   trainer.write_config(config_json);
+//   ... build the model and optimizer ...
+//   auto io = root_checkpoint_io({.collect = ..., .restore = ...});   // or fsdp_checkpoint_io
+//   trainer.resume(*io);                                  // the newest checkpoint, if any
+//   for (int epoch = trainer.progress().epoch; epoch < epochs; ++epoch) {
+//     auto first = trainer.begin_epoch(epoch, batches_in_epoch);   // resume mid-epoch
+//     for (...) { ... step ...; trainer.step_done(batch_size, {{"loss", l}}); }
+//     trainer.end_epoch();
+//   }
+//   result.checkpoint_dir_name = trainer.finish_training();   // the final checkpoint
+//   trainer.write_result(result);                           // result.json
+//
+// Fault tolerance: a checkpoint is saved every RunConfig::checkpoint_every steps and at the end,
+// under <storage>/<name>/, with the recipe's state and the Progress (state.json). Every start
+// resumes from the newest checkpoint that loads: after an agent restart, or when the same command
+// runs again with more epochs. The sample position is counted over all ranks (Note [Positions
+// across world sizes] in trainer.cpp), so a run resumes at another world size where it stopped.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainyard/train/result.h"
+#include "trainyard/train/run_config.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+namespace trainyard {
+class Distributed;
+}
+namespace trainyard::checkpoint {
+class Checkpointer;
+struct LoadedCheckpoint;
+}  // namespace trainyard::checkpoint
+namespace trainyard::storage {
+class Storage;
+}
+namespace trainyard::fsdp {
+class FullyShardedDataParallelBase;
+}
+
+namespace trainyard::train {
+
+// Where a run stands; state.json in each checkpoint.
+struct Progress {
+  int epoch = 0;                    // the epoch to run next (or being run)
+  std::int64_t epoch_position = 0;  // sample positions of that epoch done, all ranks together
+  std::int64_t global_step = 0;     // optimizer steps since the run began
+  int world_size = 1;               // when the checkpoint was taken
+};
+
+std::string progress_json(const Progress& progress);
+// Throws CheckpointCorruptError naming `what` when `text` is not a training state.
+Progress progress_from_json(const std::string& text, const std::string& what);
+
+// How a recipe's state goes into a checkpoint and comes back. The Trainer adds the Progress as
+// the file state.json.
+class CheckpointIO {
+ public:
+  struct Loaded {
+    std::string name;        // "checkpoint_000003"
+    std::string state_json;  // the Progress it was saved with
+  };
+  virtual ~CheckpointIO() = default;
+  // Collective: the newest checkpoint every rank can load, loaded into the recipe's state.
+  virtual std::optional<Loaded> load_latest(checkpoint::Checkpointer& checkpointer) = 0;
+  // Collective: saves the recipe's state and `extra` files (written by rank 0) as a new
+  // checkpoint; may return before the files are written (see wait()).
+  virtual void save(checkpoint::Checkpointer& checkpointer,
+                    std::int64_t step,
+                    std::map<std::string, std::string> extra) = 0;
+  // Whether every rank writes files of each checkpoint (each then holds a writer's lease), or
+  // rank 0 alone.
+  virtual bool every_rank_writes() const = 0;
+  // Waits for a save still being written; the name of the newest saved checkpoint, on the ranks
+  // that know it (rank 0 always).
+  virtual std::optional<std::string> wait(checkpoint::Checkpointer& checkpointer) = 0;
+};
+
+// Rank 0 writes every file of each checkpoint, in the background while training goes on; every
+// rank loads the one rank 0 chose. For state every rank holds in full (DDP) or that can be
+// gathered to rank 0 (ZeRO-1's optimizer).
+struct RootFiles {
+  // Every rank, at the same steps (it may gather): the files to save. Rank 0's are written.
+  std::function<std::map<std::string, std::string>()> collect;
+  // Every rank: restores the recipe's state from a verified checkpoint's files.
+  std::function<void(const checkpoint::LoadedCheckpoint&)> restore;
+};
+std::unique_ptr<CheckpointIO> root_checkpoint_io(RootFiles files, Distributed& dist);
+
+// Each rank writes its own shards of `model` and of `optimizer` (may be null) as FSDP's sharded
+// checkpoint (fsdp/state_dict.h); a run resumes at any world size and strategy.
+std::unique_ptr<CheckpointIO> fsdp_checkpoint_io(fsdp::FullyShardedDataParallelBase& model,
+                                                 torch::optim::Optimizer* optimizer,
+                                                 Distributed& dist);
+
+// What a rank reports after a step: named values (loss, lr, tokens/s, ...).
+using Metrics = std::vector<std::pair<std::string, double>>;
+
+// One report(), as sinks receive it.
+struct Report {
+  int rank = 0;
+  int epoch = 0;
+  std::int64_t step = 0;  // global step just done
+  double time_s = 0;      // since this rank's Trainer started
+  Metrics metrics;
+};
+
+class Trainer {
+ public:
+  // Joins the job from the environment contract (init(), with run.collective_timeout_s as the
+  // collective timeout), sets this rank's intra-op threads (scaling.threads, else cores / local
+  // ranks) and opens the run's folder; rank 0 holds its lease (Note [Run lease]).
+  Trainer(std::string recipe, RunConfig run, ScalingConfig scaling);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  Distributed& dist() { return *dist_; }
+  const std::shared_ptr<Distributed>& dist_ptr() { return dist_; }
+  int rank() const;
+  int world_size() const;
+  int local_rank() const;
+  int restart_count() const;
+  int threads() const { return threads_; }
+  const RunConfig& run() const { return run_; }
+  const std::string& recipe() const { return recipe_; }
+  // The run's folder: config.json, result.json, and the checkpoints' files.
+  storage::Storage& storage() { return *storage_; }
+
+  // Rank 0 writes config.json (a JSON object's text) and logs it; result.json repeats it.
+  void write_config(const std::string& config_json);
+
+  // Loads the newest checkpoint through `io` (which it keeps for saves) and returns where the run
+  // stands: the start when there is none. Rank 0 prints what it resumed from, or names the
+  // damaged checkpoints it could not.
+  const Progress& resume(CheckpointIO& io);
+  const Progress& progress() const { return progress_; }
+  // The resumed checkpoint's name; empty when the run started from scratch.
+  const std::string& resumed_from() const { return resumed_from_; }
+
+  // Starts epoch `epoch` of `batches` steps per rank (counted from the epoch's first sample) and
+  // returns the sample position to start it from: where the resumed checkpoint left it, else 0.
+  std::int64_t begin_epoch(int epoch, std::int64_t batches);
+  // One optimizer step over `batch_size` samples per rank is done: advances the position, beats
+  // the hang watchdog, report()s `metrics` and saves a checkpoint when checkpoint_every says so.
+  void step_done(std::int64_t batch_size, Metrics metrics);
+  // Steps done in the current epoch by this attempt (resumed ones excluded).
+  std::int64_t epoch_steps() const { return epoch_steps_; }
+  void end_epoch();
+
+  // Hands `metrics` of the current step to every sink (the seam the cluster's metrics hang on)
+  // and keeps them as the last report.
+  void report(Metrics metrics);
+  void on_report(std::function<void(const Report&)> sink);
+  const Report& last_report() const { return last_report_; }
+
+  // Collective: saves a checkpoint now (it is written in the background where the io can).
+  void save_checkpoint();
+  // Collective: saves the final checkpoint unless the last step is saved, waits for every save,
+  // and returns the newest checkpoint's name (on rank 0; "" elsewhere unless the io knows it).
+  std::string finish_training();
+
+  // Seconds since this rank's Trainer started.
+  double elapsed_s() const;
+  // Rank 0 writes result.json (adding the configuration and time_total_s when unset); then every
+  // rank waits for it (a barrier), so the table can be printed after any rank returns.
+  void write_result(Result result);
+
+ private:
+  std::string recipe_;
+  RunConfig run_;
+  ScalingConfig scaling_;
+  std::shared_ptr<Distributed> dist_;
+  std::unique_ptr<storage::Storage> storage_;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;  // from resume() on
+  int threads_ = 1;
+  double start_s_ = 0;  // steady clock, seconds
+  std::string config_json_ = "{}";
+  CheckpointIO* io_ = nullptr;
+  Progress progress_;
+  std::string resumed_from_;
+  std::string last_checkpoint_;
+  std::int64_t last_checkpoint_step_ = -1;
+  bool first_step_logged_ = false;
+  // The epoch being run.
+  int current_epoch_ = 0;
+  std::int64_t first_position_ = 0;
+  std::int64_t epoch_batches_ = 0;
+  std::int64_t epoch_steps_ = 0;
+  std::vector<std::function<void(const Report&)>> sinks_;
+  Report last_report_;
+};
+
+// True when stdout is a terminal (or TRAINYARD_TTY=1): recipes draw progress bars only then.
+bool interactive_output();
+
+// A one-line bar ("Epoch 0 [#####.....] 40/100 loss 0.4213") redrawn with '\r' on rank 0 when
+// `enabled` (an interactive terminal); erased when destroyed.
+class ProgressBar {
+ public:
+  ProgressBar(bool enabled, int epoch, std::int64_t total) noexcept
+      : enabled_(enabled), epoch_(epoch), total_(total) {}
+  ~ProgressBar();
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
+  void update(std::int64_t done, double loss);
+
+ private:
+  bool enabled_;
+  int epoch_;
+  std::int64_t total_;
+};
+
+}  // namespace trainyard::train

@@ -1,0 +1,348 @@
+#include "trainyard/train/trainer.h"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/comm/process_group.h"
+#include "trainyard/error.h"
+#include "trainyard/fsdp/state_dict.h"
+#include "trainyard/heartbeat.h"
+#include "trainyard/log.h"
+
+namespace trainyard::train {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+constexpr const char* kStateFile = "state.json";
+
+// Note [Root checkpoints]
+// Rank 0 picks the checkpoint to resume from (the newest that verifies) and tells the others, so
+// that every rank loads the same one even while rank 0 of an earlier attempt is saving. Saving is
+// collective because collect() may gather (ZeRO-1's moments come from their owners on every rank
+// at the same steps); then rank 0 writes in the background while the others go on to the next
+// step and meet it in the next collective. Serialising is the stall; the files are written while
+// training goes on.
+class RootCheckpointIO final : public CheckpointIO {
+ public:
+  RootCheckpointIO(RootFiles files, Distributed& dist) : files_(std::move(files)), dist_(dist) {}
+
+  std::optional<Loaded> load_latest(checkpoint::Checkpointer& checkpointer) override {
+    std::optional<checkpoint::LoadedCheckpoint> loaded;
+    if (dist_.rank() == 0) loaded = checkpointer.load_latest();
+    auto chosen =
+        torch::tensor({loaded ? checkpoint::checkpoint_number(loaded->name) : -1}, torch::kInt64);
+    if (dist_.world_size() > 1) {
+      std::vector<torch::Tensor> v{chosen};
+      wait_work(dist_.process_group()->broadcast(v));
+    }
+    const auto number = chosen.item<std::int64_t>();
+    if (number < 0) return std::nullopt;
+    if (dist_.rank() != 0) loaded = checkpointer.load(checkpoint::checkpoint_name(number));
+    files_.restore(*loaded);
+    auto it = loaded->checkpoint.files.find(kStateFile);
+    TY_CHECK_T(CheckpointCorruptError, it != loaded->checkpoint.files.end(),
+               storage::join_uri(checkpointer.storage().uri(), loaded->name), " has no ",
+               kStateFile, ".");
+    return Loaded{loaded->name, it->second};
+  }
+
+  void save(checkpoint::Checkpointer& checkpointer,
+            std::int64_t step,
+            std::map<std::string, std::string> extra) override {
+    auto files = files_.collect();
+    if (dist_.rank() != 0) return;
+    checkpoint::Checkpoint c{.step = step, .files = std::move(files)};
+    for (auto& [name, bytes] : extra) c.files[name] = std::move(bytes);
+    checkpointer.save_in_background(std::move(c));  // waits for the previous save first
+  }
+
+  bool every_rank_writes() const override { return false; }
+
+  std::optional<std::string> wait(checkpoint::Checkpointer& checkpointer) override {
+    if (dist_.rank() != 0) return std::nullopt;
+    return checkpointer.wait();
+  }
+
+ private:
+  RootFiles files_;
+  Distributed& dist_;
+};
+
+class FsdpCheckpointIO final : public CheckpointIO {
+ public:
+  FsdpCheckpointIO(fsdp::FullyShardedDataParallelBase& model,
+                   torch::optim::Optimizer* optimizer,
+                   Distributed& dist)
+      : model_(model), optimizer_(optimizer), dist_(dist) {}
+
+  std::optional<Loaded> load_latest(checkpoint::Checkpointer& checkpointer) override {
+    auto loaded = fsdp::load_latest_checkpoint(model_, optimizer_, checkpointer, {kStateFile});
+    if (!loaded) return std::nullopt;
+    last_ = loaded->name;
+    return Loaded{loaded->name, loaded->extra.at(kStateFile)};
+  }
+
+  void save(checkpoint::Checkpointer& checkpointer,
+            std::int64_t step,
+            std::map<std::string, std::string> extra) override {
+    last_ = fsdp::save_checkpoint(model_, optimizer_, checkpointer, *dist_.store(), step, extra);
+  }
+
+  bool every_rank_writes() const override { return true; }
+
+  std::optional<std::string> wait(checkpoint::Checkpointer&) override {
+    if (last_.empty()) return std::nullopt;
+    return last_;
+  }
+
+ private:
+  fsdp::FullyShardedDataParallelBase& model_;
+  torch::optim::Optimizer* optimizer_;
+  Distributed& dist_;
+  std::string last_;
+};
+
+}  // namespace
+
+std::string progress_json(const Progress& p) {
+  const nlohmann::json j = {{"epoch", p.epoch},
+                            {"epoch_position", p.epoch_position},
+                            {"global_step", p.global_step},
+                            {"world_size", p.world_size}};
+  return j.dump(2) + "\n";
+}
+
+Progress progress_from_json(const std::string& text, const std::string& what) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    return Progress{.epoch = j.at("epoch").get<int>(),
+                    .epoch_position = j.at("epoch_position").get<std::int64_t>(),
+                    .global_step = j.at("global_step").get<std::int64_t>(),
+                    .world_size = j.at("world_size").get<int>()};
+  } catch (const std::exception& e) {
+    throw CheckpointCorruptError(
+        detail::concat(what, " is not a valid training state: ", e.what()));
+  }
+}
+
+std::unique_ptr<CheckpointIO> root_checkpoint_io(RootFiles files, Distributed& dist) {
+  TY_CHECK(files.collect && files.restore, "RootFiles needs both collect and restore.");
+  return std::make_unique<RootCheckpointIO>(std::move(files), dist);
+}
+
+std::unique_ptr<CheckpointIO> fsdp_checkpoint_io(fsdp::FullyShardedDataParallelBase& model,
+                                                 torch::optim::Optimizer* optimizer,
+                                                 Distributed& dist) {
+  return std::make_unique<FsdpCheckpointIO>(model, optimizer, dist);
+}
+
+Trainer::Trainer(std::string recipe, RunConfig run, ScalingConfig scaling)
+    : recipe_(std::move(recipe)), run_(std::move(run)), scaling_(std::move(scaling)) {
+  run_.validate();
+  scaling_.validate();
+  start_s_ = now_s();
+  auto init_options = init_options_from_env();  // the join timeout
+  init_options.timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(run_.collective_timeout_s * 1000));
+  dist_ = init(init_options);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int local_ranks = std::max(1, dist_->env().local_world_size);
+  threads_ = scaling_.threads > 0 ? scaling_.threads : std::max(1, cores / local_ranks);
+  torch::set_num_threads(threads_);
+  storage_ = storage::open_storage(run_.uri());
+  progress_.world_size = dist_->world_size();
+}
+
+Trainer::~Trainer() = default;
+
+int Trainer::rank() const {
+  return dist_->rank();
+}
+int Trainer::world_size() const {
+  return dist_->world_size();
+}
+int Trainer::local_rank() const {
+  return dist_->local_rank();
+}
+int Trainer::restart_count() const {
+  return dist_->env().restart_count;
+}
+
+double Trainer::elapsed_s() const {
+  return now_s() - start_s_;
+}
+
+void Trainer::write_config(const std::string& config_json) {
+  config_json_ = config_json;
+  if (rank() != 0) return;
+  const auto parsed = nlohmann::ordered_json::parse(config_json);
+  storage_->write("config.json", parsed.dump(2) + "\n");
+  logger("train")->info("configuration: {}", parsed.dump());
+}
+
+const Progress& Trainer::resume(CheckpointIO& io) {
+  io_ = &io;
+  // Rank 0 writes the checkpoints of a root io and holds the run's lease (Note [Run lease]); the
+  // others only read the one rank 0 chose. Under an FSDP io every rank writes its shards, each
+  // through its own writer of the same job.
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
+      run_.uri(),
+      checkpoint::CheckpointerOptions{.num_to_keep = run_.num_to_keep,
+                                      .read_only = rank() != 0 && !io.every_rank_writes()});
+  auto loaded = io.load_latest(*checkpointer_);
+  if (!loaded) {
+    if (rank() == 0) {
+      if (const auto damaged = checkpointer_->list_damaged(); !damaged.empty()) {
+        std::string names;
+        for (const auto& n : damaged) names += (names.empty() ? "" : ", ") + n;
+        std::printf(
+            "No checkpoint of %s verifies: starting from scratch; the damaged ones (%s) are kept "
+            "for inspection\n",
+            run_.uri().c_str(), names.c_str());
+        std::fflush(stdout);
+      }
+    }
+    return progress_;
+  }
+  const auto where = storage::join_uri(run_.uri(), loaded->name);
+  progress_ = progress_from_json(loaded->state_json, where + "/" + kStateFile);
+  resumed_from_ = last_checkpoint_ = loaded->name;
+  last_checkpoint_step_ = progress_.global_step;
+  if (progress_.world_size != world_size()) {
+    logger("train")->warn(
+        "{} was taken at world size {}; continuing at world size {} from the same sample "
+        "position.",
+        loaded->name, progress_.world_size, world_size());
+  }
+  if (rank() == 0) {
+    std::printf("Resuming from %s at step %lld (epoch %d, %lld samples into it)\n",
+                loaded->name.c_str(), static_cast<long long>(progress_.global_step),
+                progress_.epoch, static_cast<long long>(progress_.epoch_position));
+    std::fflush(stdout);
+  }
+  return progress_;
+}
+
+// Note [Positions across world sizes]
+// The position within an epoch counts sample positions of the sampler's permutation consumed by
+// all ranks together: after s steps of B samples on W ranks, s * B * W. A resumed epoch starts
+// from that position at whatever world size the job now has; the sampler deals the rest of the
+// permutation out to the new ranks (DistributedSampler::indices). The position of a resumed
+// epoch is rounded down to a whole round of the old world, as the sampler starts rounds there.
+std::int64_t Trainer::begin_epoch(int epoch, std::int64_t batches) {
+  first_position_ = epoch == progress_.epoch ? progress_.epoch_position : 0;
+  current_epoch_ = epoch;
+  epoch_batches_ = batches;
+  epoch_steps_ = 0;
+  progress_.epoch = epoch;
+  progress_.epoch_position = first_position_;
+  return first_position_;
+}
+
+void Trainer::step_done(std::int64_t batch_size, Metrics metrics) {
+  heartbeat();  // one step of progress; see Note [Hang watchdog]
+  ++epoch_steps_;
+  ++progress_.global_step;
+  if (epoch_steps_ == epoch_batches_) {
+    progress_.epoch = current_epoch_ + 1;
+    progress_.epoch_position = 0;
+  } else {
+    progress_.epoch_position =
+        first_position_ - first_position_ % world_size() + epoch_steps_ * batch_size * world_size();
+  }
+  report(std::move(metrics));
+  if (!resumed_from_.empty() && !first_step_logged_) {
+    logger("train")->info(
+        "First step after resuming from {} done: step {}, {:.2f} s after this rank started",
+        resumed_from_, progress_.global_step, elapsed_s());
+  } else {
+    logger("train")->debug("step {} done", progress_.global_step);
+  }
+  first_step_logged_ = true;
+  if (run_.checkpoint_every > 0 && progress_.global_step % run_.checkpoint_every == 0)
+    save_checkpoint();
+}
+
+void Trainer::end_epoch() {
+  progress_.epoch = current_epoch_ + 1;
+  progress_.epoch_position = 0;
+}
+
+void Trainer::report(Metrics metrics) {
+  last_report_ = Report{.rank = rank(),
+                        .epoch = current_epoch_,
+                        .step = progress_.global_step,
+                        .time_s = elapsed_s(),
+                        .metrics = std::move(metrics)};
+  for (const auto& sink : sinks_) sink(last_report_);
+}
+
+void Trainer::on_report(std::function<void(const Report&)> sink) {
+  sinks_.push_back(std::move(sink));
+}
+
+void Trainer::save_checkpoint() {
+  TY_CHECK(io_ != nullptr, "Trainer::save_checkpoint needs resume() first (it sets the io).");
+  heartbeat();  // around each phase that may take a while: Note [Hang watchdog]
+  const double t0 = now_s();
+  last_checkpoint_step_ = progress_.global_step;  // on every rank: it decides the final save
+  Progress saved = progress_;
+  saved.world_size = world_size();
+  io_->save(*checkpointer_, progress_.global_step, {{kStateFile, progress_json(saved)}});
+  heartbeat();
+  if (rank() == 0)
+    logger("train")->info("Checkpoint of step {}: training stalled {:.2f} s", progress_.global_step,
+                          now_s() - t0);
+}
+
+std::string Trainer::finish_training() {
+  TY_CHECK(io_ != nullptr, "Trainer::finish_training needs resume() first (it sets the io).");
+  if (last_checkpoint_step_ != progress_.global_step) save_checkpoint();
+  if (auto name = io_->wait(*checkpointer_)) last_checkpoint_ = *name;
+  heartbeat();
+  return last_checkpoint_;
+}
+
+void Trainer::write_result(Result result) {
+  if (rank() == 0) {
+    if (result.time_total_s == 0) result.time_total_s = elapsed_s();
+    if (result.time_this_iter_s == 0) result.time_this_iter_s = result.time_total_s;
+    if (result.config_json == "{}") result.config_json = config_json_;
+    storage_->write("result.json", result_json(result));
+  }
+  dist_->barrier();
+}
+
+bool interactive_output() {
+  const char* tty = std::getenv("TRAINYARD_TTY");
+  return (tty != nullptr && std::string(tty) == "1") || ::isatty(STDOUT_FILENO) == 1;
+}
+
+void ProgressBar::update(std::int64_t done, double loss) {
+  if (!enabled_ || total_ == 0) return;
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * done / total_);
+  // Drawn as "text\r" so it also works through the launcher's line prefixes.
+  std::printf("Epoch %d [%s%s] %lld/%lld loss %.4f\r", epoch_, std::string(filled, '#').c_str(),
+              std::string(kWidth - filled, '.').c_str(), static_cast<long long>(done),
+              static_cast<long long>(total_), loss);
+  std::fflush(stdout);
+}
+
+ProgressBar::~ProgressBar() {
+  if (!enabled_) return;
+  std::printf("%s\r", std::string(72, ' ').c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace trainyard::train
