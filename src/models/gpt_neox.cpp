@@ -414,26 +414,37 @@ GptNeoXAttentionImpl::GptNeoXAttentionImpl(const GptNeoXConfig& config,
   dense = register_module("dense", Dense(h, h, /*bias=*/true, options));
 }
 
-torch::Tensor GptNeoXAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor GptNeoXAttentionImpl::forward_cached(const torch::Tensor& x, KvCache::Layer* cache) {
   TY_CHECK(x.dim() == 3, "GptNeoXAttention expects (batch, seq, hidden) input, got ", x.sizes(),
            ".");
   const auto batch = x.size(0), seq = x.size(1), hs = head_size_;
+  const std::int64_t past = cache != nullptr && cache->key.defined() ? cache->key.size(2) : 0;
   // Per head [q|k|v]: (B, T, heads, 3 * head_size), each part (B, heads, T, head_size).
   const auto qkv = query_key_value->forward(x).view({batch, seq, num_heads_, 3 * hs});
   auto q = qkv.narrow(-1, 0, hs).permute({0, 2, 1, 3});
   auto k = qkv.narrow(-1, hs, hs).permute({0, 2, 1, 3});
-  const auto v = qkv.narrow(-1, 2 * hs, hs).permute({0, 2, 1, 3});
+  auto v = qkv.narrow(-1, 2 * hs, hs).permute({0, 2, 1, 3});
   if (rotary_ndims_ > 0) {
-    auto [cos, sin] = rotary_tables(seq, rotary_ndims_, rotary_base_, x.device());
-    cos = cos.to(q.scalar_type());  // HF casts the fp32 tables to the activations' dtype
-    sin = sin.to(q.scalar_type());
+    auto [cos, sin] = rotary_tables(past + seq, rotary_ndims_, rotary_base_, x.device());
+    cos = cos.narrow(0, past, seq).to(q.scalar_type());  // HF casts the fp32 tables to the
+    sin = sin.narrow(0, past, seq).to(q.scalar_type());  // activations' dtype
     q = apply_rotary(q, cos, sin, rotary_ndims_);
     k = apply_rotary(k, cos, sin, rotary_ndims_);
   }
+  if (cache != nullptr) {
+    if (past > 0) {
+      k = torch::cat({cache->key, k}, 2);
+      v = torch::cat({cache->value, v}, 2);
+    }
+    cache->key = k;
+    cache->value = v;
+  }
   // Scores and softmax in fp32 whatever the activations' dtype, as HF upcasts.
   auto scores = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2))
-                    .mul_(1.0 / std::sqrt(static_cast<double>(hs)));  // (B, heads, T, T)
-  const auto future = torch::ones({seq, seq}, x.options().dtype(torch::kBool)).triu(1);
+                    .mul_(1.0 / std::sqrt(static_cast<double>(hs)));  // (B, heads, T, past + T)
+  // Query i (position past + i) sees keys 0 ... past + i.
+  const auto future =
+      torch::ones({seq, past + seq}, x.options().dtype(torch::kBool)).triu(past + 1);
   // The most negative value of the scores' dtype (HF's finfo(dtype).min): under CPU autocast the
   // matmul above gives bf16 scores, to which float's lowest does not convert.
   const double lowest = scores.scalar_type() == torch::kBFloat16
@@ -470,10 +481,10 @@ GptNeoXLayerImpl::GptNeoXLayerImpl(const GptNeoXConfig& config, const torch::Ten
   mlp = register_module("mlp", GptNeoXMlp(config, options));
 }
 
-torch::Tensor GptNeoXLayerImpl::forward(const torch::Tensor& x) {
+torch::Tensor GptNeoXLayerImpl::forward_cached(const torch::Tensor& x, KvCache::Layer* cache) {
   const bool training = is_training();
-  auto attn_out =
-      maybe_dropout(attention->forward(input_layernorm->forward(x)), hidden_dropout_, training);
+  auto attn_out = maybe_dropout(attention->forward_cached(input_layernorm->forward(x), cache),
+                                hidden_dropout_, training);
   if (use_parallel_residual_) {
     const auto mlp_out = maybe_dropout(mlp->forward(post_attention_layernorm->forward(x)),
                                        hidden_dropout_, training);
@@ -552,6 +563,22 @@ torch::Tensor GptNeoXImpl::forward(const torch::Tensor& input_ids) {
   return trainyard::nn::call_unit(
       *head, gpt_neox->forward(input_ids),
       [head](const torch::Tensor& h) { return head->forward(h); });  // (B, T, vocab_size)
+}
+
+torch::Tensor GptNeoXImpl::forward_cached(const torch::Tensor& input_ids, KvCache& cache) {
+  auto& m = *gpt_neox;
+  const auto past = cache.length();
+  TY_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
+           "GptNeoX expects (batch, seq) int64 token ids, got ", input_ids.sizes(), " ",
+           input_ids.scalar_type(), ".");
+  TY_CHECK(past + input_ids.size(1) <= config_.max_position_embeddings, "GptNeoX got ",
+           past + input_ids.size(1), " positions; max_position_embeddings is ",
+           config_.max_position_embeddings, ".");
+  cache.layers.resize(static_cast<std::size_t>(m.num_layers()));
+  auto x = m.embed_in->forward(input_ids);
+  for (std::int64_t i = 0; i < m.num_layers(); ++i)
+    x = m.layer(i).forward_cached(x, &cache.layers[static_cast<std::size_t>(i)]);
+  return embed_out->forward(m.final_layer_norm->forward(x)).to(torch::kFloat32);
 }
 
 torch::Tensor GptNeoXImpl::loss(const torch::Tensor& input_ids, const torch::Tensor& labels) {

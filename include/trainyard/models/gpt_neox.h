@@ -116,13 +116,28 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
+// The keys and values of the positions a model has seen, per layer, so that decoding feeds one
+// new token at a time (GptNeoXImpl::forward_cached). Starts empty.
+struct KvCache {
+  struct Layer {
+    torch::Tensor key, value;  // (B, heads, T_past, head_size); undefined while empty
+  };
+  std::vector<Layer> layers;
+  std::int64_t length() const {  // positions cached
+    return layers.empty() || !layers[0].key.defined() ? 0 : layers[0].key.size(2);
+  }
+};
+
 // Causal self-attention with a fused, per-head [q|k|v] projection and rotary embeddings on the
 // first rotary_ndims dimensions of each head (HF's GPTNeoXAttention).
 class GptNeoXAttentionImpl : public torch::nn::Module {
  public:
   GptNeoXAttentionImpl(const GptNeoXConfig& config, const torch::TensorOptions& options);
   // (B, T, hidden) -> (B, T, hidden). Scores and softmax in fp32, the rest in the input's dtype.
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) { return forward_cached(x, nullptr); }
+  // The same for positions [past, past + T) where `cache` holds past positions' keys and values
+  // (none when null); appends this call's keys and values to it.
+  torch::Tensor forward_cached(const torch::Tensor& x, KvCache::Layer* cache);
 
   Dense query_key_value{nullptr};  // hidden -> 3 * hidden, head h's [q|k|v] at [3hs*h, 3hs*(h+1))
   Dense dense{nullptr};            // hidden -> hidden
@@ -148,7 +163,9 @@ class GptNeoXLayerImpl : public torch::nn::Module {
  public:
   GptNeoXLayerImpl(const GptNeoXConfig& config, const torch::TensorOptions& options);
   // (B, T, hidden) -> (B, T, hidden)
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) { return forward_cached(x, nullptr); }
+  // See GptNeoXAttentionImpl::forward_cached.
+  torch::Tensor forward_cached(const torch::Tensor& x, KvCache::Layer* cache);
 
   LayerNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   GptNeoXAttention attention{nullptr};
@@ -189,6 +206,10 @@ class GptNeoXImpl : public torch::nn::Module {
   // (B, T) int64 token ids, T <= max_position_embeddings -> (B, T, vocab_size) logits, in the
   // parameters' dtype.
   torch::Tensor forward(const torch::Tensor& input_ids);
+  // For decoding (an unwrapped model, no autograd needed): the logits of positions
+  // [cache.length(), cache.length() + T) given the cached ones, in fp32; appends to `cache`. Equal
+  // to the last T positions of forward() over the whole sequence.
+  torch::Tensor forward_cached(const torch::Tensor& input_ids, KvCache& cache);
   // HF's causal-LM loss of forward(input_ids) against labels (B, T): see causal_lm_loss.
   torch::Tensor loss(const torch::Tensor& input_ids, const torch::Tensor& labels);
 
