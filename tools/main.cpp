@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "tools/generate_command.h"
 #include "tools/run_command.h"
 #include "tools/train_command.h"
 #include "trainyard/error.h"
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   trainyard::cli::add_run_command(app, exit_code);
   trainyard::cli::add_train_command(app, std::vector<std::string>(argv, argv + argc), exit_code);
+  trainyard::cli::add_generate_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

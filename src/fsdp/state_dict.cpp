@@ -592,3 +592,63 @@ std::optional<LoadedFsdpCheckpoint> load_latest_checkpoint(
 }
 
 }  // namespace trainyard::fsdp
+
+namespace trainyard::fsdp {
+
+void load_sharded_into_module(torch::nn::Module& module,
+                              const std::string& metadata,
+                              const FileReader& read,
+                              const std::string& what) {
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(metadata);
+    TY_CHECK_T(CheckpointCorruptError, meta.at("format") == kShardedFormat, what, "/",
+               kShardedMetadataFile, " is not a sharded FSDP state.");
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointCorruptError(
+        detail::concat(what, "/", kShardedMetadataFile, " is malformed: ", e.what()));
+  }
+  const auto& params = meta["parameters"];
+  const auto& files = meta["files"];
+  auto named = module.named_parameters();
+  for (const auto& item : params.items())
+    TY_CHECK_T(CheckpointCorruptError, named.contains(item.key()), what, " holds parameter \"",
+               item.key(), "\", which the model has not. HINT: was it saved from another model?");
+  // Each file is read once, when its first slice is needed.
+  std::map<std::string, std::pair<std::string, std::unique_ptr<checkpoint::SafetensorsView>>> open;
+  auto view_of = [&](const std::string& file) -> const checkpoint::SafetensorsView& {
+    auto& slot = open[file];
+    if (!slot.second) {
+      slot.first = read(file);
+      slot.second = std::make_unique<checkpoint::SafetensorsView>(slot.first, what + "/" + file);
+    }
+    return *slot.second;
+  };
+  torch::NoGradGuard no_grad;
+  for (auto& p : named) {
+    const auto& name = p.key();
+    TY_CHECK_T(CheckpointCorruptError, params.contains(name), what, " has no parameter \"", name,
+               "\".");
+    const auto shape = params[name]["shape"].get<std::vector<std::int64_t>>();
+    TY_CHECK_T(CheckpointCorruptError, torch::IntArrayRef(shape) == p.value().sizes(), what,
+               ": parameter \"", name, "\" has shape ", torch::IntArrayRef(shape), " there but ",
+               p.value().sizes(), " in the model.");
+    auto full = torch::empty({p.value().numel()}, torch::kFloat32);
+    std::int64_t covered = 0;
+    for (const auto& file : files.items()) {
+      if (!file.value().contains(name)) continue;
+      const auto range = file.value()[name].get<std::vector<std::int64_t>>();
+      const auto slice = view_of(file.key()).tensor(name);
+      TY_CHECK_T(CheckpointCorruptError, range.size() == 2 && slice.numel() == range[1] - range[0],
+                 what, "/", file.key(), ": the slice of \"", name, "\" does not match ",
+                 kShardedMetadataFile, ".");
+      full.narrow(0, range[0], range[1] - range[0]).copy_(slice.reshape({-1}));
+      covered += range[1] - range[0];
+    }
+    TY_CHECK_T(CheckpointCorruptError, covered == full.numel(), what, ": the files hold ", covered,
+               " of the ", full.numel(), " elements of \"", name, "\".");
+    p.value().copy_(full.view(p.value().sizes()));
+  }
+}
+
+}  // namespace trainyard::fsdp

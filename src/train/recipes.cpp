@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 
 #include "trainyard/data/fashion_mnist.h"
+#include "trainyard/models/gpt_neox.h"
+#include "trainyard/train/causal_lm.h"
 #include "trainyard/train/fashion_mnist.h"
 #include "trainyard/train/recipe.h"
 
@@ -56,11 +58,56 @@ class FashionMnistRecipe final : public RecipeOf<FashionMnistOptions> {
   void run_rank() override { run_fashion_mnist_rank(resolved()); }
 };
 
+class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
+ public:
+  std::string name() const override { return "causal-lm"; }
+  std::string summary() const override {
+    return "Fine-tunes a GPT-NeoX model on a text corpus with FSDP (the seed's dolly-v2 job on "
+           "tiny_shakespeare). Run bare it starts --workers local ranks itself; under `trainyard "
+           "run` it is one rank of that job.";
+  }
+  void add_flags(CLI::App& c) override {
+    std::string presets;
+    for (const auto& p : models::GptNeoXConfig::preset_names())
+      presets += (presets.empty() ? "" : ", ") + p;
+    c.add_option("--model", options_.model,
+                 "A GPT-NeoX preset (" + presets + ") or a Hugging Face model folder")
+        ->capture_default_str();
+    c.add_option("--data", options_.data, "The text corpus (one training line per line)")
+        ->required();
+    c.add_option("--tokenizer", options_.tokenizer,
+                 "tokenizer.json (default: the model folder's; else bytes are the tokens)");
+    c.add_option("--strategy", options_.strategy,
+                 "full_shard, shard_grad_op, hybrid_shard, hybrid_shard_grad_op, no_shard, or "
+                 "ddp")
+        ->capture_default_str();
+    c.add_option("--precision", options_.precision, "bf16-mixed or fp32")->capture_default_str();
+    c.add_flag("--activation-checkpointing", options_.activation_checkpointing,
+               "Recompute each transformer layer in backward instead of keeping its activations");
+    c.add_option("--seq-len", options_.seq_len, "Tokens per line (truncated or padded)")
+        ->capture_default_str();
+    c.add_option("--batch-size", options_.batch_size, "Lines per rank and step")
+        ->capture_default_str();
+    c.add_option("--epochs", options_.epochs, "Passes over the corpus")->capture_default_str();
+    c.add_option("--max-steps", options_.max_steps,
+                 "Stop after this many steps of the run (-1: all epochs)")
+        ->capture_default_str();
+    c.add_option("--lr", options_.lr, "AdamW learning rate")->capture_default_str();
+    c.add_option("--eps", options_.eps, "AdamW epsilon")->capture_default_str();
+    c.add_option("--weight-decay", options_.weight_decay, "AdamW decoupled weight decay")
+        ->capture_default_str();
+    c.add_option("--seed", options_.seed, "Seed for initialisation and shuffling")
+        ->capture_default_str();
+  }
+  void run_rank() override { run_causal_lm_rank(resolved()); }
+};
+
 }  // namespace
 
 std::vector<std::unique_ptr<Recipe>> builtin_recipes() {
   std::vector<std::unique_ptr<Recipe>> out;
   out.push_back(std::make_unique<FashionMnistRecipe>());
+  out.push_back(std::make_unique<CausalLmRecipe>());
   return out;
 }
 

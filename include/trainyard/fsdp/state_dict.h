@@ -69,6 +69,15 @@ void write_full_state(FullyShardedDataParallelBase& fsdp, const FileWriter& writ
 // with this model's parameter names and shapes. Local; throws like load_sharded_state.
 void load_full_state(FullyShardedDataParallelBase& fsdp, const FileReader& read);
 
+// Loads a sharded state's parameters into an unwrapped `module` with the same parameter names and
+// shapes (for generation and export in one process): each parameter is assembled from its slices,
+// one at a time; every file is read once. `what` names the checkpoint in errors
+// (CheckpointCorruptError: a parameter missing on either side, a shape or slice that disagrees).
+void load_sharded_into_module(torch::nn::Module& module,
+                              const std::string& metadata,
+                              const FileReader& read,
+                              const std::string& what);
+
 enum class CheckpointFormat { kSharded, kFull };
 
 // Saves the model (and for kSharded, the optimizer's state) and `extra` files (written by rank 0,

@@ -1,0 +1,76 @@
+// The seed's LLM fine-tuning job as a recipe: a GPT-NeoX model (a preset, or a Hugging Face
+// directory's config.json) trained on a text corpus prepared as the seed prepares tiny_shakespeare
+// (data/text_lines.h), with FullyShardedDataParallel (one unit per transformer layer and per
+// embedding, BACKWARD_PRE and forward prefetch, limit_all_gathers), optional activation
+// checkpointing, bf16 mixed precision, AdamW, on the Trainer: sharded checkpoints every rank
+// writes, resumable at another world size, and the seed's "Training result" table (epoch, step,
+// train_loss). --strategy ddp runs DistributedDataParallel instead, to compare.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trainyard/models/gpt_neox.h"
+
+#include "trainyard/train/result.h"
+#include "trainyard/train/run_config.h"
+
+namespace trainyard::train {
+
+struct CausalLmOptions {
+  RunConfig run{.name = "causal-lm", .num_to_keep = 1};
+  ScalingConfig scaling;
+  std::string model = "pythia-70m";  // a GPT-NeoX preset, or a folder holding config.json
+  std::string data;                  // the corpus: a text file
+  // tokenizer.json; empty: the model folder's, else bytes as tokens (ids 0-255).
+  std::string tokenizer;
+  // full_shard, shard_grad_op, hybrid_shard, hybrid_shard_grad_op, no_shard, or ddp.
+  std::string strategy = "full_shard";
+  std::string precision = "bf16-mixed";  // or fp32
+  bool activation_checkpointing = false;
+  std::int64_t seq_len = 256;
+  std::int64_t batch_size = 14;  // sequences per rank and step
+  int epochs = 1;
+  double lr = 2e-5;
+  double eps = 1e-8;
+  double weight_decay = 0.01;   // AdamW's decoupled decay, torch's default
+  std::int64_t max_steps = -1;  // stop after this many steps of the run; -1: all epochs
+  std::uint64_t seed = 0;       // initialisation (of a random model) and shuffling
+  bool progress = true;         // a progress bar on rank 0 when the output is a terminal
+
+  // Throws InvalidArgumentError naming the first bad flag.
+  void validate() const;
+};
+
+// How text becomes token ids and back: a tokenizer.json, or bytes as tokens (ids 0-255).
+struct TextTokenizer {
+  std::string id;  // "bytes", or the tokenizer.json's path: recorded in the run's config.json
+  std::function<std::vector<std::int32_t>(std::string_view)> encode;
+  std::function<std::string(const std::vector<std::int64_t>&)> decode;
+  std::int32_t pad_id = 0;
+  std::int64_t eos_id = -1;  // -1: none
+  std::int64_t vocab_size = 0;
+};
+// The tokenizer `id` names ("bytes" or a tokenizer.json path).
+TextTokenizer load_text_tokenizer(const std::string& id);
+
+// A GPT-NeoX model for one process (generation, export) and its tokenizer, from
+//  - a causal-lm run's folder (<storage>/<name>, any storage URI): its config.json's model and
+//    tokenizer, the weights of its newest complete checkpoint;
+//  - a preset: initialised from `seed` as the recipe initialises it (the model before training);
+//  - a Hugging Face folder: config.json, and tokenizer.json when there is one.
+struct LoadedLm {
+  models::GptNeoX model{nullptr};
+  TextTokenizer tokenizer;
+  std::string description;  // what was loaded, for a log line
+};
+LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed = 0);
+
+// Runs one rank of the job on the Trainer; the environment contract must be present. The result
+// holds epoch, step and train_loss (the table's rows), tokens/s and every rank's peak RSS.
+Result run_causal_lm_rank(const CausalLmOptions& options);
+
+}  // namespace trainyard::train

@@ -1,0 +1,429 @@
+#include "trainyard/train/causal_lm.h"
+
+#include <ATen/autocast_mode.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "trainyard/blas_core.h"
+#include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/checkpoint/torch_state.h"
+#include "trainyard/comm/process_group.h"
+#include "trainyard/data/batch_loader.h"
+#include "trainyard/data/distributed_sampler.h"
+#include "trainyard/data/text_lines.h"
+#include "trainyard/ddp/distributed_data_parallel.h"
+#include "trainyard/error.h"
+#include "trainyard/fsdp/fully_sharded_data_parallel.h"
+#include "trainyard/fsdp/state_dict.h"
+#include "trainyard/heartbeat.h"
+#include "trainyard/log.h"
+#include "trainyard/models/gpt_neox.h"
+#include "trainyard/optim/fused_adamw.h"
+#include "trainyard/train/trainer.h"
+
+namespace trainyard::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::vector<std::string>& strategies() {
+  static const std::vector<std::string> names = {
+      "full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_grad_op", "no_shard", "ddp"};
+  return names;
+}
+
+// Where the model comes from: a preset, or a folder with a Hugging Face config.json.
+struct ModelSource {
+  models::GptNeoXConfig config;
+  std::string dir;  // empty for a preset
+};
+
+// Throws InvalidArgumentError unless `model` is a folder or a preset name.
+void check_model_flag(const std::string& model) {
+  std::error_code ec;
+  if (fs::is_directory(model, ec)) return;
+  const auto& presets = models::GptNeoXConfig::preset_names();
+  if (std::find(presets.begin(), presets.end(), model) != presets.end()) return;
+  std::string known;
+  for (const auto& p : presets) known += (known.empty() ? "" : ", ") + p;
+  throw InvalidArgumentError(detail::concat(
+      "--model ", model, " is neither a folder holding config.json nor a preset (", known, ")."));
+}
+
+ModelSource resolve_model(const std::string& model) {
+  check_model_flag(model);
+  std::error_code ec;
+  if (!fs::is_directory(model, ec)) return {models::GptNeoXConfig::preset(model), ""};
+  const auto path = fs::path(model) / "config.json";
+  std::ifstream in(path);
+  TY_CHECK(in.good(), "--model ", model,
+           " has no config.json. HINT: a Hugging Face model folder "
+           "holds config.json next to its weights.");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return {models::GptNeoXConfig::from_json(text), model};
+  } catch (const Error& e) {
+    throw InvalidArgumentError(detail::concat(path.string(), ": ", e.what()));
+  }
+}
+
+TextTokenizer byte_tokenizer() {
+  return {.id = "bytes",
+          .encode =
+              [](std::string_view text) {
+                return std::vector<std::int32_t>(
+                    reinterpret_cast<const unsigned char*>(text.data()),
+                    reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+              },
+          .decode =
+              [](const std::vector<std::int64_t>& ids) {
+                std::string text;
+                for (auto id : ids) text += id >= 0 && id < 256 ? static_cast<char>(id) : '?';
+                return text;
+              },
+          .pad_id = 0,
+          .vocab_size = 256};
+}
+
+TextTokenizer tokenizer_for(const CausalLmOptions& o, const ModelSource& source) {
+  std::string path = o.tokenizer;
+  if (path.empty() && !source.dir.empty() && fs::exists(fs::path(source.dir) / "tokenizer.json"))
+    path = (fs::path(source.dir) / "tokenizer.json").string();
+  return load_text_tokenizer(path.empty() ? "bytes" : path);
+}
+
+nlohmann::ordered_json config_json(const CausalLmOptions& o,
+                                   const models::GptNeoXConfig& config,
+                                   const TextTokenizer& tokenizer,
+                                   const data::PreparedText& text,
+                                   int world_size,
+                                   int threads) {
+  return {{"recipe", "causal-lm"},
+          {"model", o.model},
+          {"parameters", config.parameter_count()},
+          {"data", o.data},
+          {"lines", text.lines.size()},
+          {"tokens", text.lines.tokens()},
+          {"token_cache", text.cache_path},
+          {"tokenizer", tokenizer.id},
+          {"strategy", o.strategy},
+          {"precision", o.precision},
+          {"activation_checkpointing", o.activation_checkpointing},
+          {"world_size", world_size},
+          {"threads_per_rank", threads},
+          {"blas_core", blas_core_name()},
+          {"seq_len", o.seq_len},
+          {"batch_size", o.batch_size},
+          {"epochs", o.epochs},
+          {"max_steps", o.max_steps},
+          {"optimizer", "AdamW (FusedAdamW)"},
+          {"lr", o.lr},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"seed", o.seed},
+          {"storage", o.run.storage},
+          {"name", o.run.name},
+          {"checkpoint_every", o.run.checkpoint_every},
+          {"num_to_keep", o.run.num_to_keep}};
+}
+
+void allreduce(Distributed& dist, torch::Tensor& values, bool max = false) {
+  if (dist.world_size() == 1) return;
+  std::vector<torch::Tensor> v{values};
+  c10d::AllreduceOptions options;
+  if (max) options.reduceOp = c10d::ReduceOp::MAX;
+  wait_work(dist.process_group()->allreduce(v, options));
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;
+}
+
+}  // namespace
+
+TextTokenizer load_text_tokenizer(const std::string& id) {
+  TY_CHECK(id == "bytes", "tokenizer.json files are not read yet (", id,
+           "); omit --tokenizer to train on bytes.");
+  return byte_tokenizer();
+}
+
+LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
+  const auto& presets = models::GptNeoXConfig::preset_names();
+  if (std::find(presets.begin(), presets.end(), model_or_run) != presets.end()) {
+    return {models::GptNeoX(models::GptNeoXConfig::preset(model_or_run),
+                            models::GptNeoXInit{.seed = seed}),
+            byte_tokenizer(),
+            detail::concat("preset ", model_or_run, " initialised from seed ", seed)};
+  }
+  auto run = storage::open_storage(model_or_run);
+  const auto config_text = run->read("config.json");
+  TY_CHECK(config_text.has_value(), "--model ", model_or_run,
+           " is neither a preset, nor a causal-lm run's folder, nor a Hugging Face model folder "
+           "(it has no config.json).");
+  const auto config = nlohmann::json::parse(*config_text);
+  if (config.value("recipe", "") != "causal-lm") {
+    throw InvalidArgumentError(detail::concat(
+        "--model ", model_or_run,
+        " is a Hugging Face model folder; reading its weights is not supported yet. HINT: give a "
+        "causal-lm run's folder or a preset."));
+  }
+  // A run: its model's shape and tokenizer, and the weights of its newest checkpoint.
+  const auto source = resolve_model(config.at("model").get<std::string>());
+  LoadedLm out{models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed}),
+               load_text_tokenizer(config.value("tokenizer", "bytes")), ""};
+  checkpoint::Checkpointer checkpointer(std::move(run), {.read_only = true});
+  const auto complete = checkpointer.list_complete();
+  TY_CHECK(!complete.empty(), "The run ", model_or_run,
+           " has no complete checkpoint yet. HINT: train it (trainyard train causal-lm ...) "
+           "until it saves one.");
+  const auto manifest = checkpointer.read_manifest(complete.back());
+  const auto where = storage::join_uri(model_or_run, manifest.name);
+  if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
+    fsdp::load_sharded_into_module(
+        *out.model, checkpointer.read_file(manifest, fsdp::kShardedMetadataFile),
+        [&](const std::string& file) { return checkpointer.read_file(manifest, file); }, where);
+  } else {
+    TY_CHECK_T(CheckpointCorruptError, manifest.files.count("model.pt") != 0, where,
+               " holds neither ", fsdp::kShardedMetadataFile, " nor model.pt.");
+    checkpoint::load_module(*out.model, checkpointer.read_file(manifest, "model.pt"),
+                            where + "/model.pt");
+  }
+  out.description = detail::concat(where, " (step ", manifest.step, ")");
+  return out;
+}
+
+void CausalLmOptions::validate() const {
+  run.validate();
+  scaling.validate();
+  TY_CHECK(!data.empty(),
+           "--data must name a text file to train on (e.g. "
+           "/usr/share/games/fortunes/fortunes, or tiny_shakespeare's input.txt).");
+  TY_CHECK(std::find(strategies().begin(), strategies().end(), strategy) != strategies().end(),
+           "--strategy must be one of full_shard, shard_grad_op, hybrid_shard, "
+           "hybrid_shard_grad_op, no_shard or ddp, got '",
+           strategy, "'.");
+  TY_CHECK(precision == "bf16-mixed" || precision == "fp32",
+           "--precision must be bf16-mixed or fp32, got '", precision, "'.");
+  TY_CHECK(!(strategy == "ddp" && activation_checkpointing),
+           "--activation-checkpointing needs an FSDP --strategy (it checkpoints each FSDP unit); "
+           "drop it with --strategy ddp.");
+  TY_CHECK(seq_len >= 2 && seq_len <= (1 << 16), "--seq-len must be in [2, 65536], got ", seq_len,
+           ".");
+  TY_CHECK(batch_size >= 1, "--batch-size must be >= 1, got ", batch_size, ".");
+  TY_CHECK(epochs >= 1, "--epochs must be >= 1, got ", epochs, ".");
+  TY_CHECK(lr > 0, "--lr must be > 0, got ", lr, ".");
+  TY_CHECK(eps > 0, "--eps must be > 0, got ", eps, ".");
+  TY_CHECK(weight_decay >= 0, "--weight-decay must be >= 0, got ", weight_decay, ".");
+  check_model_flag(model);
+  TY_CHECK(max_steps == -1 || max_steps >= 1,
+           "--max-steps must be >= 1 (or omitted for all epochs), got ", max_steps, ".");
+}
+
+Result run_causal_lm_rank(const CausalLmOptions& o) {
+  o.validate();
+  Trainer trainer("causal-lm", o.run, o.scaling);
+  auto& dist = trainer.dist();
+  const int rank = trainer.rank();
+  const int world = trainer.world_size();
+  auto log = logger("train");
+
+  // 1. The model's shape, the tokenizer and the data.
+  const auto source = resolve_model(o.model);
+  const auto tokenizer = tokenizer_for(o, source);
+  TY_CHECK(tokenizer.vocab_size <= source.config.vocab_size, "The tokenizer has ",
+           tokenizer.vocab_size, " tokens but --model ", o.model, " embeds only ",
+           source.config.vocab_size, ".");
+  TY_CHECK(o.seq_len <= source.config.max_position_embeddings, "--seq-len ", o.seq_len,
+           " is longer than --model ", o.model, " takes (max_position_embeddings ",
+           source.config.max_position_embeddings, ").");
+  const auto t_prepare = Clock::now();
+  const auto text =
+      data::prepare_text(o.data, tokenizer.id, tokenizer.encode, o.seq_len, tokenizer.pad_id);
+  if (rank == 0)
+    log->info("{}: {} training lines, {} tokens ({} {:.2f} s)", o.data, text.lines.size(),
+              text.lines.tokens(), text.from_cache ? "read from " : "prepared in",
+              std::chrono::duration<double>(Clock::now() - t_prepare).count());
+  trainer.write_config(
+      config_json(o, source.config, tokenizer, text, world, trainer.threads()).dump());
+
+  // 2. The model, wrapped: one FSDP unit per transformer layer and per embedding (the seed's
+  // transformer wrapping policy), or DDP over the whole model.
+  const bool ddp_strategy = o.strategy == "ddp";
+  const bool bf16 = o.precision == "bf16-mixed";
+  models::GptNeoX model(source.config,
+                        models::GptNeoXInit{.seed = o.seed, .deferred = !ddp_strategy});
+  std::unique_ptr<fsdp::FullyShardedDataParallel<models::GptNeoX>> sharded;
+  std::unique_ptr<ddp::DistributedDataParallel<models::GptNeoX>> replicated;
+  std::vector<torch::Tensor> params;
+  if (ddp_strategy) {
+    replicated = std::make_unique<ddp::DistributedDataParallel<models::GptNeoX>>(
+        model, dist.process_group());
+    params = model->parameters();
+  } else {
+    fsdp::FsdpOptions options{
+        .sharding = fsdp::parse_sharding_strategy(o.strategy),
+        .wrap = fsdp::wrap_any_of({fsdp::wrap_modules_of_type<models::GptNeoXLayerImpl>(),
+                                   fsdp::wrap_modules_named({"gpt_neox.embed_in", "embed_out"})}),
+        .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
+        .forward_prefetch = true,
+        .limit_all_gathers = true,
+        .activation_checkpointing = o.activation_checkpointing,
+        .param_init = [model](const std::string& name, torch::Tensor& t) {
+          model->init_parameter(name, t);
+        }};
+    if (bf16)
+      options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
+    sharded = std::make_unique<fsdp::FullyShardedDataParallel<models::GptNeoX>>(
+        model, trainer.dist_ptr(), options);
+    params = sharded->parameters();
+  }
+  optim::FusedAdamW optimizer(
+      params, torch::optim::AdamWOptions(o.lr).eps(o.eps).weight_decay(o.weight_decay));
+
+  // 3. Resume: FSDP's sharded checkpoint every rank writes its part of, or (DDP) rank 0's files.
+  std::unique_ptr<CheckpointIO> io;
+  if (sharded) {
+    io = fsdp_checkpoint_io(*sharded, &optimizer, dist);
+  } else {
+    io = root_checkpoint_io(
+        {.collect =
+             [&] {
+               std::map<std::string, std::string> files;
+               if (rank != 0) return files;
+               files["model.pt"] = checkpoint::module_to_bytes(*model);
+               files["optimizer.pt"] = checkpoint::optimizer_to_bytes(optimizer);
+               return files;
+             },
+         .restore =
+             [&](const checkpoint::LoadedCheckpoint& loaded) {
+               const auto where = storage::join_uri(o.run.uri(), loaded.name);
+               for (const char* f : {"model.pt", "optimizer.pt"})
+                 TY_CHECK_T(CheckpointCorruptError, loaded.checkpoint.files.count(f) != 0, where,
+                            " has no ", f, ".");
+               checkpoint::load_module(*model, loaded.checkpoint.files.at("model.pt"),
+                                       where + "/model.pt");
+               checkpoint::load_optimizer(optimizer, loaded.checkpoint.files.at("optimizer.pt"),
+                                          where + "/optimizer.pt");
+             }},
+        dist);
+  }
+  trainer.resume(*io);
+
+  // 4. Train. DDP's bf16-mixed is autocast; FSDP's is its MixedPrecision.
+  at::autocast::set_cpu_enabled(bf16 && replicated);
+  at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+  data::DistributedSampler sampler({.dataset_size = text.lines.size(),
+                                    .num_replicas = world,
+                                    .rank = rank,
+                                    .shuffle = true,
+                                    .seed = o.seed});
+  auto make_batch = [&text](const std::vector<std::int64_t>& idx) {
+    auto b = data::causal_lm_batch(text.lines, idx);
+    return data::Batch{b.input_ids, b.labels};
+  };
+  const bool bar_enabled = o.progress && rank == 0 && interactive_output();
+  double train_time = 0;
+  std::int64_t positions = 0;  // this rank's token positions trained, this attempt
+  double last_loss = std::nan("");
+  int last_epoch = trainer.progress().epoch;
+  std::int64_t last_step = -1;  // within its epoch, 0-based, as the seed's table shows it
+  bool stop = o.max_steps >= 0 && trainer.progress().global_step >= o.max_steps;
+  for (int epoch = trainer.progress().epoch; epoch < o.epochs && !stop; ++epoch) {
+    sampler.set_epoch(epoch);
+    model->train();
+    const std::int64_t first_position =
+        trainer.progress().epoch == epoch ? trainer.progress().epoch_position : std::int64_t{0};
+    data::BatchLoader loader(sampler.indices(first_position), make_batch,
+                             {.batch_size = o.batch_size});
+    trainer.begin_epoch(epoch, loader.num_batches());
+    // Steps of this epoch done before this attempt (by the run this one resumed).
+    const std::int64_t done_before = first_position / (o.batch_size * world);
+    const std::int64_t epoch_batches = done_before + loader.num_batches();
+    ProgressBar bar(bar_enabled, epoch, epoch_batches);
+    auto epoch_start = Clock::now();
+    while (auto batch = loader.next()) {
+      const auto step_start = Clock::now();
+      optimizer.zero_grad();
+      auto logits = sharded ? sharded->forward(batch->inputs) : replicated->forward(batch->inputs);
+      auto loss = models::causal_lm_loss(logits, batch->targets);
+      at::autocast::clear_cache();
+      loss.backward();
+      optimizer.step();
+      auto mean = loss.detach().to(torch::kFloat64).reshape({1}) / world;
+      allreduce(dist, mean);
+      last_loss = mean.item<double>();
+      positions += batch->inputs.numel();
+      const double step_s = std::chrono::duration<double>(Clock::now() - step_start).count();
+      const double tokens_per_s = static_cast<double>(batch->inputs.numel() * world) / step_s;
+      last_epoch = epoch;
+      last_step = done_before + trainer.epoch_steps();
+      trainer.step_done(o.batch_size,
+                        {{"train_loss", last_loss}, {"tokens_per_s", tokens_per_s}, {"lr", o.lr}});
+      if (rank == 0) {
+        if (bar_enabled) {
+          bar.update(last_step + 1, last_loss);
+        } else {
+          std::printf("epoch %d step %lld/%lld: train_loss %.5f, %.0f tokens/s\n", epoch,
+                      static_cast<long long>(last_step + 1), static_cast<long long>(epoch_batches),
+                      last_loss, tokens_per_s);
+          std::fflush(stdout);
+        }
+      }
+      if (o.max_steps >= 0 && trainer.progress().global_step >= o.max_steps) {
+        stop = true;
+        break;
+      }
+    }
+    train_time += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    if (!stop) trainer.end_epoch();
+  }
+  const std::string last_checkpoint = trainer.finish_training();
+
+  // 5. The result: throughput over the slowest rank's training time, every rank's peak memory.
+  auto slowest = torch::tensor({train_time}, torch::kFloat64);
+  allreduce(dist, slowest, /*max=*/true);
+  auto trained = torch::tensor({static_cast<double>(positions)}, torch::kFloat64);
+  allreduce(dist, trained);
+  auto rss = torch::zeros({world}, torch::kFloat64);
+  rss[rank] = peak_rss_mib();
+  allreduce(dist, rss);
+  const double train_time_s = slowest.item<double>();
+  const double tokens_per_s = train_time_s > 0 ? trained.item<double>() / train_time_s : 0;
+  Result result{.checkpoint_dir_name = last_checkpoint,
+                .metrics = {{"epoch", double(last_epoch), 0},
+                            {"step", double(std::max<std::int64_t>(last_step, 0)), 0},
+                            {"train_loss", last_loss, 5},
+                            {"global_step", double(trainer.progress().global_step), 0, false},
+                            {"tokens_per_s", tokens_per_s, 1, false},
+                            {"train_time_s", train_time_s, 3, false},
+                            {"world_size", double(world), 0, false},
+                            {"restart_count", double(trainer.restart_count()), 0, false}}};
+  for (int r = 0; r < world; ++r)
+    result.metrics.push_back(
+        {detail::concat("peak_rss_mib_rank", r), rss[r].item<double>(), 1, false});
+  if (rank == 0) {
+    std::string per_rank;
+    for (int r = 0; r < world; ++r)
+      per_rank += detail::concat(r == 0 ? "" : ", ", "rank ", r, " ",
+                                 static_cast<long long>(rss[r].item<double>()), " MiB");
+    std::printf("Trained %lld steps: %.1f tokens/s, train_loss %.5f; peak memory %s\n",
+                static_cast<long long>(trainer.progress().global_step), tokens_per_s, last_loss,
+                per_rank.c_str());
+    std::fflush(stdout);
+  }
+  trainer.write_result(result);
+  return result;
+}
+
+}  // namespace trainyard::train
