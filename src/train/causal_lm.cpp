@@ -335,6 +335,10 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   const bool bar_enabled = o.progress && rank == 0 && interactive_output();
   double train_time = 0;
   std::int64_t positions = 0;  // this rank's token positions trained, this attempt
+  // The same from the second step of this attempt on: the first allocates and warms up.
+  double steady_time = 0;
+  std::int64_t steady_positions = 0;
+  std::int64_t attempt_steps = 0;
   double last_loss = std::nan("");
   int last_epoch = trainer.progress().epoch;
   std::int64_t last_step = -1;  // within its epoch, 0-based, as the seed's table shows it
@@ -365,6 +369,10 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
       last_loss = mean.item<double>();
       positions += batch->inputs.numel();
       const double step_s = std::chrono::duration<double>(Clock::now() - step_start).count();
+      if (attempt_steps++ > 0) {
+        steady_time += step_s;
+        steady_positions += batch->inputs.numel();
+      }
       const double tokens_per_s = static_cast<double>(batch->inputs.numel() * world) / step_s;
       last_epoch = epoch;
       last_step = done_before + trainer.epoch_steps();
@@ -391,21 +399,26 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   const std::string last_checkpoint = trainer.finish_training();
 
   // 5. The result: throughput over the slowest rank's training time, every rank's peak memory.
-  auto slowest = torch::tensor({train_time}, torch::kFloat64);
+  auto slowest = torch::tensor({train_time, steady_time}, torch::kFloat64);
   allreduce(dist, slowest, /*max=*/true);
-  auto trained = torch::tensor({static_cast<double>(positions)}, torch::kFloat64);
+  auto trained = torch::tensor(
+      {static_cast<double>(positions), static_cast<double>(steady_positions)}, torch::kFloat64);
   allreduce(dist, trained);
   auto rss = torch::zeros({world}, torch::kFloat64);
   rss[rank] = peak_rss_mib();
   allreduce(dist, rss);
-  const double train_time_s = slowest.item<double>();
-  const double tokens_per_s = train_time_s > 0 ? trained.item<double>() / train_time_s : 0;
+  const double train_time_s = slowest[0].item<double>();
+  const double tokens_per_s = train_time_s > 0 ? trained[0].item<double>() / train_time_s : 0;
+  // Token positions (padding included: they are computed) per second of the slowest rank.
+  const double steady_tokens_per_s =
+      slowest[1].item<double>() > 0 ? trained[1].item<double>() / slowest[1].item<double>() : 0;
   Result result{.checkpoint_dir_name = last_checkpoint,
                 .metrics = {{"epoch", double(last_epoch), 0},
                             {"step", double(std::max<std::int64_t>(last_step, 0)), 0},
                             {"train_loss", last_loss, 5},
                             {"global_step", double(trainer.progress().global_step), 0, false},
                             {"tokens_per_s", tokens_per_s, 1, false},
+                            {"steady_tokens_per_s", steady_tokens_per_s, 1, false},
                             {"train_time_s", train_time_s, 3, false},
                             {"world_size", double(world), 0, false},
                             {"restart_count", double(trainer.restart_count()), 0, false}}};
@@ -417,9 +430,11 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
     for (int r = 0; r < world; ++r)
       per_rank += detail::concat(r == 0 ? "" : ", ", "rank ", r, " ",
                                  static_cast<long long>(rss[r].item<double>()), " MiB");
-    std::printf("Trained %lld steps: %.1f tokens/s, train_loss %.5f; peak memory %s\n",
-                static_cast<long long>(trainer.progress().global_step), tokens_per_s, last_loss,
-                per_rank.c_str());
+    std::printf(
+        "Trained %lld steps: %.1f tokens/s (%.1f after the first step), train_loss %.5f; peak "
+        "memory %s\n",
+        static_cast<long long>(trainer.progress().global_step), tokens_per_s, steady_tokens_per_s,
+        last_loss, per_rank.c_str());
     std::fflush(stdout);
   }
   trainer.write_result(result);
