@@ -45,11 +45,16 @@ plan::PlanOptions to_options(const PlanFlags& f) {
   o.seq_len = f.seq_len > 0 ? f.seq_len : o.model ? o.model->max_position_embeddings : 2048;
   o.micro_batch = f.batch_size;
   o.activation_checkpointing = f.activation_checkpointing;
-  if (!f.gpu_mem.empty()) o.device_memory_bytes = plan::parse_byte_size(f.gpu_mem, "--gpu-mem");
+  if (!f.gpu_mem.empty()) {
+    o.device_memory_bytes = plan::parse_byte_size(f.gpu_mem, "--gpu-mem");
+    TY_CHECK(o.device_memory_bytes > 0, "--gpu-mem is '", f.gpu_mem,
+             "'; a device needs some memory (e.g. 24GiB, 80GB).");
+  }
   o.headroom = f.headroom;
   o.runtime_bytes = !f.runtime_mem.empty() ? plan::parse_byte_size(f.runtime_mem, "--runtime-mem")
                     : f.cpu                ? plan::kCpuRuntimeBytes
                                            : 0;
+  o.cpu_ranks = f.cpu;
   o.validate();
   return o;
 }
@@ -112,8 +117,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "Per-process memory outside the model (runtime, allocator, CUDA context) to add "
                   "to each device (default 0; --cpu: what trainyard's CPU ranks measured)");
   cmd->add_flag("--cpu", f.cpu,
-                "The devices are CPU ranks of trainyard's engine: add its measured runtime "
-                "overhead (Note [Runtime overhead])");
+                "The devices are CPU ranks of trainyard's engine on one machine: plan their peak "
+                "RSS (caching allocator pools, shared gradient buckets) and add the measured "
+                "runtime overhead");
   cmd->add_flag("--decimal", f.decimal, "Sizes in GB (1e9 bytes) instead of GiB (2^30)");
   cmd->add_option("--format", f.format, "table, or csv (bytes, one line per strategy)")
       ->capture_default_str();

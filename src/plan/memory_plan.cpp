@@ -83,9 +83,34 @@ namespace trainyard::plan {
 // gradient and the gradient of its input: 3 x B(T-1)V x 4 bytes at once. At the head's backward
 // the logits' gradient is fp32 (B,T,V) (plus its bf16 cast under bf16-mixed).
 
+// Note [CPU ranks]
+// trainyard's ranks on CPUs (train_gpt_fsdp) differ from devices in two ways the plan models with
+// PlanOptions::cpu_ranks. (1) The caching CPU allocator (Note [Caching CPU allocator] in
+// src/memory/caching_allocator.cpp) keeps a size class's blocks for that class: memory the loss's
+// logits-sized temporaries free is not lent to a layer's activations or to FSDP's flat buffers.
+// So peak RSS is not the largest moment of the step but about the sum of three pools, each at its
+// own peak: the logits pool (the larger of the loss's and the head's backward), the layers' pool
+// (saved activations, a recomputed layer, a layer's gradient temporaries) and FSDP's unit buffers
+// (gathered parameters and flat gradients). (2) DDP's gradient buckets live in the node's shared
+// memory (Note [Collectives in place] in src/comm/shm_process_group.cpp); every rank reads every
+// peer's copy, so each rank's RSS counts the node's W buckets, 4 Psi each, though the machine holds
+// them once. Measured for pythia-70m at W = 2 (bench/plan_vs_measured.sh), the pools' sum plus
+// kCpuRuntimeBytes comes within 6% of every strategy's peak RSS, where the largest moment alone
+// misses the FSDP strategies by up to 18%.
+
+// Note [Runtime overhead]
+// What a rank holds besides the model: the program and LibTorch's libraries (~250 MiB resident),
+// glibc's heap for tensors under kCachedMinBytes (45-75 MiB), the token buffer (8 MiB), Gloo's and
+// the shared-memory group's buffers, and the caching allocator's slack. kCpuRuntimeBytes is the
+// median, over the 12 variants of bench/plan_vs_measured.sh --calibrate (pythia-70m, seq 256,
+// batch 4, 2 ranks, fp32 and bf16-mixed, every strategy, with and without checkpointing), of the
+// measured peak RSS minus the plan without runtime; it is only added under `trainyard plan --cpu`.
+// A GPU's CUDA context and NCCL's buffers are not measured here: --runtime-mem adds them, and the
+// headroom covers them otherwise.
+
 namespace {
 
-constexpr double kReductionsInFlight = 2;  // src/fsdp/fully_sharded_data_parallel.cpp
+constexpr int kReductionsInFlight = 2;  // src/fsdp/fully_sharded_data_parallel.cpp
 
 std::int64_t pad_to(std::int64_t n, std::int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
@@ -265,56 +290,80 @@ struct Engine {
   std::string phase;
 };
 
-// The three moments of Note [What the engine holds]; the largest wins.
+// The largest sum of `width` consecutive units (backward visits them in reverse forward order;
+// the root, [0], is not one of them).
+double window(const std::vector<std::int64_t>& sizes, std::size_t width) {
+  double best = 0;
+  for (std::size_t k = 1; k < sizes.size(); ++k) {
+    double sum = 0;
+    for (std::size_t j = k; j < sizes.size() && j < k + width; ++j)
+      sum += static_cast<double>(sizes[j]);
+    best = std::max(best, sum);
+  }
+  return best;
+}
+
+// One moment of the step (Note [What the engine holds]): the transient bytes beyond the resident
+// model states, split as the table's columns.
+struct Moment {
+  const char* name;
+  double params = 0, grads = 0, activations = 0;
+  double sum() const { return params + grads + activations; }
+};
+
 Engine engine_bytes(const PlanOptions& o, Strategy s, std::int64_t psi) {
   const bool bf16 = o.precision == Precision::kBf16Mixed;
   const double c = bf16 ? 2 : 4, r = 4;
-  const int nodes_gpus = o.gpus_per_node > 0 ? o.gpus_per_node : o.world_size;
-  const int shard = s == Strategy::kHybridShard              ? nodes_gpus
+  const int node = o.gpus_per_node > 0 ? o.gpus_per_node : o.world_size;
+  const int shard = s == Strategy::kHybridShard              ? node
                     : s == Strategy::kNoShard || !is_fsdp(s) ? 1
                                                              : o.world_size;
-
   Units units;
   if (o.model) {
     units = gpt_neox_units(*o.model);
-  } else {  // a parameter count alone: one unit, no activations
+  } else {  // a parameter count alone: one unit, and no per-unit buffers or activations
     units.sizes = {0, psi};
-    units.layer = psi;
     units.tensors = {psi};
     units.autocast_weights = psi;
   }
-  double sharded = 0;  // elements of this rank's fp32 shards
-  for (auto n : units.sizes) sharded += static_cast<double>(pad_to(n, shard) / shard);
   const double full = static_cast<double>(psi);
 
-  Engine e;
-  // Per-unit buffers need the model's units; a parameter count alone leaves them out.
-  const double unit_max = o.model ? static_cast<double>(std::max(units.layer, units.embedding)) : 0;
-  const double head_unit = o.model ? static_cast<double>(units.embedding) : 0;
-  const double layer_unit = o.model ? static_cast<double>(units.layer) : 0;
+  // Activations, in three pools by when they live (Note [GPT-NeoX activations]).
   ActivationBytes act;
-  if (o.model)
+  double logits_loss = 0, logits_head = 0, layer_pool = 0, head_held = 0;
+  if (o.model) {
     act = gpt_neox_activation_bytes(*o.model, o.seq_len, o.micro_batch, o.precision,
                                     o.activation_checkpointing);
-  if (o.model && (s == Strategy::kDdp || s == Strategy::kZero1) && bf16) {
-    // autocast: layer norms and the residual stream stay fp32 (Note [GPT-NeoX activations])
-    const double bth = static_cast<double>(o.micro_batch * o.seq_len * o.model->hidden_size);
-    act.per_layer += 2 * bth;
-    if (!o.activation_checkpointing) act.layers += 2 * bth * o.model->num_hidden_layers;
+    const double bt = static_cast<double>(o.micro_batch * o.seq_len);
+    const double bth = bt * static_cast<double>(o.model->hidden_size);
+    const double btv = bt * static_cast<double>(o.model->vocab_size);
+    if ((s == Strategy::kDdp || s == Strategy::kZero1) && bf16) {
+      // autocast keeps the layer norms and the residual stream in fp32
+      act.per_layer += 2 * bth;
+      act.layers += 2 * bth * static_cast<double>(o.model->num_hidden_layers);
+      if (o.activation_checkpointing) act.recompute = act.per_layer;
+    }
+    head_held = act.head;
+    logits_loss = act.head + act.loss_peak;
+    // At the head's backward: the logits' fp32 gradient (and its bf16 cast), and under
+    // checkpointing the logits recomputed beside the ones the caller holds.
+    logits_head = act.head + btv * (bf16 ? 6 : 4) + (o.activation_checkpointing ? c * btv : 0);
+    // A layer's backward temporaries: the gradients of its widest activations (the MLP's, the
+    // attention probabilities') and of its input and output.
+    const double layer_grads =
+        2 * c * bt * static_cast<double>(o.model->intermediate_size) +
+        8 * static_cast<double>(o.micro_batch * o.model->num_attention_heads) *
+            static_cast<double>(o.seq_len) * static_cast<double>(o.seq_len) +
+        4 * c * bth;
+    layer_pool = act.layers + act.recompute + layer_grads;
   }
-  const double logits_held = o.model ? act.head : 0;
-  const double bt = static_cast<double>(o.micro_batch * o.seq_len);
-  const double logits_grad =
-      o.model ? bt * static_cast<double>(o.model->vocab_size) * (bf16 ? 6 : 4) : 0;
-  // A layer's backward temporaries: the gradients of its widest activations (the MLP's and the
-  // attention probabilities') and of its input and output.
-  const double layer_grads =
-      o.model ? 2 * c * bt * static_cast<double>(o.model->intermediate_size) +
-                    8 * static_cast<double>(o.micro_batch * o.model->num_attention_heads) *
-                        static_cast<double>(o.seq_len * o.seq_len) +
-                    4 * c * bt * static_cast<double>(o.model->hidden_size)
-              : 0;
 
+  Engine e;
+  std::array<Moment, 3> moments = {{{"loss backward"}, {"head backward"}, {"layer backward"}}};
+  moments[0].activations = act.layers + logits_loss;
+  moments[1].activations = act.layers + logits_head;
+  moments[2].activations = layer_pool + head_held;
+  double peers_buckets = 0;  // CPU ranks: the shared-memory gradient buckets of the node's peers
   if (s == Strategy::kDdp || s == Strategy::kZero1) {
     e.params = 4 * full;
     e.grads = 4 * full;
@@ -323,48 +372,48 @@ Engine engine_bytes(const PlanOptions& o, Strategy s, std::int64_t psi) {
     const auto owned = !o.model ? (psi + o.world_size - 1) / o.world_size
                                 : largest_owned(units.tensors, o.world_size);
     e.optimizer = 8 * static_cast<double>(s == Strategy::kZero1 ? owned : psi);
-    e.persistent = e.params + e.grads + e.optimizer;
+    // autocast's bf16 weight copies live from forward to backward
     const double casts = bf16 ? 2 * static_cast<double>(units.autocast_weights) : 0;
-    const double loss = act.layers + logits_held + act.loss_peak;
-    const double layer = act.layers + act.recompute + logits_held + layer_grads;
-    e.params += casts;
-    e.activations = std::max(loss, layer);
-    e.phase = loss >= layer ? "loss backward" : "layer backward";
+    for (auto& m : moments) m.params = casts;
+    peers_buckets = 4 * full * (node - 1);
+  } else {
+    double sharded = 0;  // elements of this rank's fp32 shards
+    for (auto n : units.sizes) sharded += static_cast<double>(pad_to(n, shard) / shard);
+    e.params = 4 * sharded;
+    e.grads = 4 * sharded;
+    e.optimizer = 8 * sharded;
+    const bool aliases = shard == 1 && !bf16;  // one fp32 shard is its own gathered copy
+    const bool keeps_gathered = s == Strategy::kShardGradOp || shard == 1;
+    const double gathered_all = aliases ? 0 : c * full;
+    const double head_unit = o.model ? static_cast<double>(units.embedding) : 0;
+    const double pair = o.model ? window(units.sizes, 2) : 0;    // limit_all_gathers
+    const double flight = o.model ? window(units.sizes, 3) : 0;  // kReductionsInFlight + 1
+    const double widest = o.model ? window(units.sizes, 1) : 0;
+    moments[0].params = keeps_gathered ? gathered_all : 0;
+    moments[1].params = keeps_gathered ? gathered_all : aliases ? 0 : c * pair;
+    moments[2].params = moments[1].params;
+    // The head's flat gradient (c bytes, plus its fp32 copy to reduce under bf16); in a layer's
+    // backward, kReductionsInFlight + 1 fp32 flat gradients and the unit's own buffer.
+    moments[1].grads = head_unit * (c + (bf16 ? r : 0));
+    moments[2].grads = flight * r + (bf16 ? c * widest : 0);
+    static_assert(kReductionsInFlight == 2, "window(units.sizes, 3) above assumes 3 in flight");
+  }
+  e.persistent = e.params + e.grads + e.optimizer;
+
+  if (o.cpu_ranks) {
+    // See Note [CPU ranks]: the caching allocator keeps each pool's blocks for that pool.
+    const Moment* units_peak = &moments[0];
+    for (const auto& m : moments)
+      if (m.params + m.grads > units_peak->params + units_peak->grads) units_peak = &m;
+    e.params += units_peak->params;
+    e.grads += units_peak->grads + peers_buckets;
+    e.activations = o.model ? std::max(logits_loss, logits_head) + layer_pool : 0;
+    e.phase = "pools (CPU ranks)";
     return e;
   }
-
-  // FSDP: see Note [What the engine holds].
-  e.params = 4 * sharded;
-  e.grads = 4 * sharded;
-  e.optimizer = 8 * sharded;
-  e.persistent = e.params + e.grads + e.optimizer;
-  const bool aliases = shard == 1 && !bf16;  // one fp32 shard is its own gathered copy
-  const double gathered_all = aliases ? 0 : c * full;
-  const bool keeps_gathered = s == Strategy::kShardGradOp || shard == 1;
-  const double flat_grads = (kReductionsInFlight + 1) * r + (bf16 ? c : 0);  // per element
-
-  struct Moment {
-    const char* name;
-    double params, grads, activations;
-  };
-  const std::array<Moment, 3> moments = {{
-      {"loss backward", keeps_gathered ? gathered_all : 0, 0,
-       act.layers + logits_held + act.loss_peak},
-      {"head backward",
-       keeps_gathered ? gathered_all
-       : aliases      ? 0
-                      : c * (head_unit + layer_unit),
-       head_unit * (c + (bf16 ? r : 0)), act.layers + logits_held + logits_grad},
-      {"layer backward",
-       keeps_gathered ? gathered_all
-       : aliases      ? 0
-                      : c * 2 * unit_max,
-       unit_max * flat_grads, act.layers + act.recompute + logits_held + layer_grads},
-  }};
   const Moment* peak = &moments[0];
   for (const auto& m : moments)
-    if (m.params + m.grads + m.activations > peak->params + peak->grads + peak->activations)
-      peak = &m;
+    if (m.sum() > peak->sum()) peak = &m;
   e.params += peak->params;
   e.grads += peak->grads;
   e.activations = peak->activations;
@@ -587,7 +636,7 @@ std::int64_t parse_byte_size(std::string_view text, std::string_view flag) {
   if (suffix == "mi") scale = 1048576.0;
   if (suffix == "gi") scale = 1073741824.0;
   const double bytes = value * scale;
-  TY_CHECK(ok && scale > 0 && bytes >= 1 && bytes < 9.2e18, flag, " is '", text,
+  TY_CHECK(ok && scale > 0 && bytes < 9.2e18, flag, " is '", text,
            "'; expected a size such as 24GiB, 80GB, 512MiB or a number of bytes (units: B, KB, MB, "
            "GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).");
   return static_cast<std::int64_t>(std::llround(bytes));

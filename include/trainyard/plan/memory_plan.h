@@ -65,12 +65,17 @@ struct PlanOptions {
   // Per-process bytes outside the model: the program, LibTorch and its allocator, the token
   // buffer. Note [Runtime overhead].
   std::int64_t runtime_bytes = 0;
+  // The devices are CPU ranks of trainyard's engine on one machine: plan their peak RSS, which
+  // counts the caching allocator's pools and the node's shared gradient buckets (Note [CPU
+  // ranks] in src/plan/memory_plan.cpp).
+  bool cpu_ranks = false;
 
   // Throws InvalidArgumentError naming the field (and the command-line flag) that is wrong.
   void validate() const;
 };
 
-// Measured here for train_gpt_fsdp's ranks (pythia-70m, 2 ranks): see Note [Runtime overhead].
+// Measured here for train_gpt_fsdp's ranks (pythia-70m, 2 ranks): see Note [Runtime overhead] in
+// src/plan/memory_plan.cpp.
 constexpr std::int64_t kCpuRuntimeBytes = std::int64_t{400} << 20;
 
 // One strategy's bytes per device. The engine's figures are at the step's peak; `persistent` is
@@ -131,8 +136,8 @@ std::string format_plan(const MemoryPlan& plan, bool decimal = false);
 models::GptNeoXConfig resolve_model(const std::string& spec, std::string_view flag = "--model");
 
 // "24GiB", "80GB", "512MiB", "1.5TB", "1073741824" (bytes; a unit's "B" may be left off, and
-// case does not matter: 24gib, 80g). Throws InvalidArgumentError naming `flag` and the units it
-// takes.
+// case does not matter: 24gib, 80g); 0 is allowed. Throws InvalidArgumentError naming `flag` and
+// the units it takes.
 std::int64_t parse_byte_size(std::string_view text, std::string_view flag);
 // "7.5e9", "70M", "6.9B", "410m": a parameter count (K, M, B or G, T suffixes: 1e3 ...).
 std::int64_t parse_count(std::string_view text, std::string_view flag);
