@@ -10,52 +10,13 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "trainyard/models/gpt_neox_config.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace trainyard::models {
-
-// Hugging Face's GPTNeoXConfig fields (config.json), with HF's defaults.
-struct GptNeoXConfig {
-  std::int64_t vocab_size = 50432;
-  std::int64_t hidden_size = 6144;
-  std::int64_t num_hidden_layers = 44;
-  std::int64_t num_attention_heads = 64;
-  std::int64_t intermediate_size = 24576;
-  double rotary_pct = 0.25;  // share of each head's dimensions that get rotary embeddings
-  double rotary_emb_base = 10000;
-  std::int64_t max_position_embeddings = 2048;  // longest sequence forward() accepts
-  double layer_norm_eps = 1e-5;
-  bool use_parallel_residual = true;  // x + attn(ln1(x)) + mlp(ln2(x)); else one after the other
-  double hidden_dropout = 0;     // after the embedding, the attention and the MLP (training only)
-  double attention_dropout = 0;  // on the attention probabilities (training only)
-  double initializer_range = 0.02;  // std of the normal init of Dense and Embedding weights
-
-  // "pythia-14m", "pythia-70m", "pythia-160m", "pythia-410m", "dolly-v2-7b", and "tiny" (a
-  // 2-layer, 32-wide model for tests). Throws InvalidArgumentError naming the known ones.
-  static GptNeoXConfig preset(const std::string& name);
-  static std::vector<std::string> preset_names();
-
-  // Reads a Hugging Face config.json (model_type "gpt_neox"). Unknown keys are ignored; keys
-  // that change the architecture in ways this model lacks (tie_word_embeddings, rope_scaling,
-  // attention_bias false, hidden_act other than "gelu") are refused. Validates the result.
-  static GptNeoXConfig from_json(const std::string& json_text);
-  // The fields above plus model_type, architectures, hidden_act and tie_word_embeddings, as HF
-  // writes them; from_json(to_json()) == *this.
-  std::string to_json() const;
-
-  // Throws InvalidArgumentError naming the first bad field and its value.
-  void validate() const;
-
-  std::int64_t head_size() const { return hidden_size / num_attention_heads; }
-  // HF's int(head_size * rotary_pct): the leading dimensions of each head that are rotated.
-  std::int64_t rotary_ndims() const;
-  // Number of parameters of GptNeoX(config), by formula (allocates nothing).
-  std::int64_t parameter_count() const;
-
-  bool operator==(const GptNeoXConfig&) const = default;
-};
 
 struct GptNeoXInit {
   // torch::kMeta creates shapes only (no storage, no initialisation); any other device gets

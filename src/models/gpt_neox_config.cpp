@@ -1,0 +1,225 @@
+#include "trainyard/models/gpt_neox_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "trainyard/error.h"
+
+#include <cmath>
+
+namespace trainyard::models {
+namespace {
+
+using Json = nlohmann::json;
+
+// --- presets and config.json -------------------------------------------------------------------
+
+GptNeoXConfig pythia(std::int64_t vocab,
+                     std::int64_t hidden,
+                     std::int64_t layers,
+                     std::int64_t heads,
+                     std::int64_t intermediate) {
+  return GptNeoXConfig{.vocab_size = vocab,
+                       .hidden_size = hidden,
+                       .num_hidden_layers = layers,
+                       .num_attention_heads = heads,
+                       .intermediate_size = intermediate,
+                       .rotary_pct = 0.25,
+                       .rotary_emb_base = 10000,
+                       .max_position_embeddings = 2048};
+}
+
+struct Preset {
+  const char* name;
+  GptNeoXConfig config;
+};
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> all = {
+      {"pythia-14m", pythia(50304, 128, 6, 4, 512)},
+      {"pythia-70m", pythia(50304, 512, 6, 8, 2048)},
+      {"pythia-160m", pythia(50304, 768, 12, 12, 3072)},
+      {"pythia-410m", pythia(50304, 1024, 24, 16, 4096)},
+      {"dolly-v2-7b", pythia(50280, 4096, 32, 32, 16384)},
+      // For tests: head_size 8 with rotary_pct 0.5 rotates 4 dimensions (two frequencies).
+      {"tiny", GptNeoXConfig{.vocab_size = 128,
+                             .hidden_size = 32,
+                             .num_hidden_layers = 2,
+                             .num_attention_heads = 4,
+                             .intermediate_size = 64,
+                             .rotary_pct = 0.5,
+                             .max_position_embeddings = 64}},
+  };
+  return all;
+}
+
+// Reads `key` into `out` when present; refuses a value of the wrong JSON type.
+void read_field(const Json& j, const char* key, std::int64_t& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  TY_CHECK(it->is_number_integer(), "config.json: \"", key, "\" must be an integer, got ",
+           it->dump(), ".");
+  out = it->get<std::int64_t>();
+}
+
+void read_field(const Json& j, const char* key, double& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  TY_CHECK(it->is_number(), "config.json: \"", key, "\" must be a number, got ", it->dump(), ".");
+  out = it->get<double>();
+}
+
+void read_field(const Json& j, const char* key, bool& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  TY_CHECK(it->is_boolean(), "config.json: \"", key, "\" must be true or false, got ", it->dump(),
+           ".");
+  out = it->get<bool>();
+}
+
+// Newer transformers releases spell some fields differently; either spelling is accepted, both
+// only when they agree.
+void read_alias(const Json& j, const char* key, const char* alias, double& out) {
+  read_field(j, key, out);
+  if (!j.contains(alias)) return;
+  double value = out;
+  read_field(j, alias, value);
+  TY_CHECK(!j.contains(key) || value == out, "config.json: \"", key, "\" (", out, ") and \"", alias,
+           "\" (", value, ") disagree.");
+  out = value;
+}
+
+}  // namespace
+
+// --- GptNeoXConfig -----------------------------------------------------------------------------
+
+GptNeoXConfig GptNeoXConfig::preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (name == p.name) return p.config;
+  std::string known;
+  for (const auto& p : presets()) known += (known.empty() ? "" : ", ") + std::string(p.name);
+  throw InvalidArgumentError(
+      detail::concat("Unknown GPT-NeoX preset \"", name, "\"; known presets: ", known, "."));
+}
+
+std::vector<std::string> GptNeoXConfig::preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) names.emplace_back(p.name);
+  return names;
+}
+
+GptNeoXConfig GptNeoXConfig::from_json(const std::string& json_text) {
+  Json j;
+  try {
+    j = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    throw InvalidArgumentError(detail::concat("config.json is not valid JSON: ", e.what()));
+  }
+  TY_CHECK(j.is_object(), "config.json must hold a JSON object, got ", j.type_name(), ".");
+  if (j.contains("model_type")) {
+    TY_CHECK(j["model_type"] == "gpt_neox", "config.json: \"model_type\" is ",
+             j["model_type"].dump(), "; this reader takes \"gpt_neox\" only.");
+  }
+  if (j.contains("hidden_act")) {
+    TY_CHECK(j["hidden_act"] == "gelu", "config.json: \"hidden_act\" is ", j["hidden_act"].dump(),
+             "; GptNeoX supports \"gelu\" (exact erf GELU) only.");
+  }
+  TY_CHECK(!j.contains("tie_word_embeddings") || j["tie_word_embeddings"] == false,
+           "config.json: \"tie_word_embeddings\" is ",
+           j.value("tie_word_embeddings", Json()).dump(),
+           "; GptNeoX keeps embed_out separate from embed_in and does not support tied weights.");
+  TY_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
+           "config.json: \"rope_scaling\" is ", j.value("rope_scaling", Json()).dump(),
+           "; GptNeoX does not support scaled rotary embeddings.");
+  TY_CHECK(!j.contains("attention_bias") || j["attention_bias"] == true,
+           "config.json: \"attention_bias\" is ", j.value("attention_bias", Json()).dump(),
+           "; GptNeoX does not support attention projections without bias.");
+
+  GptNeoXConfig c;
+  read_field(j, "vocab_size", c.vocab_size);
+  read_field(j, "hidden_size", c.hidden_size);
+  read_field(j, "num_hidden_layers", c.num_hidden_layers);
+  read_field(j, "num_attention_heads", c.num_attention_heads);
+  read_field(j, "intermediate_size", c.intermediate_size);
+  read_alias(j, "rotary_pct", "partial_rotary_factor", c.rotary_pct);
+  read_alias(j, "rotary_emb_base", "rope_theta", c.rotary_emb_base);
+  read_field(j, "max_position_embeddings", c.max_position_embeddings);
+  read_field(j, "layer_norm_eps", c.layer_norm_eps);
+  read_field(j, "use_parallel_residual", c.use_parallel_residual);
+  read_field(j, "hidden_dropout", c.hidden_dropout);
+  read_field(j, "attention_dropout", c.attention_dropout);
+  read_field(j, "initializer_range", c.initializer_range);
+  c.validate();
+  return c;
+}
+
+std::string GptNeoXConfig::to_json() const {
+  Json j = {
+      {"architectures", {"GPTNeoXForCausalLM"}},
+      {"model_type", "gpt_neox"},
+      {"hidden_act", "gelu"},
+      {"tie_word_embeddings", false},
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"intermediate_size", intermediate_size},
+      {"rotary_pct", rotary_pct},
+      {"rotary_emb_base", rotary_emb_base},
+      {"max_position_embeddings", max_position_embeddings},
+      {"layer_norm_eps", layer_norm_eps},
+      {"use_parallel_residual", use_parallel_residual},
+      {"hidden_dropout", hidden_dropout},
+      {"attention_dropout", attention_dropout},
+      {"initializer_range", initializer_range},
+  };
+  return j.dump(2);
+}
+
+void GptNeoXConfig::validate() const {
+  TY_CHECK(vocab_size >= 1, "GptNeoXConfig.vocab_size must be >= 1, got ", vocab_size, ".");
+  TY_CHECK(hidden_size >= 1, "GptNeoXConfig.hidden_size must be >= 1, got ", hidden_size, ".");
+  TY_CHECK(num_hidden_layers >= 0, "GptNeoXConfig.num_hidden_layers must be >= 0, got ",
+           num_hidden_layers, ".");
+  TY_CHECK(num_attention_heads >= 1, "GptNeoXConfig.num_attention_heads must be >= 1, got ",
+           num_attention_heads, ".");
+  TY_CHECK(hidden_size % num_attention_heads == 0, "GptNeoXConfig.hidden_size (", hidden_size,
+           ") must be divisible by num_attention_heads (", num_attention_heads, ").");
+  TY_CHECK(intermediate_size >= 1, "GptNeoXConfig.intermediate_size must be >= 1, got ",
+           intermediate_size, ".");
+  TY_CHECK(rotary_pct >= 0 && rotary_pct <= 1, "GptNeoXConfig.rotary_pct must be in [0, 1], got ",
+           rotary_pct, ".");
+  TY_CHECK(rotary_ndims() % 2 == 0, "GptNeoXConfig.rotary_pct (", rotary_pct,
+           ") gives an odd number of rotary dimensions per head: int(head_size ", head_size(),
+           " * rotary_pct) = ", rotary_ndims(), ". HINT: rotate-half needs an even count.");
+  TY_CHECK(rotary_emb_base > 0 && std::isfinite(rotary_emb_base),
+           "GptNeoXConfig.rotary_emb_base must be a positive number, got ", rotary_emb_base, ".");
+  TY_CHECK(max_position_embeddings >= 1, "GptNeoXConfig.max_position_embeddings must be >= 1, got ",
+           max_position_embeddings, ".");
+  TY_CHECK(layer_norm_eps > 0 && std::isfinite(layer_norm_eps),
+           "GptNeoXConfig.layer_norm_eps must be a positive number, got ", layer_norm_eps, ".");
+  TY_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
+           "GptNeoXConfig.hidden_dropout must be in [0, 1), got ", hidden_dropout, ".");
+  TY_CHECK(attention_dropout >= 0 && attention_dropout < 1,
+           "GptNeoXConfig.attention_dropout must be in [0, 1), got ", attention_dropout, ".");
+  TY_CHECK(initializer_range >= 0 && std::isfinite(initializer_range),
+           "GptNeoXConfig.initializer_range must be a number >= 0, got ", initializer_range, ".");
+}
+
+std::int64_t GptNeoXConfig::rotary_ndims() const {
+  return static_cast<std::int64_t>(static_cast<double>(head_size()) * rotary_pct);
+}
+
+std::int64_t GptNeoXConfig::parameter_count() const {
+  const auto h = hidden_size, v = vocab_size, i = intermediate_size;
+  const auto layer = 2 * (2 * h)            // input_layernorm, post_attention_layernorm
+                     + (h * 3 * h + 3 * h)  // attention.query_key_value
+                     + (h * h + h)          // attention.dense
+                     + (h * i + i)          // mlp.dense_h_to_4h
+                     + (i * h + h);         // mlp.dense_4h_to_h
+  return v * h                              // gpt_neox.embed_in
+         + num_hidden_layers * layer        // gpt_neox.layers
+         + 2 * h                            // gpt_neox.final_layer_norm
+         + v * h;                           // embed_out (untied, no bias)
+}
+
+}  // namespace trainyard::models
