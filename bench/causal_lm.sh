@@ -78,5 +78,6 @@ for v in "${variants[@]}"; do
   m=$(echo "${tps[$v]}" | median)
   ratio=$(awk -v a="$m" -v b="$base" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a/b; else print "-" }')
   r0=$(echo "${rss0[$v]:-}" | median); r1=$(echo "${rss1[$v]:-}" | median)
-  printf '| %-20s | %12s | %8s | %-22s | %18s |\n' "$v" "$m" "$ratio" "${tps[$v]}" "${r0%.*}/${r1%.*}"
+  rounds=$(for t in ${tps[$v]}; do awk -v t="$t" 'BEGIN { if (t+0 > 0) printf "%.0f ", t; else printf "%s ", t }'; done)
+  printf '| %-20s | %12.1f | %8s | %-22s | %18s |\n' "$v" "$m" "$ratio" "$rounds" "${r0%.*}/${r1%.*}"
 done
