@@ -1,5 +1,6 @@
 #include "trainyard/hf/dtype.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -72,8 +73,10 @@ inline float f16_to_f32_impl(std::uint16_t h) {
   constexpr float kMagicBias = 0.5f;
   const float denormalized = f32_from_bits((two_w >> 17) | kMagicMask) - kMagicBias;
   constexpr std::uint32_t kDenormalizedCutoff = 1u << 27;
+  // A mask, not ?:, which g++ turns into a branch here (no vectorising).
+  const std::uint32_t denormal_mask = 0u - static_cast<std::uint32_t>(two_w < kDenormalizedCutoff);
   const std::uint32_t result =
-      sign | (two_w < kDenormalizedCutoff ? f32_bits(denormalized) : f32_bits(normalized));
+      sign | (denormal_mask & f32_bits(denormalized)) | (~denormal_mask & f32_bits(normalized));
   return f32_from_bits(result);
 }
 
@@ -85,13 +88,15 @@ inline std::uint16_t f32_to_f16_impl(float f) {
   const std::uint32_t shl1_w = w + w;
   const std::uint32_t sign = w & 0x80000000u;
   std::uint32_t bias = shl1_w & 0xff000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  bias = std::max(bias, 0x71000000u);
   base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
   const std::uint32_t bits = f32_bits(base);
   const std::uint32_t exp_bits = (bits >> 13) & 0x00007c00u;
   const std::uint32_t mantissa_bits = bits & 0x00000fffu;
   const std::uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<std::uint16_t>((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
+  // NaN becomes 0x7e00; a mask, not ?:, which g++ turns into a branch here (no vectorising).
+  const std::uint32_t nan_mask = 0u - static_cast<std::uint32_t>(shl1_w > 0xff000000u);
+  return static_cast<std::uint16_t>((sign >> 16) | (nan_mask & 0x7e00u) | (~nan_mask & nonsign));
 }
 
 // Loads an element of type From as float (F64 narrows here, rounding to nearest).
