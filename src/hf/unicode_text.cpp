@@ -3,9 +3,11 @@
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
+#include <unicode/uniset.h>
 #include <unicode/utf8.h>
 
 #include <array>
+#include <memory>
 
 #include "trainyard/error.h"
 
@@ -101,7 +103,37 @@ UChar32 decode_at(std::string_view s, std::size_t i) {
   return c;
 }
 
+const icu::Normalizer2& unfiltered(NormalForm form);
+
+// Note [Unicode versions]
+// HF's normalisers come from the Rust crate unicode-normalization-alignments, whose tables are
+// Unicode 9.0's: a combining mark added later (U+0C3C TELUGU SIGN NUKTA, Unicode 14) has class 0
+// there and is never reordered or composed. ICU 72 knows Unicode 15.0, so the normaliser is
+// ICU's filtered to the characters Unicode 9.0 had; every other one passes through as a
+// boundary, which is what the old tables do. Checked on every code point against tokenizers
+// 0.23.2: the same NFC for each alone, after "a", and after "a" + U+0301 or U+0316.
+// The split pattern's classes (Oniguruma's \p{L}, \p{N}) are Unicode 16.0's in tokenizers 0.23;
+// ICU 72 agrees on every character Unicode 15.0 assigns and calls the 5,004 that Unicode 16.0
+// added (Egyptian hieroglyphs, Kirat Rai, ...) unassigned, so HF reads them as letters and
+// numbers where trainyard reads them as "other". No tables are written here to paper over that.
+constexpr const char* kHfNormalizationAge = "[:age=9.0:]";  // assigned in Unicode 9.0 or before
+
 const icu::Normalizer2& normalizer_for(NormalForm form) {
+  static const std::array<std::unique_ptr<icu::FilteredNormalizer2>, 4> filtered = [] {
+    UErrorCode status = U_ZERO_ERROR;
+    static icu::UnicodeSet age(icu::UnicodeString(kHfNormalizationAge), status);
+    TY_CHECK_T(Error, U_SUCCESS(status), "ICU could not build the set ", kHfNormalizationAge, ": ",
+               u_errorName(status));
+    age.freeze();
+    std::array<std::unique_ptr<icu::FilteredNormalizer2>, 4> all;
+    for (NormalForm f : {NormalForm::kNfc, NormalForm::kNfd, NormalForm::kNfkc, NormalForm::kNfkd})
+      all[static_cast<int>(f)] = std::make_unique<icu::FilteredNormalizer2>(unfiltered(f), age);
+    return all;
+  }();
+  return *filtered[static_cast<int>(form)];
+}
+
+const icu::Normalizer2& unfiltered(NormalForm form) {
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* n = nullptr;
   switch (form) {
