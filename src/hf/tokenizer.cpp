@@ -1,20 +1,13 @@
 #include "trainyard/hf/tokenizer.h"
 
 #include <algorithm>
-#include <array>
-#include <cerrno>
+#include <atomic>
+#include <cstddef>
 #include <cstring>
-#include <fstream>
 #include <functional>
-#include <mutex>
-#include <nlohmann/json.hpp>
-#include <queue>
-#include <sstream>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 
-#include "hf/unicode_text.h"
+#include "hf/tokenizer_impl.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -38,16 +31,7 @@
 // ("\s+"). Every character matches some alternative, so the pieces cover the text.
 
 namespace trainyard::hf {
-namespace {
-
-using json = nlohmann::json;
-
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-template <typename V>
-using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+namespace internal {
 
 // GPT-2's byte -> character map: printable Latin-1 bytes stand for themselves, the other 68 bytes
 // for U+0100 upwards in byte order, so every token is printable text ("Ġ" is the space).
@@ -107,174 +91,67 @@ std::string from_byte_level(std::string_view token) {
   return out;
 }
 
-struct AddedToken {
-  std::string content;
-  std::int32_t id = 0;
-  bool special = false;
-  bool single_word = false;
-  bool lstrip = false;
-  bool rstrip = false;
-  bool normalized = true;
-};
+}  // namespace internal
 
-// A byte trie over added tokens' contents, for AhoCorasick's leftmost-longest matching.
-class AddedTokenTrie {
- public:
-  AddedTokenTrie() { root_.fill(-1); }
-  void insert(std::string_view pattern, std::int32_t token) {
-    if (pattern.empty()) return;
-    std::int32_t node = 0;
-    for (char c : pattern) {
-      const auto b = static_cast<unsigned char>(c);
-      std::int32_t child = -1;
-      for (const auto& [byte, next] : nodes_[node].children)
-        if (byte == b) child = next;
-      if (child < 0) {
-        child = static_cast<std::int32_t>(nodes_.size());
-        nodes_[node].children.emplace_back(b, child);
-        nodes_.emplace_back();
-        if (node == 0) root_[b] = child;
-      }
-      node = child;
-    }
-    if (nodes_[node].token < 0) nodes_[node].token = token;  // the first of equal patterns wins
-  }
-  bool empty() const { return nodes_.size() == 1; }
-  bool may_start(char c) const { return root_[static_cast<unsigned char>(c)] >= 0; }
-  // The longest pattern that starts at s[i]: {token, length}, token -1 when none does.
-  std::pair<std::int32_t, std::size_t> longest_at(std::string_view s, std::size_t i) const {
-    std::pair<std::int32_t, std::size_t> best{-1, 0};
-    std::int32_t node = 0;
-    for (std::size_t k = i; k < s.size(); ++k) {
-      std::int32_t child = -1;
-      for (const auto& [byte, next] : nodes_[node].children)
-        if (byte == static_cast<unsigned char>(s[k])) child = next;
-      if (child < 0) break;
-      node = child;
-      if (nodes_[node].token >= 0) best = {nodes_[node].token, k + 1 - i};
-    }
-    return best;
-  }
+using namespace internal;  // NOLINT(google-build-using-namespace): this class's own parts
 
- private:
-  struct Node {
-    std::vector<std::pair<unsigned char, std::int32_t>> children;
-    std::int32_t token = -1;
-  };
-  std::vector<Node> nodes_{1};
-  std::array<std::int32_t, 256> root_{};
-};
+// Note [Word cache]
+// Most words recur, so each thread remembers the ids of the words it has encoded: a table of
+// 64-byte slots with open addressing, each holding a word of up to 22 bytes and up to 8 ids
+// inline, so a hit reads one cache line. Longer words are encoded every time; they are rare. A
+// table 70 % full is emptied and refills with the words that recur. The table lives in the
+// thread's Scratch: threads never share it or lock, and it is tagged with the tokenizer's serial
+// number, so a tokenizer never sees another's words (a thread that alternates between two
+// tokenizers empties it at every switch: correct, only slower).
 
-// word (raw bytes) -> ids, shared by all threads; sharded so they seldom wait on each other.
-class WordCache {
- public:
-  static constexpr std::size_t kMaxWordBytes = 128;
-  bool find(std::string_view word, std::vector<std::int32_t>& out) const {
-    Shard& shard = shard_for(word);
-    std::lock_guard<std::mutex> lock(shard.mu);
-    const auto it = shard.map.find(word);
-    if (it == shard.map.end()) return false;
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return true;
-  }
-  void insert(std::string_view word, std::span<const std::int32_t> ids) const {
-    if (word.size() > kMaxWordBytes) return;
-    Shard& shard = shard_for(word);
-    std::lock_guard<std::mutex> lock(shard.mu);
-    if (shard.map.size() >= kMaxEntriesPerShard) return;  // bounded: a full cache stops growing
-    shard.map.emplace(std::string(word), std::vector<std::int32_t>(ids.begin(), ids.end()));
-  }
-
- private:
-  static constexpr std::size_t kShards = 64;
-  static constexpr std::size_t kMaxEntriesPerShard = std::size_t{1} << 14;  // 1M words in all
-  struct Shard {
-    std::mutex mu;
-    StringMap<std::vector<std::int32_t>> map;
-  };
-  Shard& shard_for(std::string_view word) const {
-    return shards_[std::hash<std::string_view>{}(word) % kShards];
-  }
-  mutable std::array<Shard, kShards> shards_;
-};
-
-struct Merge {
-  std::uint32_t rank;
-  std::int32_t id;
-};
-
-std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
-  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) |
-         static_cast<std::uint32_t>(right);
+void WordCache::claim(std::uint64_t owner) {
+  if (owner_ == owner && !slots_.empty()) return;
+  if (slots_.empty()) slots_.resize(kSlots);
+  clear();
+  owner_ = owner;
 }
 
-// One piece of the post-processor's template for a single sequence: the text's ids, or fixed ids.
-struct TemplatePiece {
-  bool is_sequence = false;
-  std::vector<std::int32_t> ids;
-};
+void WordCache::clear() {
+  std::memset(static_cast<void*>(slots_.data()), 0, slots_.size() * sizeof(Slot));
+  used_ = 0;
+}
 
-// Per-thread buffers, so encoding allocates little once warm.
-struct Scratch {
-  std::string normalized;
-  std::string normalized_step;
-  std::string prefixed;
-  struct Symbol {
-    std::int32_t id;
-    std::int32_t prev;
-    std::int32_t next;
-    std::uint32_t length;  // bytes; 0 once merged into its left neighbour
-  };
-  std::vector<Symbol> symbols;
-  std::vector<std::int32_t> word_ids;
-};
+bool WordCache::find(std::string_view word,
+                     std::uint64_t hash,
+                     std::vector<std::int32_t>& out) const {
+  if (word.size() > kMaxWordBytes || slots_.empty()) return false;
+  for (std::size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+    const Slot& slot = slots_[i];
+    if (slot.word_length == 0) return false;
+    if (slot.hash == hash && slot.word_length == word.size() &&
+        std::memcmp(slot.word, word.data(), word.size()) == 0) {
+      out.insert(out.end(), slot.ids, slot.ids + slot.id_count);
+      return true;
+    }
+  }
+}
 
+void WordCache::insert(std::string_view word,
+                       std::uint64_t hash,
+                       std::span<const std::int32_t> ids) {
+  if (word.size() > kMaxWordBytes || ids.size() > kMaxIds || slots_.empty()) return;
+  if (used_ >= kSlots / 10 * 7) clear();
+  std::size_t i = hash & (kSlots - 1);
+  while (slots_[i].word_length != 0) i = (i + 1) & (kSlots - 1);
+  Slot& slot = slots_[i];
+  slot.hash = hash;
+  slot.word_length = static_cast<std::uint8_t>(word.size());
+  slot.id_count = static_cast<std::uint8_t>(ids.size());
+  std::memcpy(slot.word, word.data(), word.size());
+  std::copy(ids.begin(), ids.end(), slot.ids);
+  ++used_;
+}
+
+namespace {
+std::atomic<std::uint64_t> next_serial{1};
 }  // namespace
 
-struct Tokenizer::Impl {
-  std::string source;
-  bool byte_level = false;
-
-  // model: BPE over the bytes of each word (each byte is one character of the byte-level form)
-  StringMap<std::int32_t> vocab;                    // as the file writes it: "Ġthe"
-  std::unordered_map<std::uint64_t, Merge> merges;  // (left id, right id) -> rank, merged id
-  std::array<std::int32_t, 256> byte_ids{};  // -1: the byte's character is not in the vocabulary
-  std::optional<std::int32_t> unk_id;
-  bool fuse_unk = false;
-  bool ignore_merges = false;
-
-  std::vector<text::NormalForm> normal_forms;  // applied in order
-
-  bool add_prefix_space = false;
-  bool use_regex = true;
-
-  std::vector<AddedToken> added;
-  AddedTokenTrie raw_trie;         // tokens matched before normalisation (normalized: false)
-  AddedTokenTrie normalized_trie;  // tokens matched on normalised text
-  StringMap<std::int32_t> added_ids;
-
-  std::vector<TemplatePiece> single_template;  // empty: encode() adds nothing
-
-  bool byte_level_decoder = true;        // false: no decoder, tokens are joined with spaces (HF)
-  std::vector<std::string> token_text;   // by id, as written; empty for ids nothing names
-  std::vector<std::string> token_bytes;  // by id, what decode() emits for it
-  std::vector<std::uint8_t> token_special;
-  std::vector<std::uint8_t> token_known;
-
-  WordCache cache;
-
-  void encode_text(std::string_view s, std::vector<std::int32_t>& ids, Scratch& scratch) const;
-  template <typename OnText>
-  void split_added(std::string_view s,
-                   const AddedTokenTrie& trie,
-                   std::vector<std::int32_t>& ids,
-                   OnText&& on_text) const;
-  void encode_piece(std::string_view piece, std::vector<std::int32_t>& ids, Scratch& s) const;
-  void encode_word(std::string_view word, std::vector<std::int32_t>& ids, Scratch& s) const;
-  void bpe(std::string_view word, std::vector<std::int32_t>& ids, Scratch& scratch) const;
-  bool normalize_into(std::string_view s, Scratch& scratch) const;
-  std::string decode(std::span<const std::int32_t> ids, bool skip_special) const;
-};
+Tokenizer::Impl::Impl() : serial(next_serial++) {}
 
 namespace {
 
@@ -420,10 +297,11 @@ void Tokenizer::Impl::encode_piece(std::string_view piece,
 void Tokenizer::Impl::encode_word(std::string_view word,
                                   std::vector<std::int32_t>& ids,
                                   Scratch& scratch) const {
-  if (cache.find(word, ids)) return;
+  const std::uint64_t hash = std::hash<std::string_view>{}(word);
+  if (scratch.cache.find(word, hash, ids)) return;
   scratch.word_ids.clear();
   bpe(word, scratch.word_ids, scratch);
-  cache.insert(word, scratch.word_ids);
+  scratch.cache.insert(word, hash, scratch.word_ids);
   ids.insert(ids.end(), scratch.word_ids.begin(), scratch.word_ids.end());
 }
 
@@ -462,23 +340,19 @@ void Tokenizer::Impl::bpe(std::string_view word,
   }
   if (pending_unk) add(*unk_id, unk_length);
 
-  struct Candidate {
-    std::uint32_t rank;
-    std::int32_t pos;
-    std::int32_t id;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  auto& queue = scratch.queue;
+  queue.clear();
   auto push = [&](std::int32_t pos) {
     const auto it = merges.find(pair_key(symbols[pos].id, symbols[symbols[pos].next].id));
-    if (it != merges.end()) queue.push({it->second.rank, pos, it->second.id});
+    if (it == merges.end()) return;
+    queue.push_back({it->second.rank, pos, it->second.id});
+    std::push_heap(queue.begin(), queue.end(), std::greater<>());
   };
   for (std::size_t i = 0; i + 1 < symbols.size(); ++i) push(static_cast<std::int32_t>(i));
   while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
+    std::pop_heap(queue.begin(), queue.end(), std::greater<>());
+    const Scratch::Candidate top = queue.back();
+    queue.pop_back();
     auto& left = symbols[top.pos];
     if (left.length == 0 || left.next < 0) continue;
     auto& right = symbols[left.next];
@@ -509,346 +383,10 @@ std::string Tokenizer::Impl::decode(std::span<const std::int32_t> ids, bool skip
   return out;
 }
 
-// --- loading --------------------------------------------------------------------------------
-
-namespace {
-
-// A field's value as a string for messages.
-std::string shown(const json& value) {
-  return value.dump();
-}
-
-// The "type" of one of the file's components; "" for null or a missing component.
-std::string type_of(const json& component, const std::string& what, const std::string& field) {
-  if (component.is_null()) return "";
-  TY_CHECK_T(CorruptDataError,
-             component.is_object() && component.contains("type") && component["type"].is_string(),
-             what, ": field \"", field, "\" should be an object with a \"type\", not ",
-             shown(component).substr(0, 200));
-  return component["type"].get<std::string>();
-}
-
-[[noreturn]] void unsupported(const std::string& what,
-                              const std::string& field,
-                              const std::string& value,
-                              const std::string& supported) {
-  throw InvalidArgumentError(detail::concat(
-      what, ": field \"", field, "\" is ", value, ", which trainyard does not implement (",
-      supported,
-      "). trainyard reads byte-level BPE tokenizers as GPT-2, GPT-NeoX, Pythia and Dolly ship "
-      "them. HINT: use a model with such a tokenizer, or remove the directory's tokenizer.json to "
-      "fall back to byte-level ids."));
-}
-
-bool flag(const json& object, const char* name, bool fallback) {
-  const auto it = object.find(name);
-  return it == object.end() || it->is_null() ? fallback : it->get<bool>();
-}
-
-void load_normalizer(const json& n,
-                     const std::string& what,
-                     const std::string& field,
-                     std::vector<text::NormalForm>& forms) {
-  const std::string type = type_of(n, what, field);
-  if (type.empty()) return;
-  if (type == "NFC")
-    forms.push_back(text::NormalForm::kNfc);
-  else if (type == "NFD")
-    forms.push_back(text::NormalForm::kNfd);
-  else if (type == "NFKC")
-    forms.push_back(text::NormalForm::kNfkc);
-  else if (type == "NFKD")
-    forms.push_back(text::NormalForm::kNfkd);
-  else if (type == "Sequence") {
-    const json& list = n.at("normalizers");
-    for (std::size_t i = 0; i < list.size(); ++i)
-      load_normalizer(list[i], what, detail::concat(field, ".normalizers[", i, "]"), forms);
-  } else {
-    unsupported(what, field + ".type", shown(n["type"]), "normalizers: NFC, NFD, NFKC, NFKD");
-  }
-}
-
-void load_post_processor(const json& p,
-                         const std::string& what,
-                         const std::string& field,
-                         Tokenizer::Impl& impl) {
-  const std::string type = type_of(p, what, field);
-  if (type.empty() || type == "ByteLevel") return;  // ByteLevel only trims offsets
-  if (type == "Sequence") {
-    const json& list = p.at("processors");
-    for (std::size_t i = 0; i < list.size(); ++i)
-      load_post_processor(list[i], what, detail::concat(field, ".processors[", i, "]"), impl);
-    return;
-  }
-  TY_CHECK(impl.single_template.empty(), what, ": field \"", field,
-           "\" is a second template; trainyard applies one.");
-  if (type == "RobertaProcessing" || type == "BertProcessing") {  // cls A sep
-    impl.single_template.push_back({false, {p.at("cls").at(1).get<std::int32_t>()}});
-    impl.single_template.push_back({true, {}});
-    impl.single_template.push_back({false, {p.at("sep").at(1).get<std::int32_t>()}});
-    return;
-  }
-  if (type != "TemplateProcessing")
-    unsupported(what, field + ".type", shown(p["type"]),
-                "post-processors: ByteLevel, TemplateProcessing, RobertaProcessing, "
-                "BertProcessing, Sequence");
-  const json& specials = p.at("special_tokens");
-  const json& single = p.at("single");
-  for (std::size_t i = 0; i < single.size(); ++i) {
-    const json& piece = single[i];
-    if (piece.contains("Sequence")) {
-      impl.single_template.push_back({true, {}});
-    } else if (piece.contains("SpecialToken")) {
-      const std::string name = piece["SpecialToken"].at("id").get<std::string>();
-      TY_CHECK_T(CorruptDataError, specials.contains(name), what, ": field \"", field, ".single[",
-                 i, "]\" names the special token ", shown(name), ", which \"", field,
-                 ".special_tokens\" does not list.");
-      impl.single_template.push_back(
-          {false, specials[name].at("ids").get<std::vector<std::int32_t>>()});
-    } else {
-      throw CorruptDataError(
-          detail::concat(what, ": field \"", field, ".single[", i,
-                         "]\" is neither a Sequence nor a SpecialToken: ", shown(piece)));
-    }
-  }
-}
-
-void load_pre_tokenizer(const json& p, const std::string& what, Tokenizer::Impl& impl) {
-  const std::string field = "pre_tokenizer";
-  std::string type = type_of(p, what, field);
-  const json* byte_level = &p;
-  if (type == "Sequence" && p.at("pretokenizers").size() == 1) {  // a one-step sequence
-    byte_level = &p["pretokenizers"][0];
-    type = type_of(*byte_level, what, field + ".pretokenizers[0]");
-  }
-  if (type != "ByteLevel")
-    unsupported(what, field, type.empty() ? "null" : shown(p).substr(0, 200),
-                "the pre-tokenizer must be ByteLevel, with GPT-2's split pattern");
-  impl.add_prefix_space = flag(*byte_level, "add_prefix_space", true);  // HF's defaults
-  impl.use_regex = flag(*byte_level, "use_regex", true);
-}
-
-void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
-  const std::string type = m.contains("type") ? m["type"].get<std::string>() : "BPE";
-  if (type != "BPE") unsupported(what, "model.type", shown(m["type"]), "models: BPE");
-  if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0)
-    unsupported(what, "model.dropout", shown(m["dropout"]), "dropout: null");
-  for (const char* name : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (m.contains(name) && !m[name].is_null() && !m[name].get<std::string>().empty())
-      unsupported(what, detail::concat("model.", name), shown(m[name]), "null");
-  if (flag(m, "byte_fallback", false))
-    unsupported(what, "model.byte_fallback", "true", "byte_fallback: false");
-  impl.fuse_unk = flag(m, "fuse_unk", false);
-  impl.ignore_merges = flag(m, "ignore_merges", false);
-
-  const json& vocab = m.at("vocab");
-  TY_CHECK_T(CorruptDataError, vocab.is_object(), what,
-             ": field \"model.vocab\" should map tokens to ids.");
-  for (const auto& [token, id] : vocab.items()) {
-    TY_CHECK_T(CorruptDataError,
-               id.is_number_integer() && id.get<std::int64_t>() >= 0 &&
-                   id.get<std::int64_t>() < (std::int64_t{1} << 31),
-               what, ": field \"model.vocab\" gives ", shown(token), " the id ", shown(id),
-               "; ids are integers from 0.");
-    impl.vocab.emplace(token, id.get<std::int32_t>());
-  }
-  auto id_of = [&](const std::string& token, std::size_t rank) {
-    const auto it = impl.vocab.find(token);
-    TY_CHECK_T(CorruptDataError, it != impl.vocab.end(), what, ": field \"model.merges[", rank,
-               "]\" uses or makes ", shown(token), ", which \"model.vocab\" does not hold.");
-    return it->second;
-  };
-  const json& merges = m.at("merges");
-  for (std::size_t rank = 0; rank < merges.size(); ++rank) {
-    std::string left;
-    std::string right;
-    if (merges[rank].is_string()) {  // "a b"
-      const std::string line = merges[rank].get<std::string>();
-      const std::size_t space = line.find(' ');
-      TY_CHECK_T(CorruptDataError,
-                 space != std::string::npos && line.find(' ', space + 1) == std::string::npos, what,
-                 ": field \"model.merges[", rank, "]\" is ", shown(line),
-                 "; a merge is two tokens with one space between them.");
-      left = line.substr(0, space);
-      right = line.substr(space + 1);
-    } else {  // ["a", "b"], as newer files write merges
-      TY_CHECK_T(CorruptDataError, merges[rank].is_array() && merges[rank].size() == 2, what,
-                 ": field \"model.merges[", rank, "]\" is ", shown(merges[rank]),
-                 "; a merge is \"a b\" or [\"a\", \"b\"].");
-      left = merges[rank][0].get<std::string>();
-      right = merges[rank][1].get<std::string>();
-    }
-    // A later duplicate replaces an earlier one, as in HF's map.
-    impl.merges[pair_key(id_of(left, rank), id_of(right, rank))] =
-        Merge{static_cast<std::uint32_t>(rank), id_of(left + right, rank)};
-  }
-  if (m.contains("unk_token") && !m["unk_token"].is_null()) {
-    const auto it = impl.vocab.find(m["unk_token"].get<std::string>());
-    TY_CHECK_T(CorruptDataError, it != impl.vocab.end(), what, ": field \"model.unk_token\" is ",
-               shown(m["unk_token"]), ", which \"model.vocab\" does not hold.");
-    impl.unk_id = it->second;
-  }
-  for (int b = 0; b < 256; ++b) {
-    const auto it = impl.vocab.find(to_byte_level(std::string(1, static_cast<char>(b))));
-    impl.byte_ids[b] = it == impl.vocab.end() ? -1 : it->second;
-  }
-}
-
-// Note [Added token ids]
-// HF does not take an added token's "id" from the file: it adds the tokens one by one in file
-// order, as AddedVocabulary::add_tokens does, and warns when the id it gives differs. A token
-// whose text is already in the vocabulary (or added before) takes that id; a new one takes the
-// model vocabulary's size (the number of entries) or, once an added id reaches it, the largest
-// added id + 1. A token equal in every field to one added before is skipped; a later token with
-// the same text replaces the earlier one's flags. Pythia's files agree with this everywhere.
-void load_added_tokens(const json& list, const std::string& what, Tokenizer::Impl& impl) {
-  std::vector<AddedToken> specials;  // in file order, each text once
-  std::vector<AddedToken> others;
-  std::unordered_set<std::string> special_texts;
-  std::unordered_map<std::int32_t, AddedToken> by_id;
-  const auto model_size = static_cast<std::int32_t>(impl.vocab.size());
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const json& t = list[i];
-    AddedToken token;
-    token.content = t.at("content").get<std::string>();
-    token.special = flag(t, "special", false);
-    token.single_word = flag(t, "single_word", false);
-    token.lstrip = flag(t, "lstrip", false);
-    token.rstrip = flag(t, "rstrip", false);
-    token.normalized = flag(t, "normalized", !token.special);
-    if (token.special && !token.content.empty() && special_texts.insert(token.content).second)
-      specials.push_back(token);
-    auto same = [&](const auto& entry) {
-      const AddedToken& o = entry.second;
-      return o.content == token.content && o.special == token.special &&
-             o.single_word == token.single_word && o.lstrip == token.lstrip &&
-             o.rstrip == token.rstrip && o.normalized == token.normalized;
-    };
-    if (token.content.empty() || std::any_of(by_id.begin(), by_id.end(), same)) continue;
-    if (const auto it = impl.added_ids.find(token.content); it != impl.added_ids.end()) {
-      token.id = it->second;
-    } else if (const auto v = impl.vocab.find(token.content); v != impl.vocab.end()) {
-      token.id = v->second;
-    } else if (impl.added_ids.empty()) {
-      token.id = model_size;
-    } else {
-      std::int32_t largest = 0;
-      for (const auto& [text, id] : impl.added_ids) largest = std::max(largest, id);
-      token.id = largest >= model_size || model_size == 0 ? largest + 1 : model_size;
-    }
-    const json& file_id = t.at("id");
-    if (!file_id.is_number_integer() || file_id.get<std::int64_t>() != token.id)
-      logger("tokenizer")
-          ->warn(
-              "{}: added_tokens[{}] ({}) says id {}; it gets {} as in HF's "
-              "tokenizers (Note [Added token ids])",
-              what, i, shown(token.content), shown(file_id), token.id);
-    impl.added_ids[token.content] = token.id;
-    by_id[token.id] = token;
-    if (!special_texts.count(token.content)) others.push_back(token);
-  }
-  for (const auto& [id, token] : by_id) impl.added.push_back(token);
-  std::unordered_map<std::int32_t, std::int32_t> index_of;  // id -> index in impl.added
-  for (std::size_t i = 0; i < impl.added.size(); ++i)
-    index_of[impl.added[i].id] = static_cast<std::int32_t>(i);
-  // HF's matchers: the special tokens first, then the others; the flags are the id's latest.
-  Scratch scratch;
-  for (const auto* group : {&specials, &others}) {
-    for (const AddedToken& token : *group) {
-      const std::int32_t index = index_of.at(impl.added_ids.at(token.content));
-      if (!token.normalized) {
-        impl.raw_trie.insert(token.content, index);
-      } else {  // matched in its normalised form
-        impl.normalized_trie.insert(impl.normalize_into(token.content, scratch)
-                                        ? std::string_view(scratch.normalized)
-                                        : std::string_view(token.content),
-                                    index);
-      }
-    }
-  }
-}
-
-// The id tables decode() and id_to_token() read; added tokens take precedence, as in HF.
-void build_id_tables(Tokenizer::Impl& impl) {
-  std::int64_t size = 0;
-  for (const auto& [token, id] : impl.vocab) size = std::max<std::int64_t>(size, id + 1);
-  for (const auto& token : impl.added) size = std::max<std::int64_t>(size, token.id + 1);
-  impl.token_text.assign(size, "");
-  impl.token_known.assign(size, 0);
-  impl.token_special.assign(size, 0);
-  for (const auto& [token, id] : impl.vocab) {
-    impl.token_text[id] = token;
-    impl.token_known[id] = 1;
-  }
-  std::unordered_set<std::string> specials;
-  Scratch scratch;
-  for (const auto& token : impl.added) {
-    // HF names a normalised token by its normalised text ("e\u0301" reads back as "é").
-    impl.token_text[token.id] = token.normalized && impl.normalize_into(token.content, scratch)
-                                    ? scratch.normalized
-                                    : token.content;
-    impl.token_known[token.id] = 1;
-    if (token.special) specials.insert(token.content);
-  }
-  impl.token_bytes.resize(size);
-  for (std::int64_t id = 0; id < size; ++id) {
-    impl.token_special[id] = specials.count(impl.token_text[id]) > 0;
-    impl.token_bytes[id] =
-        impl.byte_level_decoder ? from_byte_level(impl.token_text[id]) : impl.token_text[id];
-  }
-}
-
-}  // namespace
-
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
-
-Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& what) {
-  auto impl = std::make_unique<Impl>();
-  impl->source = what;
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::exception& e) {
-    throw CorruptDataError(detail::concat(what, " is not valid JSON: ", e.what()));
-  }
-  TY_CHECK_T(CorruptDataError, root.is_object() && root.contains("model"), what,
-             " is not a Hugging Face tokenizer.json: it has no \"model\" field.");
-  try {
-    for (const char* field : {"truncation", "padding"})
-      if (root.contains(field) && !root[field].is_null())
-        unsupported(what, field, shown(root[field]).substr(0, 200),
-                    "null: trainyard encodes whole texts and batches them itself");
-    load_model(root["model"], what, *impl);
-    if (root.contains("normalizer"))
-      load_normalizer(root["normalizer"], what, "normalizer", impl->normal_forms);
-    load_pre_tokenizer(root.value("pre_tokenizer", json()), what, *impl);
-    if (root.contains("post_processor"))
-      load_post_processor(root["post_processor"], what, "post_processor", *impl);
-    const std::string decoder = type_of(root.value("decoder", json()), what, "decoder");
-    if (!decoder.empty() && decoder != "ByteLevel")
-      unsupported(what, "decoder.type", shown(root["decoder"]["type"]), "decoders: ByteLevel");
-    impl->byte_level_decoder = !decoder.empty();
-    if (root.contains("added_tokens") && !root["added_tokens"].is_null())
-      load_added_tokens(root["added_tokens"], what, *impl);
-  } catch (const json::exception& e) {  // a field of the wrong type or missing
-    throw CorruptDataError(
-        detail::concat(what, " is not a tokenizer.json trainyard can read: ", e.what()));
-  }
-  build_id_tables(*impl);
-  return Tokenizer(std::move(impl));
-}
-
-Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TY_CHECK(in.good(), "Cannot read the tokenizer file ", path.string(), ": ", std::strerror(errno),
-           ".");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return from_json(text.str(), path.string());
-}
 
 Tokenizer Tokenizer::from_directory(const std::filesystem::path& dir) {
   TY_CHECK(std::filesystem::is_directory(dir), "The model directory ", dir.string(),
@@ -875,6 +413,7 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
     return ids;
   }
   thread_local Scratch scratch;
+  scratch.cache.claim(impl_->serial);
   ids.reserve(text.size() / 3);
   impl_->encode_text(text, ids, scratch);
   if (!add_special_tokens || impl_->single_template.empty()) return ids;
