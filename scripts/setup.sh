@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything trainyard needs to build, test and benchmark on Debian 12, plus s3rver (an
-# S3-compatible server the S3 checkpoint storage tests run against) from the npm registry.
+# S3-compatible server the S3 checkpoint storage tests run against) and Hugging Face's tokenizers
+# (the tokenizer tests' oracle) from the npm registry.
 # Idempotent: when everything is already present it touches nothing.
 set -euo pipefail
 
@@ -9,6 +10,7 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-pthread   # LibTorch, Gloo headers, a fast BLAS
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
   libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev
+  libicu-dev                                       # Unicode for the tokenizer (NFC, classes)
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   dataset-fashion-mnist fortunes                   # data sets
   python3-torch python3-torchvision                # the Python peer for comparisons
@@ -52,4 +54,19 @@ else
   "${sudo_cmd[@]}" mkdir -p "$s3rver_prefix"
   "${sudo_cmd[@]}" npm install --prefix "$s3rver_prefix" --no-audit --no-fund \
     "s3rver@${s3rver_version}"
+fi
+
+# Hugging Face's tokenizers as a Node package (its native binaries ship inside it): the oracle the
+# tokenizer tests compare ids with. tests/CMakeLists.txt points them at this prefix.
+tokenizers_prefix=/opt/trainyard/node-tokenizers
+tokenizers_version=0.23.2
+installed=$(node -p "require('${tokenizers_prefix}/node_modules/tokenizers/package.json').version" \
+  2>/dev/null || true)
+if [[ "$installed" == "$tokenizers_version" ]]; then
+  echo "setup: tokenizers ${installed} present in ${tokenizers_prefix}"
+else
+  echo "setup: installing tokenizers@${tokenizers_version} into ${tokenizers_prefix}"
+  "${sudo_cmd[@]}" mkdir -p "$tokenizers_prefix"
+  "${sudo_cmd[@]}" npm install --prefix "$tokenizers_prefix" --no-audit --no-fund \
+    "tokenizers@${tokenizers_version}"
 fi
