@@ -268,30 +268,49 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   flat->shard_numel = flat->padded_numel / shard_size_;
 
   torch::NoGradGuard no_grad;
-  // (padded_numel,) fp32: the unit's full values, alive only here.
-  auto full = cached_buffer(flat->padded_numel, torch::kFloat32).zero_();
-  for (auto& s : slots) {
-    auto dst = full.narrow(0, s.offset, s.numel).view(s.shape);
-    if (is_deferred(s.param)) {
-      TY_CHECK(options_.param_init != nullptr, where(), ": parameter ", s.name,
-               " has no values yet (deferred initialisation) and FsdpOptions.param_init is not "
-               "set. HINT: pass the model's initialiser, e.g. GptNeoXImpl::init_parameter.");
-      auto t = torch::empty(s.shape, torch::kFloat32);
-      options_.param_init(s.name, t);
-      dst.copy_(t);
-    } else {
-      dst.copy_(s.param.detach());
-    }
-  }
-  if (!deferred) sync_initial_values(full);
-
   flat->aliases_shard = shard_size_ == 1 && compute_dtype_ == torch::kFloat32;
+  if (deferred && options_.param_slice_init) {
+    // Note [Initialising by slices]
+    // Every parameter of a deferred unit is asked for the slice that falls in this rank's shard
+    // (shard k holds the flat elements [k * shard_numel, (k + 1) * shard_numel)); padding stays
+    // zero. The values are the same as param_init's, built without the unit's full buffer, and
+    // every rank of a shard group reads disjoint slices.
+    TY_CHECK(std::all_of(slots.begin(), slots.end(),
+                         [](const ParamSlot& s) { return is_deferred(s.param); }),
+             where(), ": FsdpOptions.param_slice_init needs every parameter of a unit deferred.");
+    auto shard = torch::zeros({flat->shard_numel}, torch::kFloat32);
+    const std::int64_t lo = shard_rank_ * flat->shard_numel, hi = lo + flat->shard_numel;
+    for (const auto& s : slots) {
+      const auto b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
+      if (b < e)
+        options_.param_slice_init(s.name, b - s.offset, e - b, shard.data_ptr<float>() + (b - lo));
+    }
+    flat->shard = shard;
+  } else {
+    // (padded_numel,) fp32: the unit's full values, alive only here.
+    auto full = cached_buffer(flat->padded_numel, torch::kFloat32).zero_();
+    for (auto& s : slots) {
+      auto dst = full.narrow(0, s.offset, s.numel).view(s.shape);
+      if (is_deferred(s.param)) {
+        TY_CHECK(options_.param_init != nullptr, where(), ": parameter ", s.name,
+                 " has no values yet (deferred initialisation) and FsdpOptions.param_init is not "
+                 "set. HINT: pass the model's initialiser, e.g. GptNeoXImpl::init_parameter.");
+        auto t = torch::empty(s.shape, torch::kFloat32);
+        options_.param_init(s.name, t);
+        dst.copy_(t);
+      } else {
+        dst.copy_(s.param.detach());
+      }
+    }
+    if (!deferred) sync_initial_values(full);
+    flat->shard = flat->aliases_shard
+                      ? full
+                      : full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel).clone();
+  }
   if (flat->aliases_shard) {
-    flat->shard = full;
-    flat->gathered = full.storage();
+    flat->gathered = flat->shard.storage();
     flat->is_gathered = true;
   } else {
-    flat->shard = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel).clone();
     flat->gathered = c10::Storage(c10::Storage::use_byte_size_t(),
                                   flat->padded_numel * c10::elementSize(compute_dtype_),
                                   c10::GetCPUAllocator(), /*resizable=*/true);

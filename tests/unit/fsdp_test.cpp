@@ -2,7 +2,9 @@
 // groups) each with batch B, under every sharding strategy, must end where one process with
 // batch W*B ends, on the small GPT-NeoX of tiny_gpt_neox.h.
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <mutex>
 
 #include <map>
 
@@ -396,6 +398,62 @@ TEST(Fsdp, DeferredModelIsMaterialisedUnitByUnitWithTheEagerValues) {
     ASSERT_EQ(actual.size(), eager.size());
     for (const auto& [name, t] : eager)
       EXPECT_TRUE(torch::equal(t, actual.at(name))) << "W=" << world << ": " << name;
+  }
+}
+
+// With a slice initialiser each rank is asked only for the elements of its own shards (disjoint
+// across the ranks, together every element once), and the model equals the eager one.
+TEST(Fsdp, DeferredModelIsReadSliceBySliceIntoEachRanksShards) {
+  Params eager;
+  std::int64_t total = 0;
+  {
+    GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+    for (auto& item : model->named_parameters()) {
+      eager[item.key()] = item.value().detach().clone();
+      total += item.value().numel();
+    }
+  }
+  for (int world : {1, 2, 3}) {
+    Params actual;
+    std::vector<std::int64_t> asked(static_cast<std::size_t>(world), 0);
+    std::mutex mu;
+    std::map<std::string, std::vector<std::pair<std::int64_t, std::int64_t>>> slices;
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    trainyard::testing::run_thread_ranks(world, [&](int rank, auto pg) {
+      GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed, .deferred = true});
+      auto options = layer_units(ShardingStrategy::kFullShard);
+      options.param_slice_init = [&, rank](const std::string& name, std::int64_t begin,
+                                           std::int64_t count, float* dst) {
+        auto flat = eager.at(name).reshape({-1}).narrow(0, begin, count);
+        std::copy_n(flat.data_ptr<float>(), count, dst);
+        std::lock_guard<std::mutex> lock(mu);
+        asked[static_cast<std::size_t>(rank)] += count;
+        slices[name].emplace_back(begin, begin + count);
+      };
+      FullyShardedDataParallel fsdp(
+          model, trainyard::fsdp::make_fsdp_groups(options.sharding, pg, store, world), options);
+      auto full = fsdp.full_parameters();
+      if (rank == 0)
+        for (auto& [name, t] : full) actual[name] = t;
+    });
+    ASSERT_EQ(actual.size(), eager.size());
+    for (const auto& [name, t] : eager)
+      EXPECT_TRUE(torch::equal(t, actual.at(name))) << "W=" << world << ": " << name;
+    std::int64_t sum = 0;
+    for (auto a : asked) {
+      EXPECT_LE(a, total / world + 64 * 8) << "W=" << world << ": a rank reads about its share";
+      sum += a;
+    }
+    EXPECT_EQ(sum, total) << "W=" << world << ": every element is read once";
+    for (auto& [name, ranges] : slices) {
+      std::sort(ranges.begin(), ranges.end());
+      std::int64_t next = 0;
+      for (auto [b, e] : ranges) {
+        EXPECT_EQ(b, next) << name << ": slices are disjoint and cover the parameter";
+        next = e;
+      }
+      EXPECT_EQ(next, eager.at(name).numel()) << name;
+    }
   }
 }
 

@@ -74,6 +74,13 @@ struct MixedPrecision {
 // name (and a seed), never on the rank, so every world size builds the same model.
 using ParamInit = std::function<void(const std::string& name, torch::Tensor& tensor)>;
 
+// Like ParamInit, for elements [begin, begin + count) of the flattened parameter only, written
+// as fp32 to `dst`: FSDP then asks each rank for the slices of its own shards and never builds a
+// unit's full values (Note [Initialising by slices]), so a rank loading a checkpoint reads no more
+// than it holds. Used instead of param_init when set.
+using ParamSliceInit = std::function<void(
+    const std::string& name, std::int64_t begin, std::int64_t count, float* dst)>;
+
 struct FsdpOptions {
   ShardingStrategy sharding = ShardingStrategy::kFullShard;
   WrapPolicy wrap;
@@ -89,6 +96,8 @@ struct FsdpOptions {
   bool activation_checkpointing = false;
   // Required when the model was built on the meta device: see ParamInit.
   ParamInit param_init;
+  // For a deferred model: see ParamSliceInit. Takes precedence over param_init.
+  ParamSliceInit param_slice_init;
 };
 
 // The process groups FSDP runs over. `shard`: the ranks that split each unit (all of them for

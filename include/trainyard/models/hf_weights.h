@@ -1,0 +1,45 @@
+// Hugging Face model folders for trainyard's models: parameters read from a folder's weights
+// (hf::WeightReader: safetensors, sharded safetensors, pytorch_model.bin) by name, into a whole
+// module or slice by slice into FSDP's shards, and a module's parameters exported as a folder
+// (config.json, model.safetensors or shards with an index), one tensor at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <torch/nn/module.h>
+
+namespace trainyard::hf {
+class WeightReader;
+}
+
+namespace trainyard::models {
+
+// Copies every parameter of `module` (HF names, e.g. GptNeoX's) from `reader`, converting the
+// stored dtype. Throws CheckpointCorruptError naming the tensor, its file and both shapes when a
+// shape disagrees with the model (its config.json), and when a parameter is missing.
+void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader);
+
+// An FSDP ParamSliceInit (fsdp/fully_sharded_data_parallel.h) reading the elements a rank's
+// shards hold from `reader` and nothing else. `shapes(name)` gives the model's shape of a
+// parameter, checked against the file once per parameter.
+std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_slice_init(
+    std::shared_ptr<const hf::WeightReader> reader,
+    std::function<std::vector<std::int64_t>(const std::string&)> shapes);
+
+struct ExportOptions {
+  std::uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's "5GB"
+  bool bf16 = false;                              // write BF16 instead of F32
+};
+
+// Writes `module`'s parameters to `dir` as Hugging Face weights (model.safetensors, or shards and
+// model.safetensors.index.json past max_shard_bytes) and `config_json` as config.json, streaming
+// one tensor at a time. Files appear complete or not at all.
+void export_hf(const torch::nn::Module& module,
+               const std::string& config_json,
+               const std::string& dir,
+               ExportOptions options = {});
+
+}  // namespace trainyard::models

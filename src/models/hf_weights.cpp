@@ -1,0 +1,70 @@
+#include "trainyard/models/hf_weights.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <mutex>
+#include <set>
+
+#include "trainyard/error.h"
+#include "trainyard/hf/safetensors_writer.h"
+#include "trainyard/hf/weight_reader.h"
+
+namespace trainyard::models {
+
+void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.named_parameters()) {
+    auto& t = p.value();
+    TY_CHECK_T(CheckpointCorruptError, reader.contains(p.key()), reader.dir().string(),
+               " has no tensor \"", p.key(), "\" that the model needs.");
+    reader.check_shape(p.key(), t.sizes().vec(), "the model's config.json");
+    auto values = torch::empty({t.numel()}, torch::kFloat32);
+    reader.read(p.key(), 0, static_cast<std::uint64_t>(t.numel()), hf::Dtype::F32,
+                values.data_ptr<float>());
+    t.copy_(values.view(t.sizes()));
+  }
+}
+
+std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_slice_init(
+    std::shared_ptr<const hf::WeightReader> reader,
+    std::function<std::vector<std::int64_t>(const std::string&)> shapes) {
+  auto checked = std::make_shared<std::set<std::string>>();
+  auto mu = std::make_shared<std::mutex>();
+  return [reader, shapes, checked, mu](const std::string& name, std::int64_t begin,
+                                       std::int64_t count, float* dst) {
+    {
+      std::lock_guard<std::mutex> lock(*mu);
+      if (checked->insert(name).second) {
+        TY_CHECK_T(CheckpointCorruptError, reader->contains(name), reader->dir().string(),
+                   " has no tensor \"", name, "\" that the model needs.");
+        reader->check_shape(name, shapes(name), "the model's config.json");
+      }
+    }
+    reader->read(name, static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(count),
+                 hf::Dtype::F32, dst);
+  };
+}
+
+void export_hf(const torch::nn::Module& module,
+               const std::string& config_json,
+               const std::string& dir,
+               ExportOptions options) {
+  std::filesystem::create_directories(dir);
+  const auto params = module.named_parameters();
+  std::vector<hf::TensorSpec> specs;
+  for (const auto& p : params)
+    specs.push_back({p.key(), options.bf16 ? hf::Dtype::BF16 : hf::Dtype::F32,
+                     p.value().sizes().vec()});
+  hf::ShardedSafetensorsWriter writer(dir, std::move(specs),
+                                      {.max_shard_bytes = options.max_shard_bytes});
+  for (const auto& p : params) {
+    const auto values = p.value().detach().to(torch::kFloat32).contiguous();
+    writer.append(values.data_ptr<float>(), hf::Dtype::F32,
+                  static_cast<std::uint64_t>(values.numel()));
+  }
+  writer.finish();
+  hf::write_config_json(dir, config_json);
+}
+
+}  // namespace trainyard::models
