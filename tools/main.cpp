@@ -3,8 +3,11 @@
 
 #include <cstdio>
 
+#include "tools/export_command.h"
 #include "tools/generate_command.h"
+#include "tools/plan_command.h"
 #include "tools/run_command.h"
+#include "tools/tokenize_command.h"
 #include "tools/train_command.h"
 #include "trainyard/error.h"
 
@@ -16,6 +19,9 @@ int main(int argc, char** argv) {
   trainyard::cli::add_run_command(app, exit_code);
   trainyard::cli::add_train_command(app, std::vector<std::string>(argv, argv + argc), exit_code);
   trainyard::cli::add_generate_command(app, exit_code);
+  trainyard::cli::add_export_command(app, exit_code);
+  trainyard::cli::add_plan_command(app, exit_code);
+  trainyard::cli::add_tokenize_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

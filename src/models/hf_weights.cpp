@@ -54,8 +54,8 @@ void export_hf(const torch::nn::Module& module,
   const auto params = module.named_parameters();
   std::vector<hf::TensorSpec> specs;
   for (const auto& p : params)
-    specs.push_back({p.key(), options.bf16 ? hf::Dtype::BF16 : hf::Dtype::F32,
-                     p.value().sizes().vec()});
+    specs.push_back(
+        {p.key(), options.bf16 ? hf::Dtype::BF16 : hf::Dtype::F32, p.value().sizes().vec()});
   hf::ShardedSafetensorsWriter writer(dir, std::move(specs),
                                       {.max_shard_bytes = options.max_shard_bytes});
   for (const auto& p : params) {

@@ -24,8 +24,11 @@
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/fsdp/state_dict.h"
 #include "trainyard/heartbeat.h"
+#include "trainyard/hf/tokenizer.h"
+#include "trainyard/hf/weight_reader.h"
 #include "trainyard/log.h"
 #include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/hf_weights.h"
 #include "trainyard/optim/fused_adamw.h"
 #include "trainyard/train/trainer.h"
 
@@ -76,8 +79,17 @@ ModelSource resolve_model(const std::string& model) {
   }
 }
 
+// Whether `dir` holds weights hf::WeightReader reads.
+bool has_hf_weights(const std::string& dir) {
+  for (auto name :
+       {hf::kSafetensorsName, hf::kSafetensorsIndexName, hf::kTorchBinName, hf::kTorchBinIndexName})
+    if (fs::exists(fs::path(dir) / name)) return true;
+  return false;
+}
+
 TextTokenizer byte_tokenizer() {
   return {.id = "bytes",
+          .cache_key = "bytes",
           .encode =
               [](std::string_view text) {
                 return std::vector<std::int32_t>(
@@ -153,10 +165,72 @@ double peak_rss_mib() {
 }  // namespace
 
 TextTokenizer load_text_tokenizer(const std::string& id) {
-  TY_CHECK(id == "bytes", "tokenizer.json files are not read yet (", id,
-           "); omit --tokenizer to train on bytes.");
-  return byte_tokenizer();
+  if (id == "bytes") return byte_tokenizer();
+  auto tokenizer = std::make_shared<const hf::Tokenizer>(hf::Tokenizer::from_file(id));
+  std::ifstream in(id, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {.id = id,
+          .cache_key = "tokenizer.json " + checkpoint::sha256_hex(text),
+          .encode =
+              [tokenizer](std::string_view line) {
+                return tokenizer->encode(line, /*add_special_tokens=*/true);
+              },
+          .decode =
+              [tokenizer](const std::vector<std::int64_t>& ids) {
+                const std::vector<std::int32_t> narrow(ids.begin(), ids.end());
+                return tokenizer->decode(narrow, /*skip_special_tokens=*/true);
+              },
+          // The seed pads with the end-of-text token when the tokenizer names no padding.
+          .pad_id = tokenizer->pad_id().value_or(tokenizer->eos_id().value_or(0)),
+          .eos_id = tokenizer->eos_id() ? *tokenizer->eos_id() : -1,
+          .vocab_size = tokenizer->vocab_size()};
 }
+
+namespace {
+
+// A run's folder: its model (untrained) and tokenizer, from its config.json.
+LoadedLm untrained_model_of_run(const std::string& run_uri, std::uint64_t seed) {
+  const auto text = storage::open_storage(run_uri)->read("config.json");
+  TY_CHECK(text.has_value(), run_uri, " has no config.json: it is not a causal-lm run's folder.");
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(*text);
+  } catch (const std::exception& e) {
+    throw CorruptDataError(detail::concat(run_uri, "/config.json is not valid JSON: ", e.what()));
+  }
+  TY_CHECK(config.value("recipe", "") == "causal-lm", run_uri,
+           "/config.json is not a causal-lm run's (recipe \"", config.value("recipe", ""), "\").");
+  const auto source = resolve_model(config.at("model").get<std::string>());
+  return {models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed}),
+          load_text_tokenizer(config.value("tokenizer", "bytes")), run_uri};
+}
+
+// Loads checkpoint `name` of the run (the newest complete one when empty) into `lm.model`.
+void load_run_checkpoint(LoadedLm& lm, const std::string& run_uri, std::string name) {
+  checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
+  if (name.empty()) {
+    const auto complete = checkpointer.list_complete();
+    TY_CHECK(!complete.empty(), "The run ", run_uri,
+             " has no complete checkpoint yet. HINT: train it (trainyard train causal-lm ...) "
+             "until it saves one.");
+    name = complete.back();
+  }
+  const auto manifest = checkpointer.read_manifest(name);
+  const auto where = storage::join_uri(run_uri, manifest.name);
+  if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
+    fsdp::load_sharded_into_module(
+        *lm.model, checkpointer.read_file(manifest, fsdp::kShardedMetadataFile),
+        [&](const std::string& file) { return checkpointer.read_file(manifest, file); }, where);
+  } else {
+    TY_CHECK_T(CheckpointCorruptError, manifest.files.count("model.pt") != 0, where,
+               " holds neither ", fsdp::kShardedMetadataFile, " nor model.pt.");
+    checkpoint::load_module(*lm.model, checkpointer.read_file(manifest, "model.pt"),
+                            where + "/model.pt");
+  }
+  lm.description = detail::concat(where, " (step ", manifest.step, ")");
+}
+
+}  // namespace
 
 LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
   const auto& presets = models::GptNeoXConfig::preset_names();
@@ -166,41 +240,43 @@ LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
             byte_tokenizer(),
             detail::concat("preset ", model_or_run, " initialised from seed ", seed)};
   }
-  auto run = storage::open_storage(model_or_run);
-  const auto config_text = run->read("config.json");
+  const auto config_text = storage::open_storage(model_or_run)->read("config.json");
   TY_CHECK(config_text.has_value(), "--model ", model_or_run,
            " is neither a preset, nor a causal-lm run's folder, nor a Hugging Face model folder "
            "(it has no config.json).");
-  const auto config = nlohmann::json::parse(*config_text);
-  if (config.value("recipe", "") != "causal-lm") {
-    throw InvalidArgumentError(detail::concat(
-        "--model ", model_or_run,
-        " is a Hugging Face model folder; reading its weights is not supported yet. HINT: give a "
-        "causal-lm run's folder or a preset."));
+  if (config_text->find("\"recipe\"") == std::string::npos) {
+    // A Hugging Face folder: its config.json, weights and tokenizer.
+    const auto source = resolve_model(model_or_run);
+    const hf::WeightReader reader(source.dir);
+    LoadedLm out{models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed}),
+                 tokenizer_for(CausalLmOptions{}, source), ""};
+    models::load_hf_weights(*out.model, reader);
+    out.description =
+        detail::concat(source.dir, " (", hf::weight_format_name(reader.format()), ")");
+    return out;
   }
-  // A run: its model's shape and tokenizer, and the weights of its newest checkpoint.
-  const auto source = resolve_model(config.at("model").get<std::string>());
-  LoadedLm out{models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed}),
-               load_text_tokenizer(config.value("tokenizer", "bytes")), ""};
-  checkpoint::Checkpointer checkpointer(std::move(run), {.read_only = true});
-  const auto complete = checkpointer.list_complete();
-  TY_CHECK(!complete.empty(), "The run ", model_or_run,
-           " has no complete checkpoint yet. HINT: train it (trainyard train causal-lm ...) "
-           "until it saves one.");
-  const auto manifest = checkpointer.read_manifest(complete.back());
-  const auto where = storage::join_uri(model_or_run, manifest.name);
-  if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
-    fsdp::load_sharded_into_module(
-        *out.model, checkpointer.read_file(manifest, fsdp::kShardedMetadataFile),
-        [&](const std::string& file) { return checkpointer.read_file(manifest, file); }, where);
-  } else {
-    TY_CHECK_T(CheckpointCorruptError, manifest.files.count("model.pt") != 0, where,
-               " holds neither ", fsdp::kShardedMetadataFile, " nor model.pt.");
-    checkpoint::load_module(*out.model, checkpointer.read_file(manifest, "model.pt"),
-                            where + "/model.pt");
-  }
-  out.description = detail::concat(where, " (step ", manifest.step, ")");
-  return out;
+  auto lm = untrained_model_of_run(model_or_run, seed);
+  load_run_checkpoint(lm, model_or_run, "");
+  return lm;
+}
+
+std::string export_checkpoint(const std::string& checkpoint_uri,
+                              const std::string& out_dir,
+                              const models::ExportOptions& options) {
+  auto trimmed = checkpoint_uri;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  const auto slash = trimmed.rfind('/');
+  const auto name = slash == std::string::npos ? trimmed : trimmed.substr(slash + 1);
+  TY_CHECK(checkpoint::checkpoint_number(name) >= 0, "--checkpoint ", checkpoint_uri,
+           " does not name a checkpoint folder (RUN/checkpoint_000003).");
+  const auto run_uri = slash == std::string::npos ? std::string(".") : trimmed.substr(0, slash);
+  auto lm = untrained_model_of_run(run_uri, 0);
+  load_run_checkpoint(lm, run_uri, name);
+  models::export_hf(*lm.model, lm.model->config().to_json(), out_dir, options);
+  if (lm.tokenizer.id != "bytes")
+    fs::copy_file(lm.tokenizer.id, fs::path(out_dir) / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
+  return lm.description;
 }
 
 void CausalLmOptions::validate() const {
@@ -248,8 +324,8 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
            " is longer than --model ", o.model, " takes (max_position_embeddings ",
            source.config.max_position_embeddings, ").");
   const auto t_prepare = Clock::now();
-  const auto text =
-      data::prepare_text(o.data, tokenizer.id, tokenizer.encode, o.seq_len, tokenizer.pad_id);
+  const auto text = data::prepare_text(o.data, tokenizer.cache_key, tokenizer.encode, o.seq_len,
+                                       tokenizer.pad_id);
   if (rank == 0)
     log->info("{}: {} training lines, {} tokens ({} {:.2f} s)", o.data, text.lines.size(),
               text.lines.tokens(), text.from_cache ? "read from " : "prepared in",
@@ -263,6 +339,21 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   const bool bf16 = o.precision == "bf16-mixed";
   models::GptNeoX model(source.config,
                         models::GptNeoXInit{.seed = o.seed, .deferred = !ddp_strategy});
+  // A Hugging Face folder's weights: FSDP reads each rank's slices of them (Note [Initialising
+  // by slices]), DDP the whole model on every rank.
+  std::shared_ptr<const hf::WeightReader> weights;
+  if (!source.dir.empty()) {
+    if (has_hf_weights(source.dir)) {
+      weights = std::make_shared<const hf::WeightReader>(source.dir);
+      if (rank == 0)
+        log->info("Initial weights: {} ({})", source.dir,
+                  hf::weight_format_name(weights->format()));
+    } else if (rank == 0) {
+      log->warn("{} holds config.json but no weights: training from a random initialisation.",
+                source.dir);
+    }
+  }
+  if (weights && ddp_strategy) models::load_hf_weights(*model, *weights);
   std::unique_ptr<fsdp::FullyShardedDataParallel<models::GptNeoX>> sharded;
   std::unique_ptr<ddp::DistributedDataParallel<models::GptNeoX>> replicated;
   std::vector<torch::Tensor> params;
@@ -282,6 +373,12 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
         .param_init = [model](const std::string& name, torch::Tensor& t) {
           model->init_parameter(name, t);
         }};
+    if (weights) {
+      std::map<std::string, std::vector<std::int64_t>> shapes;
+      for (const auto& p : model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+      options.param_slice_init = models::hf_slice_init(
+          weights, [shapes](const std::string& name) { return shapes.at(name); });
+    }
     if (bf16)
       options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
     sharded = std::make_unique<fsdp::FullyShardedDataParallel<models::GptNeoX>>(

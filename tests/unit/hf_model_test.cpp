@@ -82,9 +82,8 @@ TEST(HfModel, ExportThenLoadGivesIdenticalLogits) {
   GptNeoX loaded(config, GptNeoXInit{.seed = 99});
   load_hf_weights(*loaded, trainyard::hf::WeightReader(dir.path()));
   for (const auto& p : loaded->named_parameters())
-    EXPECT_TRUE(torch::equal(p.value(), original->named_parameters()[p.key()]
-                                            .to(torch::kBFloat16)
-                                            .to(torch::kFloat32)))
+    EXPECT_TRUE(torch::equal(
+        p.value(), original->named_parameters()[p.key()].to(torch::kBFloat16).to(torch::kFloat32)))
         << p.key() << " is the bf16 rounding of the original";
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/hf_weights.h"
 
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
@@ -48,6 +49,7 @@ struct CausalLmOptions {
 // How text becomes token ids and back: a tokenizer.json, or bytes as tokens (ids 0-255).
 struct TextTokenizer {
   std::string id;  // "bytes", or the tokenizer.json's path: recorded in the run's config.json
+  std::string cache_key;  // names it in the token cache: the file's SHA-256 (Note [Token cache])
   std::function<std::vector<std::int32_t>(std::string_view)> encode;
   std::function<std::string(const std::vector<std::int64_t>&)> decode;
   std::int32_t pad_id = 0;
@@ -68,6 +70,13 @@ struct LoadedLm {
   std::string description;  // what was loaded, for a log line
 };
 LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed = 0);
+
+// Writes checkpoint RUN/checkpoint_NNNNNN of a causal-lm run as a Hugging Face model folder
+// (config.json, safetensors weights, the run's tokenizer.json when it had one) in `out_dir`;
+// returns what it exported.
+std::string export_checkpoint(const std::string& checkpoint_uri,
+                              const std::string& out_dir,
+                              const models::ExportOptions& options = {});
 
 // Runs one rank of the job on the Trainer; the environment contract must be present. The result
 // holds epoch, step and train_loss (the table's rows), tokens/s and every rank's peak RSS.
