@@ -94,6 +94,15 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
   EXPECT_TRUE(text.status.success()) << text.err;
   EXPECT_EQ(text.out.rfind("Q:", 0), 0u) << "the prompt, then its continuation: " << text.out;
 
+  // Export writes a Hugging Face folder; generating from it gives the run's tokens exactly.
+  auto exported = run_program({TRAINYARD_CLI_PATH, "export", "--checkpoint",
+                               run_uri + "/checkpoint_000000", "--out", dir.str() + "/hf"},
+                              {}, 60s);
+  ASSERT_TRUE(exported.status.success()) << exported.out << exported.err;
+  for (const char* file : {"config.json", "model.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(dir.path() / "hf" / file)) << file;
+  EXPECT_EQ(generate(dir.str() + "/hf"), after);
+
   // The same run at one rank: it resumes from the 2-rank sharded checkpoint where it stopped.
   auto second = run_program(recipe(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
   ASSERT_FALSE(second.timed_out) << second.out << second.err;
@@ -112,6 +121,26 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
   EXPECT_EQ(again["checkpoint_dir_name"].get<std::string>(), "checkpoint_000001");
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "causal-lm" / "checkpoint_000000"))
       << "--num-to-keep defaults to 1, as the seed keeps";
+}
+
+// With a tokenizer.json the corpus is tokenised by it (and cached under its hash), the run
+// records it, and generation decodes with it.
+TEST(CausalLm, ATokenizerJsonTokenisesTheCorpusAndDecodesGeneration) {
+  TempDir dir;
+  const std::string tokenizer =
+      std::string(TRAINYARD_SOURCE_DIR) + "/tests/data/hf/tiny_bpe_tokenizer.json";
+  auto r = run_program(recipe(dir, {"--workers", "1", "--tokenizer", tokenizer, "--max-steps", "2",
+                                    "--seq-len", "32"}),
+                       {}, 60s);
+  ASSERT_TRUE(r.status.success()) << r.out << r.err;
+  const auto config = nlohmann::json::parse(read_file(dir.path() / "causal-lm" / "config.json"));
+  EXPECT_EQ(config["tokenizer"].get<std::string>(), tokenizer);
+  EXPECT_LT(config["tokens"].get<std::int64_t>(), 23600) << "fewer tokens than the corpus's bytes";
+  auto g = run_program({TRAINYARD_CLI_PATH, "generate", "--model", dir.str() + "/causal-lm",
+                        "--prompt", "Q: What", "--max-new-tokens", "8", "--seed", "1"},
+                       {}, 60s);
+  ASSERT_TRUE(g.status.success()) << g.err;
+  EXPECT_EQ(g.out.rfind("Q: What", 0), 0u) << g.out;
 }
 
 TEST(CausalLm, BadFlagsAreRefusedBeforeAnyRankStarts) {
