@@ -1,6 +1,8 @@
 // Reading a Hugging Face safetensors file by FSDP shards: each rank (one process each) reads
 // only its 1/W of the flattened parameters and reports time and peak RSS (VmHWM), to show that a
-// rank never needs the model's full size. LibTorch-free.
+// rank never needs the model's full size. LibTorch-free. Any model directory whose tensors hold
+// value_at(tensor index, element index) (bench/python/hf_bin_model.py writes a torch.save one)
+// can be read and checked.
 //
 //   hf_read_bench write DIR [MiB] [F32|BF16]    streams a model.safetensors of about MiB (1024)
 //   hf_read_bench read DIR RANK WORLD [--out F32|BF16] [--hold] [--cold]
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::int64_t kRows = 2048, kCols = 4096;
+constexpr std::uint64_t kStreamPieceElements = 4u << 20;  // per read() when not --hold
 
 // The value every element holds: a hash of its tensor and index, in [-0.5, 0.5).
 float value_at(std::size_t tensor, std::uint64_t i) {
@@ -44,6 +48,26 @@ long vm_hwm_kib() {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Compares every 997th of `count` elements at `dst` (tensor t's elements from `first` on) with
+// value_at; returns the number that differ. A bf16 file holds value_at rounded to bf16.
+std::uint64_t check_sample(
+    const unsigned char* dst, Dtype out, std::size_t t, std::uint64_t first, std::uint64_t count) {
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < count; i += 997) {
+    const float want = value_at(t, first + i);
+    if (out == Dtype::F32) {
+      float got;
+      std::memcpy(&got, dst + i * 4, 4);
+      bad += got != bf16_to_f32(f32_to_bf16(want)) && got != want;
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, dst + i * 2, 2);
+      bad += h != f32_to_bf16(want);
+    }
+  }
+  return bad;
 }
 
 int write_model(const fs::path& dir, std::uint64_t mib, Dtype dtype) {
@@ -79,10 +103,16 @@ int read_shard(const fs::path& dir, int rank, int world, Dtype out, bool hold, b
   const double open_secs = seconds_since(t_open);
   std::uint64_t total = 0;
   for (const auto& name : reader.names()) total += reader.info(name).numel();
-  if (cold) {  // drop this file's pages from the page cache (affects no other file)
-    const int fd = ::open((dir / kSafetensorsName).c_str(), O_RDONLY);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
+  std::set<fs::path> files;
+  for (const auto& name : reader.names()) files.insert(reader.info(name).file);
+  std::uint64_t file_bytes = 0;
+  for (const auto& f : files) {
+    file_bytes += fs::file_size(f);
+    if (cold) {  // drop this file's pages from the page cache (affects no other file)
+      const int fd = ::open(f.c_str(), O_RDONLY);
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      ::close(fd);
+    }
   }
   // FSDP's flat parameter: every tensor flattened and concatenated, cut into W equal parts.
   const std::uint64_t shard = (total + world - 1) / world;
@@ -99,42 +129,35 @@ int read_shard(const fs::path& dir, int rank, int world, Dtype out, bool hold, b
     const std::uint64_t n = reader.info(name).numel();
     const std::uint64_t b = std::max(begin, flat), e = std::min(end, flat + n);
     if (b < e) {
-      unsigned char* dst;
-      if (hold) {
-        dst = held.data() + (b - begin) * es;
-      } else {
-        slice.resize((e - b) * es);
-        dst = slice.data();
-      }
-      reader.read(name, b - flat, e - b, out, dst);
-      // Check a sample of the elements against the values written.
-      for (std::uint64_t i = b; i < e; i += 997) {
-        const float want = value_at(t, i - flat);
-        float got;
-        if (out == Dtype::F32) {
-          std::memcpy(&got, dst + (i - b) * 4, 4);
-          mismatches += got != bf16_to_f32(f32_to_bf16(want)) && got != want;
+      // Held: straight into the shard buffer. Streamed: in pieces through one buffer.
+      const std::uint64_t piece = hold ? e - b : kStreamPieceElements;
+      for (std::uint64_t pb = b; pb < e; pb += piece) {
+        const std::uint64_t pe = std::min(e, pb + piece);
+        unsigned char* dst;
+        if (hold) {
+          dst = held.data() + (pb - begin) * es;
         } else {
-          std::uint16_t h;
-          std::memcpy(&h, dst + (i - b) * 2, 2);
-          mismatches += h != f32_to_bf16(want);
+          slice.resize((pe - pb) * es);
+          dst = slice.data();
         }
+        reader.read(name, pb - flat, pe - pb, out, dst);
+        mismatches += check_sample(dst, out, t, pb - flat, pe - pb);
       }
       read_elems += e - b;
     }
     flat += n;
   }
   const double secs = seconds_since(t0);
-  const auto file_bytes = fs::file_size(dir / kSafetensorsName);
   std::printf(
       "rank %d/%d: %llu of %llu elements as %s (%s%s) in %.3f s (open %.3f s), %.2f GB/s of "
-      "file bytes; peak RSS %ld MiB = %.1f%% of the %llu MiB file; %llu mismatches\n",
+      "file bytes; peak RSS %ld MiB = %.1f%% of the %llu MiB of %s; %llu mismatches\n",
       rank, world, static_cast<unsigned long long>(read_elems),
       static_cast<unsigned long long>(total), std::string(dtype_name(out)).c_str(),
       hold ? "shard held" : "streamed", cold ? ", cold cache" : "", secs, open_secs,
       read_elems * element_size(reader.info(reader.names()[0]).dtype) / secs / 1e9,
       vm_hwm_kib() / 1024, 100.0 * vm_hwm_kib() * 1024 / file_bytes,
       static_cast<unsigned long long>(file_bytes >> 20),
+      std::string(weight_format_name(reader.format())).c_str(),
       static_cast<unsigned long long>(mismatches));
   if (hold)
     std::printf("rank %d/%d: peak RSS beyond the %llu MiB shard buffer: %ld MiB\n", rank, world,

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <thread>
 
 #include "trainyard/error.h"
 #include "trainyard/hf/dtype.h"
@@ -275,6 +277,24 @@ TEST_F(HfWeights, AFileCutShortAfterOpeningFailsTheReadNotTheProcess) {
       [&] { r.read("embed.weight", 0, 37 * 16, Dtype::F32, buf.data()); });
   EXPECT_NE(msg.find("tensor 'embed.weight'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+}
+
+TEST_F(HfWeights, ThreadsReadingOneReaderAtOnceEachGetTheirOwnSlices) {
+  const WeightReader r(fx("bin"));
+  const std::string want = slurp(fx("exp/bin.shared.b.bf16"));  // 20 elements, 40 bytes
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      for (int rep = 0; rep < 500; ++rep) {
+        const std::uint64_t begin = (k * 5 + rep) % 20, count = 20 - begin;
+        std::string got(count * 2, '\0');
+        r.read("shared.b", begin, count, Dtype::BF16, got.data());
+        wrong += got != want.substr(begin * 2);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST_F(HfWeights, OpensLocalPathsAndFileUrisAndExplainsS3) {
