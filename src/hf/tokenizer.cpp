@@ -428,8 +428,8 @@ Tokenizer Tokenizer::byte_level() {
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   if (impl_->byte_level) {
     std::vector<std::int32_t> ids(text.size());
-    std::copy(text.begin(), text.end(), ids.begin());
-    for (auto& id : ids) id = static_cast<unsigned char>(id);
+    std::transform(text.begin(), text.end(), ids.begin(),
+                   [](char c) { return static_cast<unsigned char>(c); });
     return ids;
   }
   thread_local Scratch scratch;
