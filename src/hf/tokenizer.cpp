@@ -99,15 +99,16 @@ using namespace internal;  // NOLINT(google-build-using-namespace): this class's
 // Most words recur, so each thread remembers the ids of the words it has encoded: a table of
 // 64-byte slots with open addressing, each holding a word of up to 22 bytes and up to 8 ids
 // inline, so a hit reads one cache line. Longer words are encoded every time; they are rare. A
-// table 70 % full is emptied and refills with the words that recur. The table lives in the
+// table 70 % full doubles, from 64 KiB (short texts stay cheap) to 4 MiB; a full 4 MiB table is
+// emptied and refills with the words that recur. The table lives in the
 // thread's Scratch: threads never share it or lock, and it is tagged with the tokenizer's serial
 // number, so a tokenizer never sees another's words (a thread that alternates between two
 // tokenizers empties it at every switch: correct, only slower).
 
 void WordCache::claim(std::uint64_t owner) {
   if (owner_ == owner && !slots_.empty()) return;
-  if (slots_.empty()) slots_.resize(kSlots);
-  clear();
+  slots_.assign(kMinSlots, Slot{});
+  used_ = 0;
   owner_ = owner;
 }
 
@@ -116,11 +117,24 @@ void WordCache::clear() {
   used_ = 0;
 }
 
+void WordCache::grow() {
+  std::vector<Slot> old(slots_.size() * 2);
+  std::swap(old, slots_);
+  const std::size_t mask = slots_.size() - 1;
+  for (const Slot& slot : old) {
+    if (slot.word_length == 0) continue;
+    std::size_t i = slot.hash & mask;
+    while (slots_[i].word_length != 0) i = (i + 1) & mask;
+    slots_[i] = slot;
+  }
+}
+
 bool WordCache::find(std::string_view word,
                      std::uint64_t hash,
                      std::vector<std::int32_t>& out) const {
   if (word.size() > kMaxWordBytes || slots_.empty()) return false;
-  for (std::size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
     const Slot& slot = slots_[i];
     if (slot.word_length == 0) return false;
     if (slot.hash == hash && slot.word_length == word.size() &&
@@ -135,9 +149,15 @@ void WordCache::insert(std::string_view word,
                        std::uint64_t hash,
                        std::span<const std::int32_t> ids) {
   if (word.size() > kMaxWordBytes || ids.size() > kMaxIds || slots_.empty()) return;
-  if (used_ >= kSlots / 10 * 7) clear();
-  std::size_t i = hash & (kSlots - 1);
-  while (slots_[i].word_length != 0) i = (i + 1) & (kSlots - 1);
+  if (used_ >= slots_.size() / 10 * 7) {  // 70 % full
+    if (slots_.size() < kMaxSlots)
+      grow();
+    else
+      clear();
+  }
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = hash & mask;
+  while (slots_[i].word_length != 0) i = (i + 1) & mask;
   Slot& slot = slots_[i];
   slot.hash = hash;
   slot.word_length = static_cast<std::uint8_t>(word.size());
@@ -406,19 +426,25 @@ Tokenizer Tokenizer::byte_level() {
 }
 
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  std::vector<std::int32_t> ids;
   if (impl_->byte_level) {
-    ids.reserve(text.size());
-    for (char c : text) ids.push_back(static_cast<unsigned char>(c));
+    std::vector<std::int32_t> ids(text.size());
+    std::transform(text.begin(), text.end(), ids.begin(),
+                   [](char c) { return static_cast<unsigned char>(c); });
     return ids;
   }
   thread_local Scratch scratch;
   scratch.cache.claim(impl_->serial);
-  ids.reserve(text.size() / 3);
+  // Into the thread's buffer, then one allocation of the exact size: encode_batch keeps
+  // millions of these, and fresh memory is what costs there.
+  auto& ids = scratch.text_ids;
+  ids.clear();
   impl_->encode_text(text, ids, scratch);
-  if (!add_special_tokens || impl_->single_template.empty()) return ids;
+  if (!add_special_tokens || impl_->single_template.empty()) return {ids.begin(), ids.end()};
+  std::size_t size = 0;
+  for (const TemplatePiece& piece : impl_->single_template)
+    size += piece.is_sequence ? ids.size() : piece.ids.size();
   std::vector<std::int32_t> templated;
-  templated.reserve(ids.size() + 4);
+  templated.reserve(size);
   for (const TemplatePiece& piece : impl_->single_template) {
     const auto& from = piece.is_sequence ? ids : piece.ids;
     templated.insert(templated.end(), from.begin(), from.end());
@@ -433,13 +459,18 @@ std::vector<std::vector<std::int32_t>> Tokenizer::encode_batch(std::span<const s
   std::vector<std::vector<std::int32_t>> out(texts.size());
   std::size_t workers = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
   workers = std::min(workers, std::max<std::size_t>(1, texts.size() / 16));
-  auto work = [&](std::size_t w) {
-    for (std::size_t i = w; i < texts.size(); i += workers)
-      out[i] = encode(texts[i], add_special_tokens);
+  // Workers take runs of kRun texts, so no two write next to each other in `out` (false sharing)
+  // and a worker with long texts does not hold the others up.
+  constexpr std::size_t kRun = 64;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t begin; (begin = next.fetch_add(kRun)) < texts.size();)
+      for (std::size_t i = begin; i < std::min(begin + kRun, texts.size()); ++i)
+        out[i] = encode(texts[i], add_special_tokens);
   };
   std::vector<std::thread> pool;
-  for (std::size_t w = 1; w < workers; ++w) pool.emplace_back(work, w);
-  work(0);
+  for (std::size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
   for (auto& t : pool) t.join();
   return out;
 }

@@ -110,7 +110,8 @@ class WordCache {
  public:
   static constexpr std::size_t kMaxWordBytes = 22;
   static constexpr std::size_t kMaxIds = 8;
-  static constexpr std::size_t kSlots = std::size_t{1} << 16;  // 4 MiB
+  static constexpr std::size_t kMinSlots = std::size_t{1} << 10;  // 64 KiB
+  static constexpr std::size_t kMaxSlots = std::size_t{1} << 16;  // 4 MiB
 
   // The tokenizer (Impl::serial) whose words it holds; another one's empties it first.
   void claim(std::uint64_t owner);
@@ -128,6 +129,7 @@ class WordCache {
     std::int32_t ids[kMaxIds];
   };
   void clear();
+  void grow();  // doubles the table, keeping its words
   std::vector<Slot> slots_;
   std::size_t used_ = 0;
   std::uint64_t owner_ = 0;
@@ -155,6 +157,7 @@ struct Scratch {
   };
   std::vector<Candidate> queue;  // a min-heap: lowest rank, then leftmost, first
   std::vector<std::int32_t> word_ids;
+  std::vector<std::int32_t> text_ids;
   WordCache cache;
 };
 

@@ -35,7 +35,8 @@ enum class NormalForm : std::uint8_t { kNfc, kNfd, kNfkc, kNfkd };
 // runs normalised separately. Returns false (appending nothing) when `s` is already in the form.
 bool normalize(NormalForm form, std::string_view s, std::string& out);
 
-// Rust regex's Unicode \w and \s, on the first (word_starts) or last (word_ends) character.
+// Whether the first / last character of s is a word character (Rust regex's Unicode \w), as
+// added tokens with single_word: true ask.
 bool starts_with_word(std::string_view s);
 bool ends_with_word(std::string_view s);
 // The bytes of white space (Unicode White_Space) that s begins / ends with.

@@ -37,9 +37,12 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  // The ids HF's `Tokenizer.encode(text, add_special_tokens).ids` gives for UTF-8 `text`.
+  // The ids HF's `Tokenizer.encode(text, add_special_tokens).ids` gives for UTF-8 `text`
+  // (tokenizers 0.23; not for the characters Unicode 16 added, which ICU 72 does not know: see
+  // Note [Unicode versions] in src/hf/unicode_text.cpp).
   // add_special_tokens applies the post-processor's template (Pythia's adds nothing).
-  // Thread-safe: any number of threads may encode at once (they share a word cache).
+  // Thread-safe: any number of threads may encode at once, each with a word cache of its own
+  // (up to 4 MiB a thread; Note [Word cache] in src/hf/tokenizer.cpp).
   std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   // encode() on each text, spread over `threads` threads (0: the hardware's count); the result's
   // i-th entry belongs to texts[i]. Blocks until all are done.
