@@ -381,9 +381,13 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
     }
     if (bf16)
       options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
+    const auto t_build = Clock::now();
     sharded = std::make_unique<fsdp::FullyShardedDataParallel<models::GptNeoX>>(
         model, trainer.dist_ptr(), options);
     params = sharded->parameters();
+    if (weights)
+      log->info("Read this rank's shards of {} in {:.2f} s; peak RSS so far {:.0f} MiB", source.dir,
+                std::chrono::duration<double>(Clock::now() - t_build).count(), peak_rss_mib());
   }
   optim::FusedAdamW optimizer(
       params, torch::optim::AdamWOptions(o.lr).eps(o.eps).weight_decay(o.weight_decay));
