@@ -421,7 +421,7 @@ Engine engine_bytes(const PlanOptions& o, Strategy s, std::int64_t psi) {
   e.params += peak->params;
   e.grads += peak->grads;
   e.activations = peak->activations;
-  e.phase = peak->name;
+  e.phase = o.model ? peak->name : "-";  // without the model's shape there are no moments
   return e;
 }
 
