@@ -101,16 +101,16 @@ namespace trainyard::plan {
 // layer lives in blocks the loss's moment does not use.
 
 // Note [Runtime overhead]
-// What a rank holds besides the model: the program and LibTorch's libraries (~250 MiB resident),
-// glibc's heap for tensors under kCachedMinBytes (45-75 MiB), the token buffer (8 MiB), Gloo's and
-// the shared-memory group's buffers, and the caching allocator's slack. kCpuRuntimeBytes is one
-// calibration: the median, over the 14 variants of bench/plan_vs_measured.sh --calibrate (pythia-
-// 70m, seq 256, batch 4 per rank, 2 ranks; DDP, NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD
-// on one node and on two, in fp32 and bf16-mixed, FULL_SHARD with checkpointing), of measured peak
-// RSS minus the plan without runtime: 380.75 MiB (from 293 to 485), taken as 380 MiB. A second,
-// fresh run of the script checks it. It is added only under `trainyard plan --cpu`; a GPU's CUDA
-// context and NCCL's buffers are not measured here: --runtime-mem adds them, and the headroom
-// covers them otherwise.
+// What a rank holds besides the model: the program and LibTorch's libraries (200-250 MiB resident
+// at the first step), glibc's heap for tensors under kCachedMinBytes (45-75 MiB), the token buffer
+// (8 MiB), Gloo's and the shared-memory group's buffers, and the caching allocator's slack.
+// kCpuRuntimeBytes is one calibration: the median, over the 14 variants of
+// bench/plan_vs_measured.sh --calibrate (pythia- 70m, seq 256, batch 4 per rank, 2 ranks; DDP,
+// NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD on one node and on two, in fp32 and bf16-mixed,
+// FULL_SHARD with checkpointing), of measured peak RSS minus the plan without runtime: 380.75 MiB
+// (from 293 to 485), taken as 380 MiB. A second, fresh run of the script checks it. It is added
+// only under `trainyard plan --cpu`; a GPU's CUDA context and NCCL's buffers are not measured here:
+// --runtime-mem adds them, and the headroom covers them otherwise.
 
 namespace {
 
@@ -421,7 +421,7 @@ Engine engine_bytes(const PlanOptions& o, Strategy s, std::int64_t psi) {
   e.params += peak->params;
   e.grads += peak->grads;
   e.activations = peak->activations;
-  e.phase = peak->name;
+  e.phase = o.model ? peak->name : "-";  // without the model's shape there are no moments
   return e;
 }
 
@@ -644,7 +644,8 @@ std::int64_t parse_byte_size(std::string_view text, std::string_view flag) {
   double value = 0;
   std::string suffix;
   const bool ok = split_number(text, value, suffix);
-  static const std::array<std::pair<const char*, double>, 15> kUnits = {{
+  // Decimal units (KB ... TB, also K ... T) and binary ones (KiB ... TiB, also Ki ... Ti).
+  static const std::array<std::pair<const char*, double>, 18> kUnits = {{
       {"", 1},
       {"b", 1},
       {"k", 1e3},
@@ -655,17 +656,18 @@ std::int64_t parse_byte_size(std::string_view text, std::string_view flag) {
       {"gb", 1e9},
       {"t", 1e12},
       {"tb", 1e12},
-      {"kib", 1024.0},
-      {"mib", 1048576.0},
-      {"gib", 1073741824.0},
-      {"tib", 1099511627776.0},
-      {"ki", 1024.0},
+      {"ki", 0x1p10},
+      {"kib", 0x1p10},
+      {"mi", 0x1p20},
+      {"mib", 0x1p20},
+      {"gi", 0x1p30},
+      {"gib", 0x1p30},
+      {"ti", 0x1p40},
+      {"tib", 0x1p40},
   }};
   double scale = 0;
   for (const auto& [name, s] : kUnits)
     if (suffix == name) scale = s;
-  if (suffix == "mi") scale = 1048576.0;
-  if (suffix == "gi") scale = 1073741824.0;
   const double bytes = value * scale;
   TY_CHECK(ok && scale > 0 && bytes < 9.2e18, flag, " is '", text,
            "'; expected a size such as 24GiB, 80GB, 512MiB or a number of bytes (units: B, KB, MB, "

@@ -87,15 +87,18 @@ struct StrategyPlan {
   double paper_params = 0, paper_grads = 0, paper_optimizer = 0;
   double paper_total() const { return paper_params + paper_grads + paper_optimizer; }
   // As trainyard's engine holds them at the step's peak: resident state plus the gathered
-  // parameters, flat gradients and reductions in flight at that moment.
+  // parameters, flat gradients and reductions in flight at that moment (with cpu_ranks: the
+  // allocator's pools at their own peaks, and the node's shared DDP buckets).
   double params = 0, grads = 0, optimizer = 0;
   double activations = 0;  // saved activations and the loss's logits at the peak; 0 without a
                            // config
   double runtime = 0;      // PlanOptions::runtime_bytes
   double persistent = 0;   // resident between steps: parameters, gradients, optimizer state
   double total() const { return params + grads + optimizer + activations + runtime; }
-  bool fits = false;       // total <= (1 - headroom) x device memory (false without a device size)
-  std::string peak_phase;  // where the engine peaks: "loss backward", "layer backward", ...
+  bool fits = false;  // total <= (1 - headroom) x device memory (false without a device size)
+  // Where the engine peaks: "loss backward", "head backward" or "layer backward"; "pools (CPU
+  // ranks)" with cpu_ranks; "-" without the model's shape.
+  std::string peak_phase;
 };
 
 struct MemoryPlan {
