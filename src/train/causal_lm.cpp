@@ -148,14 +148,6 @@ nlohmann::ordered_json config_json(const CausalLmOptions& o,
           {"num_to_keep", o.run.num_to_keep}};
 }
 
-void allreduce(Distributed& dist, torch::Tensor& values, bool max = false) {
-  if (dist.world_size() == 1) return;
-  std::vector<torch::Tensor> v{values};
-  c10d::AllreduceOptions options;
-  if (max) options.reduceOp = c10d::ReduceOp::MAX;
-  wait_work(dist.process_group()->allreduce(v, options));
-}
-
 double peak_rss_mib() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -466,7 +458,7 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
       loss.backward();
       optimizer.step();
       auto mean = loss.detach().to(torch::kFloat64).reshape({1}) / world;
-      allreduce(dist, mean);
+      trainer.all_reduce(mean);
       last_loss = mean.item<double>();
       positions += batch->inputs.numel();
       const double step_s = std::chrono::duration<double>(Clock::now() - step_start).count();
@@ -501,13 +493,13 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
 
   // 5. The result: throughput over the slowest rank's training time, every rank's peak memory.
   auto slowest = torch::tensor({train_time, steady_time}, torch::kFloat64);
-  allreduce(dist, slowest, /*max=*/true);
+  trainer.all_reduce(slowest, /*max=*/true);
   auto trained = torch::tensor(
       {static_cast<double>(positions), static_cast<double>(steady_positions)}, torch::kFloat64);
-  allreduce(dist, trained);
+  trainer.all_reduce(trained);
   auto rss = torch::zeros({world}, torch::kFloat64);
   rss[rank] = peak_rss_mib();
-  allreduce(dist, rss);
+  trainer.all_reduce(rss);
   const double train_time_s = slowest[0].item<double>();
   const double tokens_per_s = train_time_s > 0 ? trained[0].item<double>() / train_time_s : 0;
   // Token positions (padding included: they are computed) per second of the slowest rank.

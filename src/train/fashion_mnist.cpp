@@ -52,15 +52,6 @@ nlohmann::ordered_json config_json(const FashionMnistOptions& o, int world_size,
           {"collective_timeout_s", o.run.collective_timeout_s}};
 }
 
-// Sums `values` over the ranks (or takes their maximum).
-void allreduce(Distributed& dist, torch::Tensor& values, bool max = false) {
-  if (dist.world_size() == 1) return;
-  std::vector<torch::Tensor> v{values};
-  c10d::AllreduceOptions options;
-  if (max) options.reduceOp = c10d::ReduceOp::MAX;
-  wait_work(dist.process_group()->allreduce(v, options));
-}
-
 }  // namespace
 
 void FashionMnistOptions::validate() const {
@@ -226,10 +217,10 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
   // (4,): loss sum, correct, count, samples trained; summed over ranks.
   auto totals =
       torch::tensor({loss_sum, correct, count, static_cast<double>(samples_seen)}, torch::kFloat64);
-  allreduce(dist, totals);
+  trainer.all_reduce(totals);
   // The slowest rank's training time decides throughput.
   auto slowest = torch::tensor({train_time}, torch::kFloat64);
-  allreduce(dist, slowest, /*max=*/true);
+  trainer.all_reduce(slowest, /*max=*/true);
 
   const double accuracy = totals[1].item<double>() / totals[2].item<double>();
   const double loss = totals[0].item<double>() / totals[2].item<double>();

@@ -178,6 +178,14 @@ int Trainer::restart_count() const {
   return dist_->env().restart_count;
 }
 
+void Trainer::all_reduce(at::Tensor& values, bool max) {
+  if (world_size() == 1) return;
+  std::vector<torch::Tensor> v{values};
+  c10d::AllreduceOptions options;
+  if (max) options.reduceOp = c10d::ReduceOp::MAX;
+  wait_work(dist_->process_group()->allreduce(v, options));
+}
+
 double Trainer::elapsed_s() const {
   return now_s() - start_s_;
 }

@@ -32,6 +32,9 @@
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
 
+namespace at {
+class Tensor;
+}
 namespace torch::optim {
 class Optimizer;
 }
@@ -170,6 +173,9 @@ class Trainer {
   // Collective: saves the final checkpoint unless the last step is saved, waits for every save,
   // and returns the newest checkpoint's name (on rank 0; "" elsewhere unless the io knows it).
   std::string finish_training();
+
+  // Collective: sums `values` (or takes their maximum) over the ranks, in place.
+  void all_reduce(at::Tensor& values, bool max = false);
 
   // Seconds since this rank's Trainer started.
   double elapsed_s() const;
