@@ -195,6 +195,7 @@ struct Request {
   bool error_in_200 = false;  // S3 may answer 200 with an <Error> (CompleteMultipartUpload)
   std::string what;           // for messages: "PUT s3://bucket/key"
   std::string payload_sha256;
+  std::string range;  // a GET's "first-last" bytes (the Range header); "" for the whole object
 };
 
 struct Response {
@@ -338,6 +339,9 @@ class S3Storage final : public Storage {
 
   void write(const std::string& key, std::string_view data) override;
   std::optional<std::string> read(const std::string& key) override;
+  std::optional<std::string> read_range(const std::string& key,
+                                        std::uint64_t offset,
+                                        std::uint64_t length) override;
   std::vector<std::string> list(const std::string& prefix) override;
   void remove(const std::string& key) override;
   std::string uri() const override { return uri_; }
@@ -461,6 +465,7 @@ Response S3Storage::perform(CURL* h, const Request& req, Waiting* waiting) const
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, req.body.empty() ? "" : req.body.data());
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
   }
+  if (!req.range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, req.range.c_str());
   if (method != "GET" && method != "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req.method);
   r.curl_code = curl_easy_perform(h);
   if (r.curl_code != CURLE_OK) {
@@ -684,6 +689,29 @@ std::optional<std::string> S3Storage::read(const std::string& key) {
   Response r = send(get);
   if (r.status == 404 && r.code() == "NoSuchKey") return std::nullopt;
   if (r.failed(get)) fail(get, r);
+  return std::move(r.body);
+}
+
+std::optional<std::string> S3Storage::read_range(const std::string& key,
+                                                 std::uint64_t offset,
+                                                 std::uint64_t length) {
+  if (length == 0) {  // no Range header says "no bytes": ask for one to learn whether it exists
+    if (!read_range(key, offset, 1)) return std::nullopt;
+    return std::string();
+  }
+  const std::string object = object_key(key);
+  Request get{.method = "GET",
+              .key = object,
+              .what = detail::concat("GET ", object_uri(object), " bytes ", offset, "-",
+                                     offset + length - 1),
+              .range = detail::concat(offset, "-", offset + length - 1)};
+  Response r = send(get);
+  if (r.status == 404 && r.code() == "NoSuchKey") return std::nullopt;
+  if (r.status == 416) return std::string();  // the range starts at or past the end
+  if (r.failed(get)) fail(get, r);
+  // A server that ignores Range answers 200 with the whole object.
+  if (r.status == 200 && r.body.size() > length)
+    return offset >= r.body.size() ? std::string() : r.body.substr(offset, length);
   return std::move(r.body);
 }
 

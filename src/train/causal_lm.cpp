@@ -51,29 +51,69 @@ struct ModelSource {
 };
 
 // Throws InvalidArgumentError unless `model` is a folder or a preset name.
+bool is_remote(const std::string& model) {
+  return model.rfind("s3://", 0) == 0;
+}
+
+// A local path for "file:///dir" URIs; anything else unchanged.
+std::string local_path(const std::string& model) {
+  return model.rfind("file://", 0) == 0 ? model.substr(7) : model;
+}
+
+// Throws InvalidArgumentError unless `model` is a folder, a storage URI or a preset name.
 void check_model_flag(const std::string& model) {
   std::error_code ec;
-  if (fs::is_directory(model, ec)) return;
+  if (is_remote(model) || fs::is_directory(local_path(model), ec)) return;
   const auto& presets = models::GptNeoXConfig::preset_names();
   if (std::find(presets.begin(), presets.end(), model) != presets.end()) return;
   std::string known;
   for (const auto& p : presets) known += (known.empty() ? "" : ", ") + p;
-  throw InvalidArgumentError(detail::concat(
-      "--model ", model, " is neither a folder holding config.json nor a preset (", known, ")."));
+  throw InvalidArgumentError(detail::concat("--model ", model,
+                                            " is neither a folder holding config.json (a path, "
+                                            "file:// or s3:// URI) nor a preset (",
+                                            known, ")."));
+}
+
+// Note [Models on storage]
+// A model folder on remote storage (s3://) is copied file by file into the local cache,
+// ($XDG_CACHE_HOME or ~/.cache)/trainyard/models/<the URI's SHA-256, 12 digits>/, each file in
+// 64 MiB ranged reads (storage::download) so that no file is ever held in memory, as Hugging
+// Face's hub cache does; a file already there is kept. Each copy is written under a temporary
+// name and renamed, so ranks of one node fetching at once never see half a file. Then the folder
+// is read locally, by slices, like any other.
+std::string cached_model_dir(const std::string& uri) {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const fs::path root = xdg != nullptr && *xdg != '\0' ? fs::path(xdg) / "trainyard"
+                        : home != nullptr              ? fs::path(home) / ".cache/trainyard"
+                                                       : fs::path("/tmp/trainyard-cache");
+  const auto dir = root / "models" / checkpoint::sha256_hex(uri).substr(0, 12);
+  auto remote = storage::open_storage(uri);
+  std::size_t files = 0;
+  for (const auto& key : remote->list("")) {
+    if (key.find('/') != std::string::npos) continue;  // the folder's own files only
+    ++files;
+    if (fs::exists(dir / key)) continue;
+    logger("train")->info("Fetching {} into {}", storage::join_uri(uri, key), dir.string());
+    storage::download(*remote, key, (dir / key).string());
+  }
+  TY_CHECK(files > 0, "--model ", uri, " holds no file. HINT: upload the model folder there.");
+  return dir.string();
 }
 
 ModelSource resolve_model(const std::string& model) {
   check_model_flag(model);
   std::error_code ec;
-  if (!fs::is_directory(model, ec)) return {models::GptNeoXConfig::preset(model), ""};
-  const auto path = fs::path(model) / "config.json";
+  const std::string dir = is_remote(model) ? cached_model_dir(model) : local_path(model);
+  if (!fs::is_directory(dir, ec)) return {models::GptNeoXConfig::preset(model), ""};
+  const auto path = fs::path(dir) / "config.json";
   std::ifstream in(path);
   TY_CHECK(in.good(), "--model ", model,
            " has no config.json. HINT: a Hugging Face model folder "
            "holds config.json next to its weights.");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return {models::GptNeoXConfig::from_json(text), model};
+    return {models::GptNeoXConfig::from_json(text), dir};
   } catch (const Error& e) {
     throw InvalidArgumentError(detail::concat(path.string(), ": ", e.what()));
   }
