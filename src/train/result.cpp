@@ -57,8 +57,10 @@ void print_training_result(const std::string& run_uri) {
       const auto key = row.at("key").get<std::string>();
       const int decimals = row.at("decimals").get<int>();
       const auto& value = r.at(key);
-      rows.emplace_back(key, decimals == 0 ? std::to_string(value.get<std::int64_t>())
-                                           : fixed(value.get<double>(), decimals));
+      // A metric with no value (NaN, written as null: no step ran in the attempt) shows as "-".
+      rows.emplace_back(key, value.is_null() ? std::string("-")
+                             : decimals == 0 ? std::to_string(value.get<std::int64_t>())
+                                             : fixed(value.get<double>(), decimals));
     }
   } catch (const std::exception& e) {
     throw CorruptDataError(detail::concat(path, " is not a valid result: ", e.what()));

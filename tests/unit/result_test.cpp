@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -66,6 +67,13 @@ TEST_F(ResultTable, PrintsTheSeedsRowsThenTheRecipesInOrder) {
       "│ train_loss                      0.21631 │\n"
       "╰─────────────────────────────────────────╯\n";
   EXPECT_EQ(printed(result_json(r)), expected);
+}
+
+TEST_F(ResultTable, AMetricWithoutAValueShowsAsADash) {
+  Result r{.metrics = {{"train_loss", std::nan(""), 5}, {"step", 3, 0}}};
+  const auto table = printed(result_json(r));
+  EXPECT_NE(table.find("│ train_loss                    - │"), std::string::npos) << table;
+  EXPECT_NE(table.find("│ step                          3 │"), std::string::npos) << table;
 }
 
 TEST_F(ResultTable, AMissingOrBrokenResultIsAClearError) {
