@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cinttypes>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -595,58 +596,147 @@ std::optional<LoadedFsdpCheckpoint> load_latest_checkpoint(
 
 namespace trainyard::fsdp {
 
-void load_sharded_into_module(torch::nn::Module& module,
-                              const std::string& metadata,
-                              const FileReader& read,
-                              const std::string& what) {
+// Note [Reading parameters by ranges]
+// A sharded file is a safetensors file of 1-D fp32 slices (Note [Sharded state]). Its first 8
+// bytes give the header's length; the header gives each slice's byte range. The reader reads
+// those two once per file and then each slice's bytes alone, so a 7B checkpoint's parameter is
+// assembled from a few ranged reads (pread on a file system, a Range GET on S3) and the files,
+// optimizer moments included, are never held. Reading by ranges skips the manifest's SHA-256 of
+// whole files; each header's extent is checked against the manifest's size instead.
+struct ShardedParameterReader::Impl {
+  struct Slice {
+    std::string file;
+    std::int64_t begin = 0, end = 0;  // elements of the flattened parameter
+    std::uint64_t offset = 0;         // bytes into the file
+  };
+  RangeReader read;
+  std::string what;
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  std::map<std::string, std::vector<Slice>> slices;
+
+  [[noreturn]] void corrupt(const std::string& file, const std::string& why) const {
+    throw CheckpointCorruptError(detail::concat(what, "/", file, ": ", why));
+  }
+
+  // name -> (begin, end) byte offsets from the file's start, from its header.
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> header_of(
+      const std::string& file, std::uint64_t file_bytes) const {
+    const auto prefix = read(file, 0, 8);
+    if (prefix.size() != 8) corrupt(file, "shorter than a safetensors header.");
+    std::uint64_t n = 0;
+    for (int i = 0; i < 8; ++i)
+      n |= std::uint64_t(static_cast<unsigned char>(prefix[i])) << (8 * i);
+    if (n > file_bytes - 8)
+      corrupt(file, detail::concat("the header length ", n, " exceeds the file."));
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(read(file, 8, n));
+    } catch (const std::exception& e) {
+      corrupt(file, detail::concat("the header is not JSON (", e.what(), ")."));
+    }
+    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> out;
+    std::uint64_t extent = 8 + n;
+    for (const auto& [name, info] : header.items()) {
+      if (name == "__metadata__") continue;
+      try {
+        if (info.at("dtype") != "F32") corrupt(file, "tensor " + name + " is not F32.");
+        const auto r = info.at("data_offsets").get<std::vector<std::uint64_t>>();
+        if (r.size() != 2 || r[1] < r[0]) corrupt(file, "tensor " + name + "'s data_offsets.");
+        out[name] = {8 + n + r[0], 8 + n + r[1]};
+        extent = std::max(extent, 8 + n + r[1]);
+      } catch (const nlohmann::json::exception& e) {
+        corrupt(file, detail::concat("tensor ", name, ": ", e.what()));
+      }
+    }
+    if (extent != file_bytes)
+      corrupt(file, detail::concat("the header describes ", extent, " bytes but the manifest ",
+                                   file_bytes, "."));
+    return out;
+  }
+};
+
+ShardedParameterReader::ShardedParameterReader(const std::string& metadata,
+                                               RangeReader read,
+                                               std::map<std::string, std::uint64_t> file_bytes,
+                                               std::string what)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->read = std::move(read);
+  impl_->what = std::move(what);
   nlohmann::json meta;
   try {
     meta = nlohmann::json::parse(metadata);
-    TY_CHECK_T(CheckpointCorruptError, meta.at("format") == kShardedFormat, what, "/",
+    TY_CHECK_T(CheckpointCorruptError, meta.at("format") == kShardedFormat, impl_->what, "/",
                kShardedMetadataFile, " is not a sharded FSDP state.");
+    for (const auto& item : meta.at("parameters").items())
+      impl_->shapes[item.key()] = item.value().at("shape").get<std::vector<std::int64_t>>();
+    for (const auto& file : meta.at("files").items()) {
+      if (file.value().empty()) continue;
+      auto bytes = file_bytes.find(file.key());
+      TY_CHECK_T(CheckpointCorruptError, bytes != file_bytes.end(), impl_->what, " has no file ",
+                 file.key(), ", which ", kShardedMetadataFile, " lists.");
+      const auto header = impl_->header_of(file.key(), bytes->second);
+      for (const auto& slice : file.value().items()) {
+        const auto range = slice.value().get<std::vector<std::int64_t>>();
+        auto entry = header.find(slice.key());
+        if (entry == header.end() || range.size() != 2 ||
+            entry->second.second - entry->second.first !=
+                static_cast<std::uint64_t>(range[1] - range[0]) * sizeof(float))
+          impl_->corrupt(file.key(), "the slice of \"" + slice.key() + "\" does not match " +
+                                         kShardedMetadataFile + ".");
+        impl_->slices[slice.key()].push_back({file.key(), range[0], range[1], entry->second.first});
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointCorruptError(
-        detail::concat(what, "/", kShardedMetadataFile, " is malformed: ", e.what()));
+        detail::concat(impl_->what, "/", kShardedMetadataFile, " is malformed: ", e.what()));
   }
-  const auto& params = meta["parameters"];
-  const auto& files = meta["files"];
-  auto named = module.named_parameters();
-  for (const auto& item : params.items())
-    TY_CHECK_T(CheckpointCorruptError, named.contains(item.key()), what, " holds parameter \"",
-               item.key(), "\", which the model has not. HINT: was it saved from another model?");
-  // Each file is read once, when its first slice is needed.
-  std::map<std::string, std::pair<std::string, std::unique_ptr<checkpoint::SafetensorsView>>> open;
-  auto view_of = [&](const std::string& file) -> const checkpoint::SafetensorsView& {
-    auto& slot = open[file];
-    if (!slot.second) {
-      slot.first = read(file);
-      slot.second = std::make_unique<checkpoint::SafetensorsView>(slot.first, what + "/" + file);
+}
+
+ShardedParameterReader::~ShardedParameterReader() = default;
+
+const std::map<std::string, std::vector<std::int64_t>>& ShardedParameterReader::shapes() const {
+  return impl_->shapes;
+}
+
+void ShardedParameterReader::read(const std::string& name, float* dst) const {
+  auto shape = impl_->shapes.find(name);
+  TY_CHECK_T(CheckpointCorruptError, shape != impl_->shapes.end(), impl_->what,
+             " has no parameter \"", name, "\".");
+  std::int64_t numel = 1;
+  for (auto d : shape->second) numel *= d;
+  std::int64_t covered = 0;
+  auto it = impl_->slices.find(name);
+  if (it != impl_->slices.end()) {
+    for (const auto& s : it->second) {
+      const auto bytes = static_cast<std::uint64_t>(s.end - s.begin) * sizeof(float);
+      const auto data = impl_->read(s.file, s.offset, bytes);
+      if (data.size() != bytes)
+        impl_->corrupt(s.file, "the slice of \"" + name + "\" is cut short.");
+      std::memcpy(dst + s.begin, data.data(), bytes);
+      covered += s.end - s.begin;
     }
-    return *slot.second;
-  };
+  }
+  TY_CHECK_T(CheckpointCorruptError, covered == numel, impl_->what, ": the files hold ", covered,
+             " of the ", numel, " elements of \"", name, "\".");
+}
+
+void load_sharded_into_module(torch::nn::Module& module,
+                              const ShardedParameterReader& reader,
+                              const std::string& what) {
+  auto named = module.named_parameters();
+  for (const auto& [name, shape] : reader.shapes())
+    TY_CHECK_T(CheckpointCorruptError, named.contains(name), what, " holds parameter \"", name,
+               "\", which the model has not. HINT: was it saved from another model?");
   torch::NoGradGuard no_grad;
   for (auto& p : named) {
-    const auto& name = p.key();
-    TY_CHECK_T(CheckpointCorruptError, params.contains(name), what, " has no parameter \"", name,
-               "\".");
-    const auto shape = params[name]["shape"].get<std::vector<std::int64_t>>();
-    TY_CHECK_T(CheckpointCorruptError, torch::IntArrayRef(shape) == p.value().sizes(), what,
-               ": parameter \"", name, "\" has shape ", torch::IntArrayRef(shape), " there but ",
-               p.value().sizes(), " in the model.");
+    auto it = reader.shapes().find(p.key());
+    TY_CHECK_T(CheckpointCorruptError, it != reader.shapes().end(), what, " has no parameter \"",
+               p.key(), "\".");
+    TY_CHECK_T(CheckpointCorruptError, torch::IntArrayRef(it->second) == p.value().sizes(), what,
+               ": parameter \"", p.key(), "\" has shape ", torch::IntArrayRef(it->second),
+               " there but ", p.value().sizes(), " in the model.");
     auto full = torch::empty({p.value().numel()}, torch::kFloat32);
-    std::int64_t covered = 0;
-    for (const auto& file : files.items()) {
-      if (!file.value().contains(name)) continue;
-      const auto range = file.value()[name].get<std::vector<std::int64_t>>();
-      const auto slice = view_of(file.key()).tensor(name);
-      TY_CHECK_T(CheckpointCorruptError, range.size() == 2 && slice.numel() == range[1] - range[0],
-                 what, "/", file.key(), ": the slice of \"", name, "\" does not match ",
-                 kShardedMetadataFile, ".");
-      full.narrow(0, range[0], range[1] - range[0]).copy_(slice.reshape({-1}));
-      covered += range[1] - range[0];
-    }
-    TY_CHECK_T(CheckpointCorruptError, covered == full.numel(), what, ": the files hold ", covered,
-               " of the ", full.numel(), " elements of \"", name, "\".");
+    reader.read(p.key(), full.data_ptr<float>());
     p.value().copy_(full.view(p.value().sizes()));
   }
 }

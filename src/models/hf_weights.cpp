@@ -46,25 +46,40 @@ std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_s
   };
 }
 
-void export_hf(const torch::nn::Module& module,
+void export_hf(const TensorShapes& tensors,
+               const std::function<void(const std::string&, float*)>& fill,
                const std::string& config_json,
                const std::string& dir,
                ExportOptions options) {
   std::filesystem::create_directories(dir);
-  const auto params = module.named_parameters();
   std::vector<hf::TensorSpec> specs;
-  for (const auto& p : params)
-    specs.push_back(
-        {p.key(), options.bf16 ? hf::Dtype::BF16 : hf::Dtype::F32, p.value().sizes().vec()});
-  hf::ShardedSafetensorsWriter writer(dir, std::move(specs),
-                                      {.max_shard_bytes = options.max_shard_bytes});
-  for (const auto& p : params) {
-    const auto values = p.value().detach().to(torch::kFloat32).contiguous();
-    writer.append(values.data_ptr<float>(), hf::Dtype::F32,
-                  static_cast<std::uint64_t>(values.numel()));
+  for (const auto& [name, shape] : tensors)
+    specs.push_back({name, options.bf16 ? hf::Dtype::BF16 : hf::Dtype::F32, shape});
+  hf::ShardedSafetensorsWriter writer(dir, specs, {.max_shard_bytes = options.max_shard_bytes});
+  std::vector<float> values;
+  for (const auto& spec : specs) {
+    values.resize(spec.numel());
+    fill(spec.name, values.data());
+    writer.append(values.data(), hf::Dtype::F32, spec.numel());
   }
   writer.finish();
   hf::write_config_json(dir, config_json);
+}
+
+void export_hf(const torch::nn::Module& module,
+               const std::string& config_json,
+               const std::string& dir,
+               ExportOptions options) {
+  const auto params = module.named_parameters();
+  TensorShapes tensors;
+  for (const auto& p : params) tensors.emplace_back(p.key(), p.value().sizes().vec());
+  export_hf(
+      tensors,
+      [&](const std::string& name, float* dst) {
+        const auto values = params[name].detach().to(torch::kFloat32).contiguous();
+        std::copy_n(values.data_ptr<float>(), values.numel(), dst);
+      },
+      config_json, dir, options);
 }
 
 }  // namespace trainyard::models

@@ -221,7 +221,9 @@ TextTokenizer load_text_tokenizer(const std::string& id) {
 namespace {
 
 // A run's folder: its model (untrained) and tokenizer, from its config.json.
-LoadedLm untrained_model_of_run(const std::string& run_uri, std::uint64_t seed) {
+LoadedLm untrained_model_of_run(const std::string& run_uri,
+                                std::uint64_t seed,
+                                bool deferred = false) {
   const auto text = storage::open_storage(run_uri)->read("config.json");
   TY_CHECK(text.has_value(), run_uri, " has no config.json: it is not a causal-lm run's folder.");
   nlohmann::json config;
@@ -233,26 +235,50 @@ LoadedLm untrained_model_of_run(const std::string& run_uri, std::uint64_t seed) 
   TY_CHECK(config.value("recipe", "") == "causal-lm", run_uri,
            "/config.json is not a causal-lm run's (recipe \"", config.value("recipe", ""), "\").");
   const auto source = resolve_model(config.at("model").get<std::string>());
-  return {models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed}),
+  return {models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed, .deferred = deferred}),
           load_text_tokenizer(config.value("tokenizer", "bytes")), run_uri};
 }
 
+// The newest complete checkpoint's name when `name` is empty.
+std::string checkpoint_or_newest(checkpoint::Checkpointer& checkpointer,
+                                 const std::string& run_uri,
+                                 std::string name) {
+  if (!name.empty()) return name;
+  const auto complete = checkpointer.list_complete();
+  TY_CHECK(!complete.empty(), "The run ", run_uri,
+           " has no complete checkpoint yet. HINT: train it (trainyard train causal-lm ...) "
+           "until it saves one.");
+  return complete.back();
+}
+
+// A sharded checkpoint's parameters, read by ranges (Note [Reading parameters by ranges]).
+std::unique_ptr<fsdp::ShardedParameterReader> parameter_reader(
+    checkpoint::Checkpointer& checkpointer,
+    const checkpoint::Manifest& manifest,
+    const std::string& where) {
+  std::map<std::string, std::uint64_t> sizes;
+  for (const auto& [file, digest] : manifest.files) sizes[file] = digest.bytes;
+  auto& store = checkpointer.storage();
+  const auto prefix = manifest.name + "/";
+  return std::make_unique<fsdp::ShardedParameterReader>(
+      checkpointer.read_file(manifest, fsdp::kShardedMetadataFile),
+      [&store, prefix, where](const std::string& file, std::uint64_t offset, std::uint64_t length) {
+        auto bytes = store.read_range(prefix + file, offset, length);
+        TY_CHECK_T(CheckpointCorruptError, bytes.has_value(), where, "/", file, " is missing.");
+        return std::move(*bytes);
+      },
+      std::move(sizes), where);
+}
+
 // Loads checkpoint `name` of the run (the newest complete one when empty) into `lm.model`.
-void load_run_checkpoint(LoadedLm& lm, const std::string& run_uri, std::string name) {
+void load_run_checkpoint(LoadedLm& lm, const std::string& run_uri, const std::string& name) {
   checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
-  if (name.empty()) {
-    const auto complete = checkpointer.list_complete();
-    TY_CHECK(!complete.empty(), "The run ", run_uri,
-             " has no complete checkpoint yet. HINT: train it (trainyard train causal-lm ...) "
-             "until it saves one.");
-    name = complete.back();
-  }
-  const auto manifest = checkpointer.read_manifest(name);
+  const auto manifest =
+      checkpointer.read_manifest(checkpoint_or_newest(checkpointer, run_uri, name));
   const auto where = storage::join_uri(run_uri, manifest.name);
   if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
-    fsdp::load_sharded_into_module(
-        *lm.model, checkpointer.read_file(manifest, fsdp::kShardedMetadataFile),
-        [&](const std::string& file) { return checkpointer.read_file(manifest, file); }, where);
+    fsdp::load_sharded_into_module(*lm.model, *parameter_reader(checkpointer, manifest, where),
+                                   where);
   } else {
     TY_CHECK_T(CheckpointCorruptError, manifest.files.count("model.pt") != 0, where,
                " holds neither ", fsdp::kShardedMetadataFile, " nor model.pt.");
@@ -302,9 +328,29 @@ std::string export_checkpoint(const std::string& checkpoint_uri,
   TY_CHECK(checkpoint::checkpoint_number(name) >= 0, "--checkpoint ", checkpoint_uri,
            " does not name a checkpoint folder (RUN/checkpoint_000003).");
   const auto run_uri = slash == std::string::npos ? std::string(".") : trimmed.substr(0, slash);
-  auto lm = untrained_model_of_run(run_uri, 0);
-  load_run_checkpoint(lm, run_uri, name);
-  models::export_hf(*lm.model, lm.model->config().to_json(), out_dir, options);
+  auto lm = untrained_model_of_run(run_uri, 0, /*deferred=*/true);
+  checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
+  const auto manifest = checkpointer.read_manifest(name);
+  const auto where = storage::join_uri(run_uri, manifest.name);
+  lm.description = detail::concat(where, " (step ", manifest.step, ")");
+  const auto config_json = lm.model->config().to_json();
+  models::TensorShapes tensors;
+  for (const auto& p : lm.model->named_parameters())
+    tensors.emplace_back(p.key(), p.value().sizes().vec());
+  if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
+    // One parameter at a time from the shards to the export (Note [Reading parameters by ranges]).
+    const auto reader = parameter_reader(checkpointer, manifest, where);
+    for (const auto& [param, shape] : tensors)
+      TY_CHECK_T(CheckpointCorruptError, reader->shapes().count(param) != 0, where,
+                 " has no parameter \"", param, "\".");
+    models::export_hf(
+        tensors, [&](const std::string& param, float* dst) { reader->read(param, dst); },
+        config_json, out_dir, options);
+  } else {
+    lm = untrained_model_of_run(run_uri, 0);  // DDP's model.pt holds the whole model anyway
+    load_run_checkpoint(lm, run_uri, name);
+    models::export_hf(*lm.model, config_json, out_dir, options);
+  }
   if (lm.tokenizer.id != "bytes")
     fs::copy_file(lm.tokenizer.id, fs::path(out_dir) / "tokenizer.json",
                   fs::copy_options::overwrite_existing);

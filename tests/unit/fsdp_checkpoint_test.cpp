@@ -200,6 +200,51 @@ TEST(FsdpCheckpoint, ShardedStateReshardsAcrossWorldSizesBitForBit) {
   expect_equal(opt_at_one, opt_from_three, "W=2 -> W=3 -> W=1 optimizer state");
 }
 
+// One process reads whole parameters out of a W=3 sharded checkpoint by ranges and gets the
+// saved values; a shard whose size disagrees with the manifest is damage, named.
+TEST(FsdpCheckpoint, ParametersAreReadWholeByRangesInOneProcess) {
+  TempDir a;
+  Params saved;
+  with_ranks({.world = 3}, a.path, [&](Rank& r) {
+    r.train(0, 2);
+    save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 2);
+    auto p = r.full();
+    if (r.rank == 0) saved = p;
+  });
+  Checkpointer c(a.path.string(), {.read_only = true});
+  const auto manifest = c.read_manifest("checkpoint_000000");
+  std::map<std::string, std::uint64_t> sizes;
+  for (const auto& [file, digest] : manifest.files) sizes[file] = digest.bytes;
+  std::int64_t bytes_read = 0;
+  auto range = [&](const std::string& file, std::uint64_t offset, std::uint64_t length) {
+    auto b = c.storage().read_range("checkpoint_000000/" + file, offset, length);
+    bytes_read += static_cast<std::int64_t>(b->size());
+    return *b;
+  };
+  const trainyard::fsdp::ShardedParameterReader reader(c.read_file(manifest, kShardedMetadataFile),
+                                                       range, sizes, "ckpt");
+  GptNeoX model(testing::tiny_gpt_neox_config(), GptNeoXInit{.seed = kSeed + 1});
+  trainyard::fsdp::load_sharded_into_module(*model, reader, "ckpt");
+  Params loaded;
+  for (const auto& p : model->named_parameters()) loaded[p.key()] = p.value().detach().clone();
+  expect_equal(saved, loaded, "read by ranges");
+  std::int64_t state_bytes = 0;
+  for (const auto& [file, digest] : manifest.files) state_bytes += digest.bytes;
+  EXPECT_LT(bytes_read, state_bytes / 2) << "the optimizer's moments beside them are not read";
+
+  auto wrong = sizes;
+  wrong["shard_00001_of_00003.safetensors"] += 4;
+  try {
+    trainyard::fsdp::ShardedParameterReader damaged(c.read_file(manifest, kShardedMetadataFile),
+                                                    range, wrong, "ckpt");
+    FAIL() << "a size that disagrees with the manifest";
+  } catch (const trainyard::CheckpointCorruptError& e) {
+    EXPECT_NE(std::string(e.what()).find("ckpt/shard_00001_of_00003.safetensors"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(FsdpCheckpoint, HybridSavesOneCopyAndLoadsAsFullShard) {
   TempDir run;
   Params saved;

@@ -69,13 +69,41 @@ void write_full_state(FullyShardedDataParallelBase& fsdp, const FileWriter& writ
 // with this model's parameter names and shapes. Local; throws like load_sharded_state.
 void load_full_state(FullyShardedDataParallelBase& fsdp, const FileReader& read);
 
-// Loads a sharded state's parameters into an unwrapped `module` with the same parameter names and
-// shapes (for generation and export in one process): each parameter is assembled from its slices,
-// one at a time; every file is read once. `what` names the checkpoint in errors
-// (CheckpointCorruptError: a parameter missing on either side, a shape or slice that disagrees).
+// Bytes [offset, offset + length) of a checkpoint's file (fewer at its end); throws
+// (CheckpointCorruptError) when the file is missing.
+using RangeReader =
+    std::function<std::string(const std::string& file, std::uint64_t offset, std::uint64_t length)>;
+
+// Whole parameters out of a sharded state, one at a time, for one process (generation, export):
+// each file's safetensors header is read once, then only the slices of the parameter asked for
+// (Note [Reading parameters by ranges]), so memory holds one parameter, never the files.
+class ShardedParameterReader {
+ public:
+  // `metadata` is fsdp.json; `file_bytes` the size of each file as the checkpoint's manifest
+  // records it (a header that disagrees is damage). `what` names the checkpoint in errors.
+  ShardedParameterReader(const std::string& metadata,
+                         RangeReader read,
+                         std::map<std::string, std::uint64_t> file_bytes,
+                         std::string what);
+  ~ShardedParameterReader();
+  ShardedParameterReader(const ShardedParameterReader&) = delete;
+  ShardedParameterReader& operator=(const ShardedParameterReader&) = delete;
+
+  // The parameters it holds and their shapes.
+  const std::map<std::string, std::vector<std::int64_t>>& shapes() const;
+  // Parameter `name`'s values, fp32, row-major, into `dst` (its numel of them). Throws
+  // CheckpointCorruptError naming the file when a slice is missing or malformed.
+  void read(const std::string& name, float* dst) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Loads every parameter of an unwrapped `module` (the same names and shapes) from `reader`.
+// Throws CheckpointCorruptError for a parameter missing on either side or of another shape.
 void load_sharded_into_module(torch::nn::Module& module,
-                              const std::string& metadata,
-                              const FileReader& read,
+                              const ShardedParameterReader& reader,
                               const std::string& what);
 
 enum class CheckpointFormat { kSharded, kFull };

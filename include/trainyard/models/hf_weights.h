@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 
@@ -38,6 +40,14 @@ struct ExportOptions {
 // model.safetensors.index.json past max_shard_bytes) and `config_json` as config.json, streaming
 // one tensor at a time. Files appear complete or not at all.
 void export_hf(const torch::nn::Module& module,
+               const std::string& config_json,
+               const std::string& dir,
+               ExportOptions options = {});
+// The same for tensors produced one at a time, in the order of `tensors` (name and shape):
+// `fill(name, dst)` writes that tensor's fp32 values, and only one is held at a time.
+using TensorShapes = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
+void export_hf(const TensorShapes& tensors,
+               const std::function<void(const std::string&, float*)>& fill,
                const std::string& config_json,
                const std::string& dir,
                ExportOptions options = {});
