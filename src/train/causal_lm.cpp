@@ -302,7 +302,9 @@ LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
   TY_CHECK(config_text.has_value(), "--model ", model_or_run,
            " is neither a preset, nor a causal-lm run's folder, nor a Hugging Face model folder "
            "(it has no config.json).");
-  if (config_text->find("\"recipe\"") == std::string::npos) {
+  // A run's config.json names its recipe; a Hugging Face folder's has no such key.
+  const auto config = nlohmann::json::parse(*config_text, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("recipe")) {
     // A Hugging Face folder: its config.json, weights and tokenizer.
     const auto source = resolve_model(model_or_run);
     const hf::WeightReader reader(source.dir);
