@@ -9,10 +9,9 @@
 #include <optional>
 #include <string>
 
-namespace trainyard {
+#include "trainyard/comm/env_contract.h"  // kHeartbeatFileEnv: the path of a rank's file
 
-// The variable the launcher sets for each rank: the path of that rank's heartbeat file.
-inline constexpr const char* kHeartbeatFileEnv = "TRAINYARD_HEARTBEAT_FILE";
+namespace trainyard {
 
 // Records that this process is making progress. Cheap enough for every training step and every
 // slice of a wait loop: after the first call (which maps the file) it is a clock read (vDSO, no

@@ -47,26 +47,26 @@ EnvLookup process_env() {
 }
 
 bool dist_env_present(const EnvLookup& env) {
-  return env("RANK").has_value() && env("WORLD_SIZE").has_value();
+  return env(kRankEnv).has_value() && env(kWorldSizeEnv).has_value();
 }
 
 DistEnv parse_dist_env(const EnvLookup& env) {
   constexpr long kMaxInt = std::numeric_limits<int>::max();
   DistEnv e;
-  e.world_size = static_cast<int>(parse_int("WORLD_SIZE", require(env, "WORLD_SIZE"), 1, kMaxInt));
-  e.rank = static_cast<int>(parse_int("RANK", require(env, "RANK"), 0, e.world_size - 1));
+  e.world_size =
+      static_cast<int>(parse_int(kWorldSizeEnv, require(env, kWorldSizeEnv), 1, kMaxInt));
+  e.rank = static_cast<int>(parse_int(kRankEnv, require(env, kRankEnv), 0, e.world_size - 1));
   e.local_world_size =
-      static_cast<int>(optional_int(env, "LOCAL_WORLD_SIZE", e.world_size, 1, e.world_size));
+      static_cast<int>(optional_int(env, kLocalWorldSizeEnv, e.world_size, 1, e.world_size));
   e.local_rank = static_cast<int>(
-      optional_int(env, "LOCAL_RANK", e.rank % e.local_world_size, 0, e.local_world_size - 1));
-  e.group_rank = static_cast<int>(optional_int(env, "GROUP_RANK", 0, 0, kMaxInt));
-  e.master_addr = require(env, "MASTER_ADDR");
+      optional_int(env, kLocalRankEnv, e.rank % e.local_world_size, 0, e.local_world_size - 1));
+  e.group_rank = static_cast<int>(optional_int(env, kGroupRankEnv, 0, 0, kMaxInt));
+  e.master_addr = require(env, kMasterAddrEnv);
   e.master_port =
-      static_cast<std::uint16_t>(parse_int("MASTER_PORT", require(env, "MASTER_PORT"), 1, 65535));
-  e.restart_count =
-      static_cast<int>(optional_int(env, "TORCHELASTIC_RESTART_COUNT", 0, 0, kMaxInt));
-  e.run_id = env("TORCHELASTIC_RUN_ID").value_or("");
-  auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("");
+      static_cast<std::uint16_t>(parse_int(kMasterPortEnv, require(env, kMasterPortEnv), 1, 65535));
+  e.restart_count = static_cast<int>(optional_int(env, kRestartCountEnv, 0, 0, kMaxInt));
+  e.run_id = env(kRunIdEnv).value_or("");
+  auto agent_store = env(kUseAgentStoreEnv).value_or("");
   e.use_agent_store = agent_store == "True" || agent_store == "true" || agent_store == "1";
   return e;
 }

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "trainyard/comm/address.h"
+#include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
@@ -28,7 +29,7 @@ std::shared_ptr<::gloo::transport::Device> make_device(const InitOptions& option
     return c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_address);
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  if (const char* addr = std::getenv("TRAINYARD_BIND_ADDR"); addr && *addr)
+  if (const char* addr = std::getenv(kBindAddrEnv); addr && *addr)
     return c10d::ProcessGroupGloo::createDeviceForHostname(addr);
   if (is_loopback_address(master_addr))
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");

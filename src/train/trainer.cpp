@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/fsdp/state_dict.h"
@@ -332,7 +333,7 @@ void Trainer::write_result(Result result) {
 }
 
 bool interactive_output() {
-  const char* tty = std::getenv("TRAINYARD_TTY");
+  const char* tty = std::getenv(kTtyEnv);
   return (tty != nullptr && std::string(tty) == "1") || ::isatty(STDOUT_FILENO) == 1;
 }
 

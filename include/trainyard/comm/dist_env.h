@@ -1,6 +1,7 @@
 // The torchrun environment contract: the variables a launcher sets for each rank
-// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), parsed and
-// validated once, with errors that name the variable and what to do.
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...; their names are
+// in comm/env_contract.h), parsed and validated once, with errors that name the variable and what
+// to do.
 #pragma once
 
 #include <cstdint>
@@ -8,12 +9,10 @@
 #include <optional>
 #include <string>
 
+#include "trainyard/comm/env_contract.h"
+
 namespace trainyard {
 
-// Set by the launcher for every rank: an id of this job, the same on every node and across
-// restarts, different for a new job that reuses the run id (elastic: the rendezvous state's
-// instance, Note [Job instances] in elastic/rendezvous.h; static: random per launch).
-inline constexpr const char* kJobInstanceEnv = "TRAINYARD_JOB_INSTANCE";
 // Seconds: InitOptions::timeout, the bound on every collective (init_options_from_env()).
 inline constexpr const char* kCollectiveTimeoutEnv = "TRAINYARD_COLLECTIVE_TIMEOUT";
 // Seconds: InitOptions::join_timeout, the bound on reaching MASTER_ADDR:MASTER_PORT.
