@@ -67,7 +67,7 @@ void heartbeat() noexcept {
 }
 
 void heartbeat_while_waiting() noexcept {
-  // See Note [Hang watchdog] in src/elastic/launcher.cpp.
+  // See Note [Hang watchdog] in src/elastic/rank_monitor.cpp.
   if (t_beats || g_relays.load(std::memory_order_relaxed) > 0) beat();
 }
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "tools/stop_signals.h"
 #include "trainyard/blas_core.h"
 #include "trainyard/comm/address.h"
 #include "trainyard/elastic/c10d_backend.h"
@@ -479,7 +480,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
     elastic::LaunchOptions options = resolve(*flags, *cmd);
     set_blas_core_for_children();
     try {
-      exit_code = elastic::launch(options).exit_code();
+      exit_code = launch_until_signalled(options).exit_code();
     } catch (const Error& e) {
       // torchrun puts python before a script; trainyard runs the program as given.
       const std::string& program = options.command.front();

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tools/stop_signals.h"
 #include "trainyard/blas_core.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/elastic/launcher.h"
@@ -29,7 +30,7 @@ int launch_recipe(const train::Recipe& recipe, const std::vector<std::string>& a
   // The ranks run this same command line; under the launcher's environment each is one rank.
   launch.command = {elastic::self_executable()};
   launch.command.insert(launch.command.end(), args.begin() + 1, args.end());
-  auto result = elastic::launch(launch);
+  auto result = launch_until_signalled(launch);
   if (!result.succeeded) return result.exit_code();
   train::print_training_result(recipe.run.uri());
   const auto total =

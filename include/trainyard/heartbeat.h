@@ -1,7 +1,7 @@
 // Progress heartbeats between a rank and its launcher, for the launcher's hang watchdog: the rank
 // calls heartbeat() as it makes progress; the launcher reads, through HeartbeatFile, when it last
 // did. The two share one small file named by $TRAINYARD_HEARTBEAT_FILE. No LibTorch here: comm/,
-// train/ and the launcher all use it. See Note [Hang watchdog] in src/elastic/launcher.cpp.
+// train/ and the launcher all use it. See Note [Hang watchdog] in src/elastic/rank_monitor.cpp.
 #pragma once
 
 #include <chrono>

@@ -22,6 +22,7 @@ constexpr int kWriteWaitMs = 100;
 }  // namespace
 
 void OutputSink::write(std::string_view data) {
+  if (fd_ < 0) return;
   const auto deadline = Clock::now() + kWriteStall;
   while (!broken_ && !data.empty()) {
     ssize_t n = ::write(fd_, data.data(), data.size());
@@ -86,13 +87,17 @@ void LineForwarder::finish() {
 
 void LineForwarder::append_line(std::string& out, std::string_view tail) {
   // Every path here ends the line in tail, or in pending_ when tail is empty.
-  if ((tail.empty() ? std::string_view(pending_) : tail).ends_with('\n')) {
+  const bool kept = (tail.empty() ? std::string_view(pending_) : tail).ends_with('\n');
+  if (kept || on_line_) {
     std::string text = pending_;
     text += tail;
     while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-    if (text.size() > kMaxKeptLineBytes) text.resize(kMaxKeptLineBytes);
-    kept_.push_back(std::move(text));
-    if (kept_.size() > kKeptLines) kept_.pop_front();
+    if (on_line_) on_line_(text);
+    if (kept) {
+      if (text.size() > kMaxKeptLineBytes) text.resize(kMaxKeptLineBytes);
+      kept_.push_back(std::move(text));
+      if (kept_.size() > kKeptLines) kept_.pop_front();
+    }
   }
   out += prefix_;
   out += pending_;

@@ -1,10 +1,11 @@
 // Forwarding of the ranks' output (internal to the launcher): OutputSink writes to one of the
-// launcher's own descriptors, LineForwarder cuts one rank stream into whole, prefixed lines, and
-// pump() moves what a pipe holds into a forwarder.
+// launcher's own descriptors, LineForwarder cuts one rank stream into whole, prefixed lines (for
+// the sink) and bare ones (for a callback), and pump() moves what a pipe holds into a forwarder.
 #pragma once
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,9 +19,10 @@ namespace trainyard::elastic {
 // warning, so a closed pipe never stops the ranks.
 class OutputSink {
  public:
+  // fd -1: a sink that discards everything (an agent that does not forward output).
   OutputSink(int fd, const char* name) : fd_(fd), name_(name) {}
 
-  // Writes all of data (blocking, EINTR retried, EAGAIN waited on with poll).
+  // Writes all of data (blocking, EINTR retried, EAGAIN waited on with poll); nothing for fd -1.
   void write(std::string_view data);
 
  private:
@@ -34,8 +36,8 @@ class OutputSink {
 // Splits one rank stream into lines and forwards them, each behind prefix, to a sink in whole
 // lines only, so two ranks never mix within a line. '\n' and '\r' both end a line and stay with
 // it ("\r\n" is one ending), so a progress bar drawn with '\r' still works through the prefix.
-// Also copies the raw bytes to a log file when it has one, and keeps the last few lines for the
-// launcher's failure summary.
+// Also hands each line, without its ending, to a callback when it has one, copies the raw bytes to
+// a log file when it has one, and keeps the last few lines for the launcher's failure summary.
 class LineForwarder {
  public:
   // A line longer than this is forwarded in pieces, each a line of its own.
@@ -44,8 +46,13 @@ class LineForwarder {
   static constexpr std::size_t kKeptLines = 10;
   static constexpr std::size_t kMaxKeptLineBytes = 1000;
 
-  LineForwarder(std::string prefix, OutputSink* sink, UniqueFd log_file)
-      : prefix_(std::move(prefix)), sink_(sink), log_(std::move(log_file)) {}
+  using LineCallback = std::function<void(std::string_view line)>;
+
+  LineForwarder(std::string prefix, OutputSink* sink, UniqueFd log_file, LineCallback on_line = {})
+      : prefix_(std::move(prefix)),
+        sink_(sink),
+        log_(std::move(log_file)),
+        on_line_(std::move(on_line)) {}
 
   void feed(std::string_view data);
   // Forwards a trailing partial line, with a '\n' added; call it when the rank has exited.
@@ -59,8 +66,9 @@ class LineForwarder {
   void write_log(std::string_view data);
 
   std::string prefix_;
-  OutputSink* sink_;  // owned by launch(), which outlives every forwarder
+  OutputSink* sink_;  // owned by the agent's loop, which outlives every forwarder
   UniqueFd log_;
+  LineCallback on_line_;          // may be empty
   std::string pending_;           // the current line, not yet terminated
   bool after_cr_ = false;         // the last byte fed was a '\r' that ended a line
   std::deque<std::string> kept_;  // see last_lines()

@@ -308,7 +308,7 @@ double seconds_between(std::chrono::steady_clock::time_point a,
 
 // Called by curl about once a second during an attempt: warns while an answer is overdue. A
 // request is bounded (stall_timeout per attempt, retry_deadline in all), so waiting for it is
-// progress for the hang watchdog (Note [Hang watchdog] in src/elastic/launcher.cpp), when the
+// progress for the hang watchdog (Note [Hang watchdog] in src/elastic/rank_monitor.cpp), when the
 // waiting thread is the training thread or one it waits for: a rank riding out a short S3 outage
 // is not taken for hung; one stuck past the deadline fails.
 int on_progress(void* user, curl_off_t, curl_off_t received, curl_off_t, curl_off_t sent) {

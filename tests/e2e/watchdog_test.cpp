@@ -1,7 +1,7 @@
 // No silent hangs, through the real CLI: the recipe's --collective-timeout reaches config.json; a
 // rank whose MASTER_ADDR drops packets fails within the join timeout naming the address; a recipe
 // rank stopped with SIGSTOP is named by the agent's hang watchdog, and the group restarts and
-// resumes from its checkpoint. See Note [Hang watchdog] in src/elastic/launcher.cpp.
+// resumes from its checkpoint. See Note [Hang watchdog] in src/elastic/rank_monitor.cpp.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>

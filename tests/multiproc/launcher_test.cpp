@@ -1,6 +1,7 @@
 // The local launcher (`trainyard run`): the torchrun environment contract, output forwarding,
-// failure handling with the root-cause summary, signals, and a real PyTorch DDP script. Ranks are
-// real processes; tests drive launch() in-process or run the trainyard binary.
+// failure handling with the root-cause summary, signals (to the binary, whose main() turns them
+// into Agent::stop()), and a real PyTorch DDP script. Ranks are real processes; tests drive
+// launch() in-process or run the trainyard binary. agent_test.cpp covers the Agent object.
 #include "trainyard/elastic/launcher.h"
 
 #include <fcntl.h>
@@ -331,16 +332,24 @@ TEST(Launcher, RejectsBadOptions) {
                  "extra_env has a bad variable name 'A=B'");
 }
 
-TEST(Launcher, RestoresSignalHandlersAfterwards) {
+// Signals are main()'s (tools/stop_signals.h): launch() and its Agent leave the handlers alone,
+// so that several agents can run in one process. See LauncherCli.SigintStopsTheRanks.
+TEST(Launcher, InstallsNoSignalHandlers) {
   struct sigaction before {
-  }, after{};
+  }, during{}, during_pipe{}, before_pipe{};
   ASSERT_EQ(sigaction(SIGINT, nullptr, &before), 0);
-  auto c = launch_captured(LaunchOptions{.command = {"/bin/true"}});
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &before_pipe), 0);
+  bool looked = false;
+  auto c =
+      launch_captured(LaunchOptions{.command = {"/bin/true"}, .on_event = [&](const AgentEvent& e) {
+                                      if (e.kind != AgentEventKind::kRanksStarted) return;
+                                      looked = sigaction(SIGINT, nullptr, &during) == 0 &&
+                                               sigaction(SIGPIPE, nullptr, &during_pipe) == 0;
+                                    }});
   ASSERT_TRUE(c.result.succeeded);
-  ASSERT_EQ(sigaction(SIGINT, nullptr, &after), 0);
-  EXPECT_EQ(before.sa_handler, after.sa_handler);
-  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &after), 0);
-  EXPECT_NE(after.sa_handler, SIG_IGN);
+  ASSERT_TRUE(looked);
+  EXPECT_EQ(before.sa_handler, during.sa_handler);
+  EXPECT_EQ(before_pipe.sa_handler, during_pipe.sa_handler);
 }
 
 TEST(Launcher, SelfExecutableIsThisTestBinary) {

@@ -1,6 +1,7 @@
-// The local launcher: starts N ranks of a program on this node with the torchrun environment
-// contract, forwards their output with a rank prefix, and when one rank fails stops the others
-// and reports the root cause. The elastic agent (rendezvous, restarts) grows from this.
+// The local launcher's options and its blocking entry point: LaunchOptions says what to run on
+// this node (N ranks of a program with the torchrun environment contract, comm/env_contract.h),
+// how to restart it and where its output and events go; launch() runs it to the end. The work
+// itself is elastic::Agent (agent.h), which a daemon runs several of at once.
 #pragma once
 
 #include <chrono>
@@ -9,6 +10,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "trainyard/elastic/agent_event.h"
+#include "trainyard/elastic/launch_result.h"
 
 namespace trainyard::elastic {
 
@@ -32,9 +36,14 @@ struct LaunchOptions {
   int max_restarts = 0;           // restart all ranks up to this many times after a failure
   std::string log_dir{};          // when set, each rank's stdout/stderr also go to files here
   std::string role = "default";
-  // After the first failure, how long the other ranks get between SIGTERM and SIGKILL.
+  // After the first failure (or Agent::stop()), how long the ranks get between SIGTERM and
+  // SIGKILL.
   std::chrono::milliseconds term_timeout = std::chrono::seconds(10);
-  bool prefix_output = true;  // "[rank0]: " before every line a rank prints
+  // Forward the ranks' output to this process's stdout and stderr (each rank's stream to the
+  // same one), and print the round banners and the failure summary on stderr, as torchrun does.
+  // A daemon running several agents turns it off and takes on_output and on_event instead.
+  bool forward_output = true;
+  bool prefix_output = true;  // forwarding: "[rank0]: " before every line a rank prints
   std::vector<std::pair<std::string, std::string>> extra_env{};  // set in every rank's environment
   // Elastic membership: when set, each round's nodes, ranks and master come from this
   // rendezvous, and nnodes, node_rank, master_addr and master_port are ignored.
@@ -54,51 +63,25 @@ struct LaunchOptions {
   // long is stopped as a failure (it is the root cause); 0 turns the watchdog off. Ranks that
   // never beat (any program not built on trainyard) are never judged. See Note [Hang watchdog].
   std::chrono::milliseconds hang_timeout = kDefaultHangTimeout;
+  // Observers, called on the agent's thread (in order, one call at a time), whether or not
+  // output is forwarded. They must return soon (the ranks' pipes are read between calls) and
+  // must not call the agent's wait(); stop() is fine. An exception from one ends the run: the
+  // ranks are stopped and Agent::wait() rethrows it.
+  AgentEventCallback on_event{};   // see AgentEvent
+  OutputLineCallback on_output{};  // every line every rank prints; see OutputLine
 };
 
-// How one rank ended.
-struct RankExit {
-  int rank = 0;
-  int local_rank = 0;
-  int pid = 0;
-  int exit_code = 0;                             // valid when signal == 0
-  int signal = 0;                                // the signal that ended it, or 0
-  std::chrono::system_clock::time_point time{};  // when the launcher saw it exit
-  bool stopped_by_launcher = false;              // not yet reaped when the launcher sent SIGTERM
-  // > 0: the hang watchdog stopped this rank after it made no progress for this long.
-  std::chrono::milliseconds hang_silence{0};
-  // The rank's last lines on stderr (on stdout when it wrote nothing to stderr), oldest first,
-  // without line endings; at most kLastLines.
-  std::vector<std::string> last_lines{};
-  static constexpr std::size_t kLastLines = 10;
-  bool failed() const { return signal != 0 || exit_code != 0; }
-};
-
-struct LaunchResult {
-  bool succeeded = false;
-  int restart_count = 0;          // restarts before the last round (TORCHELASTIC_RESTART_COUNT)
-  std::vector<RankExit> exits{};  // one per local rank, of the last round
-  int first_failure = -1;         // index into exits of the first failed (or hung) rank, or -1
-  // Index into exits of a rank that exited with status 0 while the others were still running,
-  // when first_failure followed it: then that early exit is the root cause. -1 otherwise.
-  int early_exit = -1;
-  int received_signal = 0;  // a signal (SIGINT, SIGTERM, ...) that made the launcher stop
-  // The launcher's exit code: 0 when every rank succeeded, else first_failure's exit code
-  // (128 + signal for a signal, as a shell reports it; torchrun itself exits 1), or
-  // 128 + received_signal when the launcher was interrupted before any rank failed.
-  int exit_code() const;
-};
-
-// Runs the ranks to completion. Blocks. When a rank fails, the others are stopped and, while
-// fewer than max_restarts restarts have happened, all ranks start again as a new round
-// (TORCHELASTIC_RESTART_COUNT counts them; each round prints torchrun's rendezvous result), after
-// the restart backoff. Every rank gets TRAINYARD_JOB_INSTANCE (kJobInstanceEnv). Elastic: a
-// rendezvous backend outage shorter than its backend_timeout leaves the ranks running; a longer
-// one stops them, and the agent rejoins as a restart while restarts remain. Throws
-// InvalidArgumentError on bad options and Error when a rank cannot be started; rank failures are
-// reported in the result (and on stderr as a summary). While it runs, SIGINT, SIGTERM, SIGHUP and
-// SIGQUIT stop the ranks (SIGTERM, then SIGKILL after term_timeout) and SIGPIPE is ignored; the
-// previous handlers are restored before it returns. One launch() per process at a time.
+// Runs the ranks to completion on an Agent (agent.h) and returns its result. Blocks. When a rank
+// fails, the others are stopped and, while fewer than max_restarts restarts have happened, all
+// ranks start again as a new round (TORCHELASTIC_RESTART_COUNT counts them; each round prints
+// torchrun's rendezvous result), after the restart backoff. Every rank gets TRAINYARD_JOB_INSTANCE
+// (kJobInstanceEnv). Elastic: a rendezvous backend outage shorter than its backend_timeout leaves
+// the ranks running; a longer one stops them, and the agent rejoins as a restart while restarts
+// remain. Throws InvalidArgumentError on bad options and Error when a rank cannot be started; rank
+// failures are reported in the result (and, when forwarding output, on stderr as a summary). It
+// installs no signal handlers: a program that wants SIGINT/SIGTERM to stop the ranks runs an Agent
+// and calls Agent::stop() from its own handling (tools/stop_signals.h does this for the CLI).
+// Thread-safe: several launches may run at once in one process.
 LaunchResult launch(const LaunchOptions& options);
 
 // The path of the running executable (/proc/self/exe), for programs that relaunch themselves.
