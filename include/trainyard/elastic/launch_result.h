@@ -40,8 +40,9 @@ struct LaunchResult {
   // main() calls for the signals the process receives.
   int received_signal = 0;
   // torchrun's failure report ("... FAILED", the other failures, the root cause and its last
-  // lines), as printed on stderr when output is forwarded; empty when the run succeeded or ended
-  // without a rank failure or a stop (the rendezvous closed).
+  // lines), as printed on stderr when output is forwarded. Empty when the run succeeded, and when
+  // no rank failed and no ranks were running to stop: the rendezvous closed or could not be
+  // reached, or a stop came while the agent waited for the rendezvous.
   std::string summary{};
   // The launcher's exit code: 0 when every rank succeeded, else first_failure's exit code
   // (128 + signal for a signal, as a shell reports it; torchrun itself exits 1), or
