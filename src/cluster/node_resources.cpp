@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -307,6 +309,39 @@ std::vector<GpuInfo> detect_nvml_gpus(const std::string& library) {
   return gpus;
 }
 
+std::vector<GpuInfo> select_visible_gpus(const std::vector<GpuInfo>& gpus,
+                                         std::string_view visible_devices) {
+  std::vector<GpuInfo> visible;
+  const std::string text = trim(visible_devices);
+  if (text.empty()) return visible;
+  std::istringstream entries(text);
+  std::string entry;
+  while (std::getline(entries, entry, ',')) {
+    entry = trim(entry);
+    if (entry.empty() || !std::all_of(entry.begin(), entry.end(), [](unsigned char c) {
+          return std::isdigit(c) || c == '-';
+        })) {
+      logger("resources")
+          ->warn("{}='{}' names GPUs by UUID, which trainyard does not match; offering all {} GPUs",
+                 kCudaVisibleDevicesEnv, text, gpus.size());
+      return gpus;
+    }
+    int index = -1;
+    try {
+      index = std::stoi(entry);
+    } catch (const std::exception&) {
+      break;
+    }
+    const auto it = std::find_if(gpus.begin(), gpus.end(),
+                                 [&](const GpuInfo& gpu) { return gpu.index == index; });
+    if (it == gpus.end()) break;  // CUDA ignores the rest of the list after an invalid index
+    if (std::none_of(visible.begin(), visible.end(),
+                     [&](const GpuInfo& gpu) { return gpu.index == index; }))
+      visible.push_back(*it);
+  }
+  return visible;
+}
+
 // --- detect_resources --------------------------------------------------------------------------
 
 NodeResources detect_resources(const DetectOptions& options) {
@@ -342,8 +377,13 @@ NodeResources detect_resources(const DetectOptions& options) {
   }
 
   // A declared num_gpus of 0 skips NVML altogether (no driver initialisation on a CPU worker).
-  if (!options.num_gpus || *options.num_gpus > 0)
+  if (!options.num_gpus || *options.num_gpus > 0) {
     resources.gpus = detect_nvml_gpus(options.nvml_library);
+    std::optional<std::string> visible = options.visible_devices;
+    if (!visible)
+      if (const char* env = std::getenv(kCudaVisibleDevicesEnv)) visible = env;
+    if (visible) resources.gpus = select_visible_gpus(resources.gpus, *visible);
+  }
   if (options.num_gpus) {
     resources.gpu = *options.num_gpus;
     const auto keep = static_cast<std::size_t>(std::ceil(*options.num_gpus));

@@ -102,6 +102,27 @@ TEST(NodeResources, NoNvmlMeansNoGpusAndNoError) {
   EXPECT_TRUE(resources.gpus.empty());
 }
 
+TEST(NodeResources, VisibleDevicesSelectGpusAsCudaDoes) {
+  const std::vector<GpuInfo> gpus = {{.index = 0, .name = "A", .memory_bytes = 1},
+                                     {.index = 1, .name = "B", .memory_bytes = 2},
+                                     {.index = 2, .name = "C", .memory_bytes = 3}};
+  const auto indices = [](const std::vector<GpuInfo>& selected) {
+    std::vector<int> out;
+    for (const auto& gpu : selected) out.push_back(gpu.index);
+    return out;
+  };
+  EXPECT_EQ(indices(select_visible_gpus(gpus, "2,0")), (std::vector<int>{2, 0}));
+  EXPECT_EQ(indices(select_visible_gpus(gpus, " 1 ")), (std::vector<int>{1}));
+  EXPECT_EQ(indices(select_visible_gpus(gpus, "")), (std::vector<int>{}));
+  EXPECT_EQ(indices(select_visible_gpus(gpus, "0,7,1")), (std::vector<int>{0}));  // stops at 7
+  EXPECT_EQ(indices(select_visible_gpus(gpus, "-1")), (std::vector<int>{}));
+  EXPECT_EQ(indices(select_visible_gpus(gpus, "GPU-8f2c1a")), (std::vector<int>{0, 1, 2}));
+  // Without NVML there is nothing to select from, whatever the value.
+  EXPECT_TRUE(
+      detect_resources({.visible_devices = "0", .nvml_library = "/nonexistent/libnvidia-ml.so.1"})
+          .gpus.empty());
+}
+
 TEST(NodeResources, CgroupLimitsAreTheTightestOfTheCgroupAndItsAncestors) {
   FakeRoot root;
   root.write("proc/self/cgroup", "0::/kubepods/pod1/ctr\n");

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace trainyard::cluster {
@@ -48,10 +49,14 @@ struct DetectOptions {
 
   // Overrides, like Ray's --num-cpus / --num-gpus / --memory: several workers on one machine
   // each declare a share. Each must be finite and >= 0. num_gpus below the detected count keeps
-  // the first num_gpus devices in `gpus`.
+  // the first ceil(num_gpus) devices in `gpus`.
   std::optional<double> num_cpus;
   std::optional<double> num_gpus;
   std::optional<std::int64_t> memory_bytes;
+
+  // The GPUs this worker may offer, spelled as CUDA_VISIBLE_DEVICES is ("0,2"; "" for none).
+  // nullopt: this process's CUDA_VISIBLE_DEVICES, or every GPU when it is unset (as Ray does).
+  std::optional<std::string> visible_devices;
 
   // Where to read from; tests point these at fake trees.
   std::string proc_root = kProcRoot;      // reads <proc_root>/meminfo and <proc_root>/self/cgroup
@@ -84,6 +89,14 @@ std::string local_hostname();
 
 // GPUs through NVML at `library` (dlopen); empty when it cannot be loaded or initialised.
 std::vector<GpuInfo> detect_nvml_gpus(const std::string& library = DetectOptions::kNvmlLibrary);
+
+inline constexpr const char* kCudaVisibleDevicesEnv = "CUDA_VISIBLE_DEVICES";
+
+// The GPUs a CUDA_VISIBLE_DEVICES value leaves visible, in its order, as CUDA reads it: indices
+// up to the first one that names no GPU; "" leaves none. UUID entries ("GPU-...", "MIG-...")
+// are not matched: then every GPU stays (logged as a warning).
+std::vector<GpuInfo> select_visible_gpus(const std::vector<GpuInfo>& gpus,
+                                         std::string_view visible_devices);
 
 // One reading of the machine's use.
 struct UsageSample {
