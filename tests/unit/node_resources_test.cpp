@@ -168,7 +168,41 @@ TEST(NodeResources, WholeCpuQuotaCapsTheAffinityCount) {
   EXPECT_EQ(detect_resources(fake_options(root)).cpu, std::min(affinity_cpu_count(), 3));
 }
 
-TEST(NodeResources, NoLimitsWithoutCgroupV2) {
+TEST(NodeResources, CgroupV1AndHybridHierarchies) {
+  FakeRoot root;
+  // ECS on Amazon Linux 2: v1 controllers, and a hybrid host's v2 tree at <root>/unified.
+  root.write("proc/self/cgroup",
+             "12:cpu,cpuacct:/ecs/task1/ctr\n8:memory:/ecs/task1/ctr\n"
+             "1:name=systemd:/ecs/task1/ctr\n0::/ecs/task1/ctr\n");
+  root.write("cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  root.write("cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  root.write("cgroup/cpu,cpuacct/ecs/task1/cpu.cfs_quota_us", "200000\n");
+  root.write("cgroup/cpu,cpuacct/ecs/task1/cpu.cfs_period_us", "100000\n");
+  root.write("cgroup/cpu,cpuacct/ecs/task1/ctr/cpu.cfs_quota_us", "-1\n");
+  root.write("cgroup/cpu,cpuacct/ecs/task1/ctr/cpu.cfs_period_us", "100000\n");
+  root.write("cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");  // unlimited
+  root.write("cgroup/memory/ecs/task1/ctr/memory.limit_in_bytes", "1073741824\n");
+  root.write("cgroup/unified/ecs/task1/ctr/memory.max", "max\n");
+  CgroupLimits limits = read_cgroup_limits(root.proc(), root.cgroup());
+  EXPECT_DOUBLE_EQ(limits.cpu_quota.value_or(0), 2.0);
+  EXPECT_EQ(limits.memory_max_bytes, kGiB);
+
+  // A tighter limit in the v2 tree wins.
+  root.write("cgroup/unified/ecs/task1/memory.max", "536870912\n");
+  limits = read_cgroup_limits(root.proc(), root.cgroup());
+  EXPECT_EQ(limits.memory_max_bytes, kGiB / 2);
+
+  // A path the v1 mount does not hold (a cgroup namespace): the mount's root applies.
+  root.write("proc/self/cgroup", "4:memory:/process_api/13bb2f\n1:cpu:/\n");
+  root.write("cgroup/memory/memory.limit_in_bytes", "2147483648\n");
+  root.write("cgroup/cpu/cpu.cfs_quota_us", "50000\n");
+  root.write("cgroup/cpu/cpu.cfs_period_us", "100000\n");
+  limits = read_cgroup_limits(root.proc(), root.cgroup());
+  EXPECT_EQ(limits.memory_max_bytes, 2 * kGiB);
+  EXPECT_DOUBLE_EQ(limits.cpu_quota.value_or(0), 0.5);
+}
+
+TEST(NodeResources, NoLimitsWhereNoneAreSet) {
   FakeRoot root;
   root.write("proc/self/cgroup", "12:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n");
   root.write("cgroup/docker/abc/cpu.max", "100000 100000\n");  // ignored: no v2 line

@@ -60,23 +60,25 @@ struct DetectOptions {
 
   // Where to read from; tests point these at fake trees.
   std::string proc_root = kProcRoot;      // reads <proc_root>/meminfo and <proc_root>/self/cgroup
-  std::string cgroup_root = kCgroupRoot;  // the cgroup v2 mount
+  std::string cgroup_root = kCgroupRoot;  // where the cgroup hierarchies are mounted
   std::string nvml_library = kNvmlLibrary;
 };
 
 // Detects this machine's resources. See Note [Counting CPUs in a container].
-//  cpu:    CPUs in the affinity mask, capped by the cgroup v2 cpu.max quota rounded down, >= 1.
-//  memory: MemTotal, capped by the cgroup v2 memory.max.
+//  cpu:    CPUs in the affinity mask, capped by the cgroup CPU quota rounded down, >= 1.
+//  memory: MemTotal, capped by the cgroup memory limit.
 //  gpus:   through NVML when the library loads and initialises; none otherwise (logged at
 //          debug level, never an error).
 // Overrides replace the detected values. Throws InvalidArgumentError for a bad override.
 // Blocking (reads a few files, may initialise NVML: tens of milliseconds); thread-safe.
 NodeResources detect_resources(const DetectOptions& options = {});
 
-// The limits cgroup v2 puts on this process: the tightest of its cgroup and the cgroup's
-// ancestors. nullopt where no limit is set or no cgroup v2 tree is found.
+// The limits cgroups put on this process: the tightest of its cgroup and the cgroup's ancestors,
+// in cgroup v2 (<cgroup_root>, or <cgroup_root>/unified on a hybrid host) and in the v1 cpu and
+// memory hierarchies (<cgroup_root>/cpu,cpuacct and <cgroup_root>/memory). nullopt where no
+// limit is set or no cgroup tree is found.
 struct CgroupLimits {
-  std::optional<double> cpu_quota;  // cores: cpu.max's quota / period, e.g. 1.5
+  std::optional<double> cpu_quota;  // cores: quota / period (cpu.max, cpu.cfs_quota_us), e.g. 1.5
   std::optional<std::int64_t> memory_max_bytes;
 };
 CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string& cgroup_root);
