@@ -376,9 +376,9 @@ std::vector<GpuInfo> select_visible_gpus(const std::vector<GpuInfo>& gpus,
   std::string entry;
   while (std::getline(entries, entry, ',')) {
     entry = trim(entry);
-    if (entry.empty() || !std::all_of(entry.begin(), entry.end(), [](unsigned char c) {
-          return std::isdigit(c) || c == '-';
-        })) {
+    if (entry.empty()) break;  // "0,,1": CUDA stops at the gap
+    if (!std::all_of(entry.begin(), entry.end(),
+                     [](unsigned char c) { return std::isdigit(c) || c == '-'; })) {
       logger("resources")
           ->warn("{}='{}' names GPUs by UUID, which trainyard does not match; offering all {} GPUs",
                  kCudaVisibleDevicesEnv, text, gpus.size());

@@ -116,6 +116,7 @@ TEST(NodeResources, VisibleDevicesSelectGpusAsCudaDoes) {
   EXPECT_EQ(indices(select_visible_gpus(gpus, "")), (std::vector<int>{}));
   EXPECT_EQ(indices(select_visible_gpus(gpus, "0,7,1")), (std::vector<int>{0}));  // stops at 7
   EXPECT_EQ(indices(select_visible_gpus(gpus, "-1")), (std::vector<int>{}));
+  EXPECT_EQ(indices(select_visible_gpus(gpus, "1,,2")), (std::vector<int>{1}));
   EXPECT_EQ(indices(select_visible_gpus(gpus, "GPU-8f2c1a")), (std::vector<int>{0, 1, 2}));
   // Without NVML there is nothing to select from, whatever the value.
   EXPECT_TRUE(
