@@ -2,13 +2,15 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <future>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
 
-#include "tools/signals.h"
+#include "tools/stop_signals.h"
 #include "trainyard/cluster/head.h"
 #include "trainyard/cluster/head_client.h"
 #include "trainyard/cluster/worker.h"
@@ -19,6 +21,21 @@
 
 namespace trainyard::cli {
 namespace {
+
+// Blocks until SIGINT, SIGTERM, SIGHUP or SIGQUIT, caught by `signals`' thread; returns it.
+class SignalWait {
+ public:
+  SignalWait()
+      : signals_([this](int sig) {
+          if (!seen_.exchange(true)) got_.set_value(sig);
+        }) {}
+  int wait() { return got_.get_future().get(); }
+
+ private:
+  std::atomic<bool> seen_{false};
+  std::promise<int> got_;
+  StopSignals signals_;  // last: its thread calls into seen_ and got_
+};
 
 using std::chrono::milliseconds;
 
@@ -87,7 +104,7 @@ void add_head(CLI::App& app, int& exit_code) {
                "--dead-after '", f->dead_after,
                "' must be a number of seconds longer than --heartbeat-interval.");
     const std::optional<std::string> token = cluster::resolve_token(f->token_file);
-    StopSignals signals;  // before any thread starts, so that every thread inherits the mask
+    SignalWait signals;
     cluster::Head head({.bind = f->bind,
                         .port = static_cast<std::uint16_t>(f->port),
                         .token = token,
@@ -147,7 +164,7 @@ void add_worker(CLI::App& app, int& exit_code) {
               "Also print the ranks' output here (it always goes to the head)");
   add_resource_flags(*c, f->resources);
   c->callback([f, &exit_code] {
-    StopSignals signals;
+    SignalWait signals;
     cluster::Worker worker({.head = f->head,
                             .token = cluster::resolve_token(f->token_file),
                             .state_dir = f->state_dir,

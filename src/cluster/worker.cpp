@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -45,6 +46,7 @@
 #include "trainyard/comm/address.h"
 #include "trainyard/elastic/agent.h"
 #include "trainyard/elastic/head_backend.h"
+#include "trainyard/elastic/launcher.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
@@ -452,12 +454,17 @@ void Worker::Impl::start_job(const json& a) {
       o.extra_env.emplace_back(k, v.get<std::string>());
     }
     o.extra_env.emplace_back("TRAINYARD_JOB_ID", job->id);
+    // `trainyard ...` in an entrypoint is this very binary, as `ray` is in a Ray job's.
+    const char* path = std::getenv("PATH");
+    o.extra_env.insert(o.extra_env.begin(),
+                       {"PATH", fs::path(elastic::self_executable()).parent_path().string() +
+                                    (path != nullptr ? std::string(":") + path : std::string())});
     o.forward_output = options.forward_output;
     o.on_output = [raw](const elastic::OutputLine& line) {
-      raw->spool->append(line.rank, line.text);
+      raw->spool->append(line.rank, std::string(line.text));
     };
     o.on_event = [raw](const elastic::AgentEvent& e) {
-      if (e.kind != elastic::AgentEvent::Kind::kRoundStarted) return;
+      if (e.kind != elastic::AgentEventKind::kRoundStarted) return;
       std::lock_guard<std::mutex> lock(raw->mu);
       json ranks = json::array();
       for (int i = 0; i < e.local_world_size; ++i) ranks.push_back(e.rank_offset + i);
