@@ -182,7 +182,12 @@ TEST(HttpClient, RetriesA503AndReturnsTheAnswerAfterIt) {
   });
   HttpClient http;
   std::vector<std::string> retries;
-  HttpResponse r = http.send({.url = server.url("/flaky")},
+  std::vector<int> waits_before;  // attempts that on_progress was told send() waits for
+  HttpResponse r = http.send({.url = server.url("/flaky"),
+                              .on_progress =
+                                  [&](const HttpProgress& p) {
+                                    if (p.between_attempts) waits_before.push_back(p.attempt);
+                                  }},
                              {.backoff = 10ms, .on_retry = [&](const RetryPolicy::Retry& retry) {
                                 retries.push_back(std::string(retry.what));
                               }});
@@ -191,6 +196,7 @@ TEST(HttpClient, RetriesA503AndReturnsTheAnswerAfterIt) {
   EXPECT_EQ(r.attempt, 2);
   EXPECT_EQ(calls.load(), 2);
   EXPECT_EQ(retries, std::vector<std::string>{"HTTP 503: warming up."});
+  EXPECT_EQ(waits_before, std::vector<int>{2}) << "progress (heartbeats) while backing off";
 
   // The caller decides which answers to retry: here none.
   calls = 0;
