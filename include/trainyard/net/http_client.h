@@ -53,7 +53,9 @@ struct HttpRequest {
   std::chrono::milliseconds connect_timeout{5'000};  // per attempt
   std::chrono::milliseconds timeout{30'000};         // one attempt in all; 0: no limit
   // An attempt that moves less than 1 byte/s for this long is abandoned as timed out, however
-  // long `timeout` is (a frozen server costs seconds, not the whole timeout). 0: no such limit.
+  // long `timeout` is (a frozen server costs seconds, not the whole timeout). curl averages the
+  // speed over the last few seconds, so a transfer that stops after some bytes ends a few
+  // seconds later than one that never moves any. 0: no such limit.
   std::chrono::seconds stall_timeout{0};
   std::optional<AwsSigV4> aws_sigv4;
   // Receives the body of a 2xx answer instead of HttpResponse::body, in order, at byte `offset`
