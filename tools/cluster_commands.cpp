@@ -75,15 +75,13 @@ std::pair<std::string, std::string> key_value(const std::string& text, const cha
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
-std::string job_path(const std::string& id) { return std::string(cluster::api::kJobsPath) + id; }
-
 // Prints what a job's log gained since `printed` characters; returns the new count. Lines of
 // other ranks are left out when rank >= 0 (lines carry a "[node:rank] " prefix).
 std::size_t print_new_logs(cluster::HeadClient& client,
                            const std::string& id,
                            std::size_t printed,
                            int rank) {
-  const json answer = client.get(job_path(id) + cluster::api::kLogsSuffix);
+  const json answer = client.get(cluster::api::job_logs_path(id));
   const std::string logs = answer.value("logs", "");
   if (logs.size() <= printed) return printed;
   const std::string fresh = logs.substr(printed);
@@ -111,7 +109,7 @@ std::size_t print_new_logs(cluster::HeadClient& client,
 json follow(cluster::HeadClient& client, const std::string& id, int rank) {
   std::size_t printed = 0;
   for (;;) {
-    const json job = client.get(job_path(id));
+    const json job = client.get(cluster::api::job_path(id));
     printed = print_new_logs(client, id, printed, rank);
     if (terminal(job.value("status", ""))) {
       // Lines that arrived with the final report.
@@ -302,7 +300,7 @@ void add_logs(CLI::App& app, int& exit_code) {
     if (f->follow) {
       follow(client, f->id, f->rank);
     } else {
-      client.get(job_path(f->id));  // an unknown id is a clear error, not empty logs
+      client.get(cluster::api::job_path(f->id));  // an unknown id is a clear error, not empty logs
       print_new_logs(client, f->id, 0, f->rank);
     }
     exit_code = 0;
@@ -317,7 +315,7 @@ void add_stop_and_delete(CLI::App& app, int& exit_code) {
   stop->add_option("job", *id, "The job's id")->required();
   stop->callback([f, id, &exit_code] {
     auto client = make_client(*f);
-    const json answer = client.post(job_path(*id) + cluster::api::kStopSuffix, json::object());
+    const json answer = client.post(cluster::api::job_stop_path(*id), json::object());
     std::printf(answer.value("stopped", false) ? "Job '%s' is stopping.\n"
                                                : "Job '%s' had already ended.\n",
                 id->c_str());
@@ -330,7 +328,7 @@ void add_stop_and_delete(CLI::App& app, int& exit_code) {
   del->add_option("job", *del_id, "The job's id")->required();
   del->callback([g, del_id, &exit_code] {
     auto client = make_client(*g);
-    client.del(job_path(*del_id));
+    client.del(cluster::api::job_path(*del_id));
     std::printf("Job '%s' deleted.\n", del_id->c_str());
     exit_code = 0;
   });

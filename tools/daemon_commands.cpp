@@ -105,8 +105,8 @@ void add_head(CLI::App& app, int& exit_code) {
                "' must be a number of seconds longer than --heartbeat-interval.");
     const std::optional<std::string> token = cluster::resolve_token(f->token_file);
     SignalWait signals;
-    cluster::Head head({.bind = f->bind,
-                        .port = static_cast<std::uint16_t>(f->port),
+    cluster::Head head({.bind_address = f->bind,
+                        .port = f->port,
                         .token = token,
                         .state_dir = f->state_dir,
                         .heartbeat_interval = *interval,

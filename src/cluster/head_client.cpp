@@ -59,10 +59,14 @@ json HeadClient::call(const char* method, std::string_view path, const json* bod
   net::HttpResponse r;
   try {
     r = http_->send(request, retry);
-  } catch (const NetworkError& e) {
-    throw NetworkError(detail::concat(
+  } catch (const net::HttpError& e) {
+    // Retries that ended on an answer (a 5xx) report the answer; the others could not reach it.
+    if (!e.last_response()) {
+      throw NetworkError(detail::concat(
         "Cannot reach the trainyard head at ", base_, ": ", e.what(),
         " HINT: is `trainyard head` running there? Pass --address or set ", kAddressEnv, "."));
+    }
+    r = *e.last_response();
   }
   const std::string what = detail::concat(method, " ", path);
   switch (r.status) {

@@ -360,9 +360,7 @@ void Worker::Impl::run() {
           std::lock_guard<std::mutex> lock(job->mu);
           if (job->final) finals.push_back(job.get());
         }
-        const json answer = client->post(
-            std::string(api::kNodesPath) + "/" + node_id + api::kHeartbeatSuffix, heartbeat_body(),
-            true);
+        const json answer = client->post(api::node_heartbeat_path(node_id), heartbeat_body(), true);
         for (Job* job : finals) {
           std::lock_guard<std::mutex> lock(job->mu);
           job->final_acknowledged = true;
@@ -573,7 +571,7 @@ void Worker::Impl::ship_logs(bool all) {
       for (const auto& l : lines) body_lines.push_back({{"rank", l.rank}, {"text", l.text}});
       try {
         const json answer = client->post(
-            std::string(api::kClusterJobsPath) + "/" + id + api::kLogsSuffix,
+            api::worker_logs_path(id),
             {{"node_id", node_id}, {"first_seq", lines.front().seq}, {"lines", body_lines}}, true);
         job->spool->shipped(answer.value("next_seq", lines.back().seq + 1));
       } catch (const NotFoundError&) {
@@ -612,10 +610,8 @@ void Worker::Impl::drain(const std::string& reason) {
   // Hand over what is left: logs, final reports, then leave.
   try {
     ship_logs(true);
-    client->post(std::string(api::kNodesPath) + "/" + node_id + api::kHeartbeatSuffix,
-                 heartbeat_body(), true);
-    client->post(std::string(api::kNodesPath) + "/" + node_id + api::kLeaveSuffix,
-                 {{"reason", reason}}, true);
+    client->post(api::node_heartbeat_path(node_id), heartbeat_body(), true);
+    client->post(api::node_leave_path(node_id), {{"reason", reason}}, true);
     log->info("Left the cluster ({}).", reason);
   } catch (const Error& e) {
     log->warn("Could not tell the head at {} that node {} leaves: {}", base, node_id, e.what());

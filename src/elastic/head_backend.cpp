@@ -1,7 +1,6 @@
 // The rendezvous backend served by a trainyard head; see head_backend.h.
 #include "trainyard/elastic/head_backend.h"
 
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -56,8 +55,13 @@ class HeadBackend final : public RendezvousBackend {
     request.timeout = options_.timeout;
     net::RetryPolicy retry;
     retry.max_attempts = options_.max_attempts;
-    std::lock_guard<std::mutex> lock(mu_);
-    return client_.send(request, retry);  // NetworkError after every attempt failed
+    try {
+      return client_.send(request, retry);
+    } catch (const net::HttpError& e) {
+      // Every attempt failed; one that ended on an answer (a 5xx) is reported as that answer.
+      if (!e.last_response()) throw;
+      return *e.last_response();
+    }
   }
 
   json parse(const net::HttpResponse& r, const char* method) const {
@@ -95,8 +99,7 @@ class HeadBackend final : public RendezvousBackend {
 
   HeadBackendOptions options_;
   std::string url_;
-  std::mutex mu_;
-  net::HttpClient client_;  // guarded by mu_
+  net::HttpClient client_;  // thread-safe
 };
 
 }  // namespace

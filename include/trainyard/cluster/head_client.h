@@ -50,7 +50,7 @@ class HeadClient {
   // path starts with '/'; the answer's body as JSON (null for an empty body). Throws
   // NetworkError when the head cannot be reached (every attempt named), Error for 401/403 with a
   // hint about the token, NotFoundError for 404, InvalidArgumentError for 400/409 carrying the
-  // head's message, Error otherwise. Not thread-safe: one client per thread.
+  // head's message, Error otherwise. Thread-safe.
   nlohmann::json get(std::string_view path);
   nlohmann::json post(std::string_view path, const nlohmann::json& body, bool idempotent = false);
   nlohmann::json del(std::string_view path);

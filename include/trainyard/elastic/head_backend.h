@@ -28,7 +28,7 @@ struct HeadBackendOptions {
 // Validates the options (InvalidArgumentError naming the field); nothing is sent until the first
 // call. Each call blocks for at most about max_attempts * timeout, then throws NetworkError
 // naming the head and every attempt; an answer it cannot use (401, 403, 400) is an Error.
-// Thread-safe: calls are serialised.
+// Thread-safe.
 std::unique_ptr<RendezvousBackend> make_head_backend(HeadBackendOptions options);
 
 }  // namespace trainyard::elastic
