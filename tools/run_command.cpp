@@ -162,69 +162,6 @@ std::string random_run_id() {
   return buf;
 }
 
-// The first IPv4 address of an interface that is up and not loopback, or "".
-std::string first_interface_address() {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "";
-  std::string out;
-  for (ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
-        (i->ifa_flags & IFF_LOOPBACK)) {
-      continue;
-    }
-    char text[INET_ADDRSTRLEN] = {};
-    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text,
-                  sizeof text) != nullptr) {
-      out = text;
-    }
-  }
-  freeifaddrs(list);
-  return out;
-}
-
-// The address of this host on the route to `host` (what the other nodes reach this one at):
-// a UDP socket "connected" to it sends nothing, but the kernel picks the source address.
-std::string route_address(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0) {
-    throw NetworkError(detail::concat("Cannot resolve the rendezvous host '", host,
-                                      "'. HINT: check --rdzv-endpoint, or pass --local-addr."));
-  }
-  std::string addr;
-  for (addrinfo* a = found; a != nullptr && addr.empty(); a = a->ai_next) {
-    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    char text[INET6_ADDRSTRLEN] = {};
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      const void* raw =
-          local.ss_family == AF_INET6
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
-      if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) addr = text;
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  TY_CHECK_T(NetworkError, !addr.empty(), "No route to the rendezvous host '", host,
-             "'. HINT: check --rdzv-endpoint and the network, or pass --local-addr.");
-  // On the endpoint's own host the route is loopback (a host name in /etc/hosts as 127.0.1.1,
-  // say), which the other nodes cannot reach: take the first address on a real interface.
-  if (is_loopback_address(addr) && !is_loopback_address(host)) {
-    addr = first_interface_address();
-    TY_CHECK_T(NetworkError, !addr.empty(), "This host reaches the rendezvous endpoint '", host,
-               "' only through loopback and has no other address for the other nodes. HINT: "
-               "pass --local-addr with this node's address.");
-  }
-  return addr;
-}
-
 // The rendezvous of an elastic (c10d or etcd) run.
 std::shared_ptr<elastic::Rendezvous> make_rendezvous(const RunFlags& f,
                                                      std::pair<int, int> nodes,
@@ -238,7 +175,10 @@ std::shared_ptr<elastic::Rendezvous> make_rendezvous(const RunFlags& f,
   elastic::apply_rendezvous_conf(f.rdzv_conf, r);
   const bool etcd = f.rdzv_backend == "etcd";
   const int port = endpoint.port.value_or(etcd ? 2379 : 29400);
-  r.local_addr = !f.local_addr.empty() ? f.local_addr : route_address(endpoint.host, port);
+  r.local_addr = !f.local_addr.empty() ? f.local_addr : route_address(endpoint.host, port,
+                                                {.what = "the rendezvous host",
+                                                 .host_flag = "--rdzv-endpoint",
+                                                 .local_flag = "--local-addr"});
   const std::string key = "/trainyard/rdzv/" + run_id + "/state";
   // Reaching the backend at start is bounded by the join timeout (and a minute at most); each
   // later request by a few seconds, so that the agent's monitor never stalls long: outages are

@@ -1,6 +1,8 @@
 #include "trainyard/comm/address.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -138,6 +140,66 @@ void wait_until_reachable(const std::string& host,
   throw NetworkError(fmt::format(
       "Cannot reach {} within {:.1f} s ({} attempts; the last: {}). HINT: {}", what,
       std::chrono::duration<double>(Clock::now() - start).count(), attempts, last_error, hint));
+}
+
+std::string first_interface_address() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+        (i->ifa_flags & IFF_LOOPBACK)) {
+      continue;
+    }
+    char text[INET_ADDRSTRLEN] = {};
+    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text,
+                  sizeof text) != nullptr) {
+      out = text;
+    }
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+std::string route_address(const std::string& host, int port, const RouteNames& names) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0) {
+    throw NetworkError(detail::concat("Cannot resolve ", names.what, " '", host, "'. HINT: check ",
+                                      names.host_flag, ", or pass ", names.local_flag, "."));
+  }
+  std::string addr;
+  for (addrinfo* a = found; a != nullptr && addr.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* raw =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) addr = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  TY_CHECK_T(NetworkError, !addr.empty(), "No route to ", names.what, " '", host, "'. HINT: check ",
+             names.host_flag, " and the network, or pass ", names.local_flag, ".");
+  // On the endpoint's own host the route is loopback (a host name in /etc/hosts as 127.0.1.1,
+  // say), which the other nodes cannot reach: take the first address on a real interface.
+  if (is_loopback_address(addr) && !is_loopback_address(host)) {
+    addr = first_interface_address();
+    TY_CHECK_T(NetworkError, !addr.empty(), "This host reaches ", names.what, " '", host,
+               "' only through loopback and has no other address for the other nodes. HINT: "
+               "pass ", names.local_flag, " with this node's address.");
+  }
+  return addr;
 }
 
 }  // namespace trainyard

@@ -1,22 +1,20 @@
 // The etcd rendezvous backend over etcd's JSON gateway; see etcd_backend.h.
 #include "trainyard/elastic/etcd_backend.h"
 
-#include <curl/curl.h>
 #include <openssl/evp.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/net/http_client.h"
 
 namespace trainyard::elastic {
 namespace {
@@ -25,6 +23,7 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 constexpr std::size_t kExcerptChars = 300;  // of an answer's body, quoted in errors
+constexpr milliseconds kBackoff{50};        // after the first failure; doubled after each
 constexpr milliseconds kMaxBackoff{1'000};
 
 // Note [etcd JSON gateway]
@@ -87,40 +86,12 @@ std::string excerpt(const std::string& body) {
   return body.size() <= kExcerptChars ? body : body.substr(0, kExcerptChars) + "...";
 }
 
-struct CurlDeleter {
-  void operator()(CURL* h) const { curl_easy_cleanup(h); }
-};
-
-struct Reply {
-  CURLcode code = CURLE_OK;
-  std::string curl_error;
-  long status = 0;
-  std::string body;
-
-  // A sentence: "curl error 7 (Couldn't connect to server): Failed to connect to ...".
-  std::string describe() const {
-    const std::string s = code != CURLE_OK
-                              ? detail::concat("curl error ", static_cast<int>(code), " (",
-                                               curl_easy_strerror(code), "): ", curl_error)
-                              : detail::concat("HTTP ", status, ": ", excerpt(body));
-    return s.ends_with('.') ? s : s + ".";
-  }
-};
-
-std::size_t on_body(char* data, std::size_t size, std::size_t n, void* reply) {
-  static_cast<Reply*>(reply)->body.append(data, size * n);
-  return size * n;
-}
-
 class EtcdBackend final : public RendezvousBackend {
  public:
   explicit EtcdBackend(EtcdOptions options)
       : options_(std::move(options)),
         endpoint_(normalize_endpoint(options_.endpoint)),
-        key_b64_(base64_encode(options_.key)),
-        curl_(curl_easy_init()) {
-    TY_CHECK_T(Error, curl_ != nullptr, "curl_easy_init failed for etcd at ", endpoint_, ".");
-  }
+        key_b64_(base64_encode(options_.key)) {}
 
   std::optional<std::pair<std::string, std::string>> get_state() override {
     const json answer = post("/v3/kv/range", {{"key", key_b64_}});
@@ -188,89 +159,60 @@ class EtcdBackend final : public RendezvousBackend {
   // "unavailable" (HTTP 503, 504: no leader, a leader change) and its gateway's 408 and 502 (its
   // gRPC connection closing or timing out: etcd shutting down answers 408 "grpc: the client
   // connection is closing" for a moment before it stops listening) are retried up to
-  // max_attempts times. Retrying a txn is safe: if an attempt that seemed lost was applied, the
-  // retry's compare fails and the caller sees its own write as the current state.
+  // max_attempts times (HttpClient::send). Retrying a txn is safe: if an attempt that seemed lost
+  // was applied, the retry's compare fails and the caller sees its own write as the current state.
   json post(const char* path, const json& body) {
-    std::lock_guard<std::mutex> lock(mu_);
     const std::string url = endpoint_ + path;
-    const std::string payload = body.dump();
-    std::string failures;
-    const auto first_start = std::chrono::steady_clock::now();
-    for (int attempt = 1;; ++attempt) {
-      const auto start = std::chrono::steady_clock::now();
-      const Reply r = perform(url, payload);
-      const auto ms =
-          std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
-      logger("etcd")->debug("POST {} -> {} in {} ms (attempt {})", url,
-                            r.code == CURLE_OK ? std::to_string(r.status) : r.curl_error,
-                            ms.count(), attempt);
-      if (r.code == CURLE_OK && r.status == 200) {
-        try {
-          return json::parse(r.body);
-        } catch (const json::exception& e) {
-          throw Error(detail::concat(describe(), " answered POST ", path,
-                                     " with a body that is not JSON: ", excerpt(r.body)));
-        }
-      }
-      const bool transient =
-          r.status == 408 || r.status == 502 || r.status == 503 || r.status == 504;
-      if (r.code == CURLE_OK && !transient) {
-        throw Error(detail::concat(
-            describe(), " refused POST ", path, ": ", r.describe(),
-            r.status == 404 ? " HINT: is it etcd's client URL, and etcd >= 3.4? (Older versions "
-                              "serve the JSON gateway at /v3beta/.)"
-                            : ""));
-      }
-      failures += detail::concat(" Attempt ", attempt, ": ", r.describe());
-      if (attempt >= options_.max_attempts) {
-        const auto spent = std::chrono::duration_cast<milliseconds>(
-            std::chrono::steady_clock::now() - first_start);
-        throw NetworkError(detail::concat(
-            "Could not reach ", describe(), " (POST ", path, "): ", attempt, " attempt(s) over ",
-            spent.count(), " ms failed (each limited to ", options_.timeout.count(), " ms).",
-            failures, " HINT: is etcd running at ", endpoint_, "? Check --rdzv-endpoint."));
-      }
-      const auto backoff =
-          std::min(milliseconds(50) * (1 << std::min(attempt - 1, 5)), kMaxBackoff);
-      logger("etcd")->warn("POST {} attempt {}/{} failed: {} Retrying in {} ms.", url, attempt,
-                           options_.max_attempts, r.describe(), backoff.count());
-      std::this_thread::sleep_for(backoff);
+    const net::HttpRequest request{.method = "POST",
+                                   .url = url,
+                                   .headers = {{"Content-Type", "application/json"}},
+                                   .body = body.dump(),
+                                   .connect_timeout = options_.timeout,
+                                   .timeout = options_.timeout};
+    const net::RetryPolicy policy{
+        .max_attempts = options_.max_attempts,
+        .backoff = kBackoff,
+        .backoff_max = kMaxBackoff,
+        .jitter = 0.0,
+        .retry_if =
+            [](const net::HttpResponse& r) {
+              return r.status == 408 || r.status == 502 || r.status == 503 || r.status == 504;
+            },
+        .on_retry =
+            [&](const net::RetryPolicy::Retry& r) {
+              logger("etcd")->warn("POST {} attempt {}/{} failed: {} Retrying in {} ms.", url,
+                                   r.failed_attempt, options_.max_attempts, r.what,
+                                   r.pause.count());
+            }};
+    net::HttpResponse r;
+    try {
+      r = http_.send(request, policy);
+    } catch (const net::HttpError& e) {
+      throw NetworkError(detail::concat(
+          "Could not reach ", describe(), " (POST ", path, "): ", e.log().attempts,
+          " attempt(s) over ", e.log().elapsed.count(), " ms failed (each limited to ",
+          options_.timeout.count(), " ms).", e.log().list(), " HINT: is etcd running at ",
+          endpoint_, "? Check --rdzv-endpoint."));
     }
-  }
-
-  // One request on the kept handle (which keeps its connection between requests). mu_ held.
-  Reply perform(const std::string& url, const std::string& payload) {
-    Reply r;
-    char errbuf[CURL_ERROR_SIZE] = {0};
-    curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-    headers = curl_slist_append(headers, "Expect:");  // never wait for "100 Continue"
-    CURL* h = curl_.get();
-    curl_easy_reset(h);
-    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.timeout.count()));
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout.count()));
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, payload.c_str());
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(payload.size()));
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
-    r.code = curl_easy_perform(h);
-    if (r.code != CURLE_OK) {
-      r.curl_error = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(r.code);
-    } else {
-      curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
+    if (r.status != 200) {
+      throw Error(detail::concat(
+          describe(), " refused POST ", path, ": ", r.describe(),
+          r.status == 404 ? " HINT: is it etcd's client URL, and etcd >= 3.4? (Older versions "
+                            "serve the JSON gateway at /v3beta/.)"
+                          : ""));
     }
-    curl_slist_free_all(headers);
-    return r;
+    try {
+      return json::parse(r.body);
+    } catch (const json::exception& e) {
+      throw Error(detail::concat(describe(), " answered POST ", path,
+                                 " with a body that is not JSON: ", excerpt(r.body)));
+    }
   }
 
   const EtcdOptions options_;
   const std::string endpoint_;  // "http://host:port"
   const std::string key_b64_;
-  std::mutex mu_;  // serialises requests on curl_
-  std::unique_ptr<CURL, CurlDeleter> curl_;
+  net::HttpClient http_;  // thread-safe
 };
 
 }  // namespace
@@ -283,8 +225,6 @@ std::unique_ptr<RendezvousBackend> make_etcd_backend(EtcdOptions options) {
            options.timeout.count(), ".");
   TY_CHECK(options.max_attempts >= 1, "EtcdOptions.max_attempts must be >= 1, got ",
            options.max_attempts, ".");
-  static std::once_flag curl_init;
-  std::call_once(curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   return std::make_unique<EtcdBackend>(std::move(options));
 }
 

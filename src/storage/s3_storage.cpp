@@ -1,9 +1,9 @@
-// S3Storage: checkpoint storage on Amazon S3 or an S3-compatible service. libcurl signs every
-// request (CURLOPT_AWS_SIGV4); the few XML answers S3 gives (ListObjectsV2, multipart upload,
-// errors) are read by a small parser below. See s3_storage.h for the behaviour.
+// S3Storage: checkpoint storage on Amazon S3 or an S3-compatible service. Requests go through
+// net::HttpClient, where libcurl signs each one (CURLOPT_AWS_SIGV4); the few XML answers S3 gives
+// (ListObjectsV2, multipart upload, errors) are read by a small parser below. See s3_storage.h for
+// the behaviour.
 #include "trainyard/storage/s3_storage.h"
 
-#include <curl/curl.h>
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -12,16 +12,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
-#include <random>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
+#include "trainyard/net/http_client.h"
 #include "trainyard/seconds.h"
 
 namespace trainyard::storage {
@@ -194,145 +192,54 @@ struct Request {
   const char* content_type = "application/octet-stream";  // sent with PUT and POST
   bool error_in_200 = false;  // S3 may answer 200 with an <Error> (CompleteMultipartUpload)
   std::string what;           // for messages: "PUT s3://bucket/key"
-  std::string payload_sha256;
   std::string range;  // a GET's "first-last" bytes (the Range header); "" for the whole object
 };
 
-struct Response {
-  CURLcode curl_code = CURLE_OK;
-  std::string curl_error;
-  long status = 0;
-  std::string body;
-  std::string etag;           // the ETag header (UploadPart)
-  std::string bucket_region;  // x-amz-bucket-region, sent when the region is wrong
-
-  bool failed(const Request& req) const {
-    return curl_code != CURLE_OK || status < 200 || status >= 300 ||
-           (req.error_in_200 && body.find("<Error>") != std::string::npos);
-  }
-  std::string code() const { return xml_text(body, "Code"); }
-  // Worth another attempt: the connection broke, or S3 said to slow down or try again.
-  bool transient() const {
-    switch (curl_code) {
-      case CURLE_OK:
-        break;
-      case CURLE_UNSUPPORTED_PROTOCOL:
-      case CURLE_URL_MALFORMAT:
-      case CURLE_OUT_OF_MEMORY:
-      case CURLE_PEER_FAILED_VERIFICATION:
-      case CURLE_SSL_CERTPROBLEM:
-      case CURLE_SSL_CACERT_BADFILE:
-      case CURLE_LOGIN_DENIED:
-        return false;
-      default:
-        return true;
-    }
-    const std::string c = code();
-    return status >= 500 || status == 429 || c == "SlowDown" || c == "RequestTimeout" ||
-           c == "InternalError";
-  }
-  // A sentence: "HTTP 403 AccessDenied: Access Denied." or "curl error 7 (...): Failed to ...".
-  std::string describe() const {
-    std::string s;
-    if (curl_code != CURLE_OK) {
-      s = detail::concat("curl error ", static_cast<int>(curl_code), " (",
-                         curl_easy_strerror(curl_code), "): ", curl_error);
-    } else if (const std::string c = code(); c.empty()) {
-      s = detail::concat("HTTP ", status, " with no S3 error code");
-    } else {
-      const std::string message = xml_text(body, "Message");
-      s = detail::concat("HTTP ", status, " ", c, message.empty() ? "" : ": ", message);
-    }
-    return s.ends_with('.') ? s : s + ".";
-  }
-};
-
-std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
-  static_cast<Response*>(user)->body.append(data, size * n);
-  return size * n;
+// S3's error code in an answer's <Error> body ("NoSuchKey"), or "".
+std::string s3_code(const net::HttpResponse& r) {
+  return xml_text(r.body, "Code");
 }
 
-std::size_t on_header(char* data, std::size_t size, std::size_t n, void* user) {
-  auto* r = static_cast<Response*>(user);
-  std::string_view line(data, size * n);
-  const std::size_t colon = line.find(':');
-  if (colon == std::string_view::npos) return size * n;
-  std::string name(line.substr(0, colon));
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  std::string_view value = line.substr(colon + 1);
-  while (!value.empty() && std::isspace(static_cast<unsigned char>(value.front())) != 0) {
-    value.remove_prefix(1);
-  }
-  while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back())) != 0) {
-    value.remove_suffix(1);
-  }
-  if (name == "etag") r->etag = value;
-  if (name == "x-amz-bucket-region") r->bucket_region = value;
-  if (name == "content-length") {
-    // Reserve up front so a large object is not copied while the buffer grows.
-    const unsigned long long len = std::strtoull(std::string(value).c_str(), nullptr, 10);
-    if (len <= kMaxObjectPut) r->body.reserve(len);
-  }
-  return size * n;
+bool failed(const Request& req, const net::HttpResponse& r) {
+  return r.status < 200 || r.status >= 300 ||
+         (req.error_in_200 && r.body.find("<Error>") != std::string::npos);
 }
 
-struct CurlDeleter {
-  void operator()(CURL* h) const { curl_easy_cleanup(h); }
-};
-using CurlHandle = std::unique_ptr<CURL, CurlDeleter>;
+// Worth another attempt (for a failed answer): S3 said to slow down or try again.
+bool transient(const net::HttpResponse& r) {
+  const std::string c = s3_code(r);
+  return r.status >= 500 || r.status == 429 || c == "SlowDown" || c == "RequestTimeout" ||
+         c == "InternalError";
+}
 
-// Shared by send() and the progress callback of its attempts (same thread).
-struct Waiting {
-  using Clock = std::chrono::steady_clock;
-  const Request* req = nullptr;
-  const S3Config* config = nullptr;
-  const std::string* endpoint = nullptr;
-  Clock::time_point first{};          // the request's first attempt began
-  Clock::time_point attempt_start{};  // this attempt began
-  Clock::time_point last_moved{};     // this attempt last sent or received bytes (or began)
-  curl_off_t moved = 0;               // bytes this attempt has sent and received
-  Clock::time_point last_warning{};   // a warning about this request was logged
-  int attempt = 0;
-
-  bool may_warn(Clock::time_point now) const {
-    // A transfer that moves data (a large upload) is not waiting for an answer.
-    return now - last_warning >= config->warn_every && now - last_moved >= config->warn_every;
+// A sentence: "HTTP 403 AccessDenied: Access Denied." (transport failures: HttpClient's
+// "curl error 7 (...): Failed to ...").
+std::string describe(const net::HttpResponse& r) {
+  std::string s;
+  if (const std::string c = s3_code(r); c.empty()) {
+    s = detail::concat("HTTP ", r.status, " with no S3 error code");
+  } else {
+    const std::string message = xml_text(r.body, "Message");
+    s = detail::concat("HTTP ", r.status, " ", c, message.empty() ? "" : ": ", message);
   }
-};
+  return s.ends_with('.') ? s : s + ".";
+}
 
 double seconds_between(std::chrono::steady_clock::time_point a,
                        std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Called by curl about once a second during an attempt: warns while an answer is overdue. A
-// request is bounded (stall_timeout per attempt, retry_deadline in all), so waiting for it is
-// progress for the hang watchdog (Note [Hang watchdog] in src/elastic/rank_monitor.cpp), when the
-// waiting thread is the training thread or one it waits for: a rank riding out a short S3 outage
-// is not taken for hung; one stuck past the deadline fails.
-int on_progress(void* user, curl_off_t, curl_off_t received, curl_off_t, curl_off_t sent) {
-  heartbeat_while_waiting();
-  auto* w = static_cast<Waiting*>(user);
-  const auto now = std::chrono::steady_clock::now();
-  if (received + sent != w->moved) {
-    w->moved = received + sent;
-    w->last_moved = now;
-  }
-  if (w->may_warn(now)) {
-    w->last_warning = now;
-    logger("s3")->warn(
-        "Still waiting for {} to answer {} (attempt {}: {:.0f} s; {:.0f} s since the first "
-        "attempt). An attempt that moves no data for {} s is abandoned and retried until {} s "
-        "have passed.",
-        *w->endpoint, w->req->what, w->attempt, seconds_between(w->attempt_start, now),
-        seconds_between(w->first, now), w->config->stall_timeout.count(),
-        w->config->retry_deadline.count());
-  }
-  return 0;
-}
+// Shared by the progress and retry callbacks of one request (same thread): when to warn.
+struct Waiting {
+  using Clock = std::chrono::steady_clock;
+  int attempt = 0;                   // the attempt last seen by the progress callback
+  Clock::time_point last_moved{};    // that attempt last sent or received bytes (or began)
+  std::uint64_t moved = 0;           // bytes that attempt has sent and received
+  Clock::time_point last_warning{};  // a warning about this request was logged
+};
 
-// Thread-safe: each request runs on a curl handle of its own, taken from a pool of idle ones.
+// Thread-safe: requests run on HttpClient, which is.
 class S3Storage final : public Storage {
  public:
   explicit S3Storage(S3Config config);
@@ -352,29 +259,23 @@ class S3Storage final : public Storage {
     return "s3://" + c_.bucket + "/" + object;
   }
   void write_multipart(const std::string& object, std::string_view data);
-  // Sends req, retrying transient failures (see Response::transient) with backoff. Returns the
-  // final answer, which may be an HTTP error the caller handles; throws NetworkError when every
-  // attempt failed transiently.
-  Response send(Request req);
-  Response perform(CURL* h, const Request& req, Waiting* waiting) const;
-  [[noreturn]] void fail(const Request& req, const Response& r) const;
-  std::string hint(const Response& r) const;  // " HINT: ..." or ""
-
-  CurlHandle acquire();
-  void release(CurlHandle h);
+  // Sends req, retrying transient failures (see transient()) with backoff. Returns the final
+  // answer, which may be an HTTP error the caller handles; throws NetworkError when every
+  // attempt failed transiently, or the connection failed in a way retrying cannot fix.
+  net::HttpResponse send(const Request& req);
+  [[noreturn]] void fail(const Request& req, const net::HttpResponse& r) const;
+  // " HINT: ..." or "", for a transport failure or (kNone) the answer r.
+  std::string hint(net::TransportError transport, const net::HttpResponse* r) const;
 
   const S3Config c_;
   std::string uri_;       // s3://bucket[/prefix]
   std::string endpoint_;  // the server, for messages: "http://127.0.0.1:4568"
   std::string base_url_;  // "https://bucket.s3.region.amazonaws.com" or "<endpoint>/bucket"
   std::string sigv4_;     // "aws:amz:<region>:s3"
-  std::mutex mu_;
-  std::vector<CurlHandle> idle_;  // finished handles, kept to reuse their connections; mu_
+  net::HttpClient http_;
 };
 
 S3Storage::S3Storage(S3Config config) : c_(std::move(config)) {
-  static std::once_flag curl_init;
-  std::call_once(curl_init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   uri_ = "s3://" + c_.bucket + (c_.prefix.empty() ? "" : "/" + c_.prefix);
   sigv4_ = "aws:amz:" + c_.region + ":s3";
   endpoint_ = c_.endpoint;
@@ -396,180 +297,123 @@ std::string S3Storage::object_key(const std::string& key) const {
   return c_.prefix.empty() ? key : c_.prefix + "/" + key;
 }
 
-CurlHandle S3Storage::acquire() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!idle_.empty()) {
-      CurlHandle h = std::move(idle_.back());
-      idle_.pop_back();
-      return h;
-    }
-  }
-  CurlHandle h(curl_easy_init());
-  TY_CHECK_T(Error, h != nullptr, "curl_easy_init failed for S3 storage ", uri_);
-  return h;
-}
-
-void S3Storage::release(CurlHandle h) {
-  std::lock_guard<std::mutex> lock(mu_);
-  idle_.push_back(std::move(h));
-}
-
 // Note [SigV4 with curl]
 // libcurl computes the signature, but Debian 12's curl 7.88 signs the URL's path and query as they
 // are, so the caller must already give them in SigV4's canonical form: every key segment
 // percent-encoded (uri_encode), query parameters sorted by name and encoded, "uploads=" rather
 // than "uploads". It also signs every custom header, even an empty one that only removes a
-// header curl would add, so no such header may be set. The payload hash comes from our
-// x-amz-content-sha256 header. These were checked against an independent SigV4 implementation;
-// s3rver, which the tests run against, checks the access key but not the signature.
-Response S3Storage::perform(CURL* h, const Request& req, Waiting* waiting) const {
-  Response r;
-  char errbuf[CURL_ERROR_SIZE] = {0};
-  const std::string url =
-      base_url_ + "/" + uri_encode(req.key, true) + (req.query.empty() ? "" : "?" + req.query);
-  const std::string_view method = req.method;
-  // The payload hash is part of the signature, and S3 checks the body against it.
-  std::vector<std::string> headers = {"x-amz-content-sha256: " + req.payload_sha256};
-  if (method == "PUT" || method == "POST") {
-    headers.push_back(std::string("Content-Type: ") + req.content_type);
-  }
-  if (!c_.session_token.empty()) headers.push_back("x-amz-security-token: " + c_.session_token);
-  curl_slist* list = nullptr;
-  for (const auto& line : headers) list = curl_slist_append(list, line.c_str());
-
-  curl_easy_reset(h);  // keeps the connection cache
-  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);  // keys like "a/../b" must reach S3 unchanged
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(c_.connect_timeout.count()));
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(c_.request_timeout.count()));
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);  // bytes/s, see S3Config.stall_timeout
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(c_.stall_timeout.count()));
-  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-  curl_easy_setopt(h, CURLOPT_XFERINFODATA, waiting);
-  curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4_.c_str());
-  curl_easy_setopt(h, CURLOPT_USERNAME, c_.access_key_id.c_str());
-  curl_easy_setopt(h, CURLOPT_PASSWORD, c_.secret_access_key.c_str());
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
-  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(h, CURLOPT_HEADERDATA, &r);
-  if (method == "PUT" || method == "POST") {
-    // Both go out the way curl sends a POST, from memory: as an upload (CURLOPT_UPLOAD) even a
-    // tiny body would wait for "100 Continue", and an empty "Expect:" header to stop that would
-    // be signed (Note [SigV4 with curl]). POST asks for 100 Continue only above 1 MiB.
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, req.body.empty() ? "" : req.body.data());
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
-  }
-  if (!req.range.empty()) curl_easy_setopt(h, CURLOPT_RANGE, req.range.c_str());
-  if (method != "GET" && method != "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req.method);
-  r.curl_code = curl_easy_perform(h);
-  if (r.curl_code != CURLE_OK) {
-    r.curl_error = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(r.curl_code);
-  } else {
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
-  }
-  curl_slist_free_all(list);
-  return r;
-}
-
+// header curl would add, so no such header may be set (HttpClient adds none to a signed
+// request). The payload hash comes from our x-amz-content-sha256 header. These were checked
+// against an independent SigV4 implementation; s3rver, which the tests run against, checks the
+// access key but not the signature.
+//
 // Note [S3 retry deadline]
 // A frozen or failing endpoint must neither stall training for many minutes nor fail a job
 // within seconds of a short outage. Each attempt is bounded (connect_timeout, stall_timeout,
 // request_timeout); failed transient attempts are retried with exponential backoff (doubling
 // from initial_backoff to 10 s, half of it random so ranks do not retry in step) until the next
-// attempt would start after retry_deadline. A warning names the request, the endpoint, the
-// attempt and the time spent, at most every warn_every, both while an attempt waits and between
-// attempts; the final error says how many attempts over how long, with each failure.
-Response S3Storage::send(Request req) {
+// attempt would start after retry_deadline (HttpClient::send, Note [One retry loop] in
+// src/net/http_client.cpp). A warning names the request, the endpoint, the attempt and the time
+// spent, at most every warn_every, both while an attempt waits and between attempts; the final
+// error says how many attempts over how long, with each failure.
+//
+// A request is bounded, so waiting for it is progress for the hang watchdog (Note [Hang
+// watchdog] in src/elastic/rank_monitor.cpp) when the waiting thread is the training thread or one
+// it waits for: a rank riding out a short S3 outage is not taken for hung; one stuck past the
+// deadline fails. The progress callback beats while attempts wait and between them.
+net::HttpResponse S3Storage::send(const Request& req) {
   using Clock = std::chrono::steady_clock;
-  req.payload_sha256 = sha256_hex(req.body);
-  struct Failure {
-    std::string what;
-    int first = 0, last = 0;  // attempts
-  };
-  std::vector<Failure> failures;  // consecutive identical failures share one entry
-  auto backoff = c_.initial_backoff;
-  std::minstd_rand jitter(std::random_device{}());
-  Waiting w{.req = &req, .config = &c_, .endpoint = &endpoint_, .first = Clock::now()};
-  w.last_warning = w.first - c_.warn_every;
-  for (int attempt = 1;; ++attempt) {
-    CurlHandle h = acquire();
-    w.attempt = attempt;
-    w.attempt_start = Clock::now();
-    w.last_moved = w.attempt_start;
-    w.moved = 0;
-    Response r = perform(h.get(), req, &w);
-    release(std::move(h));
+  const std::string_view method = req.method;
+  net::HttpRequest http{
+      .method = req.method,
+      .url =
+          base_url_ + "/" + uri_encode(req.key, true) + (req.query.empty() ? "" : "?" + req.query),
+      // The payload hash is part of the signature, and S3 checks the body against it.
+      .headers = {{"x-amz-content-sha256", sha256_hex(req.body)}},
+      .body_ref = req.body,
+      .range = req.range,
+      .connect_timeout = c_.connect_timeout,
+      .timeout = c_.request_timeout,
+      .stall_timeout = c_.stall_timeout,
+      .aws_sigv4 = net::AwsSigV4{.provider = sigv4_,
+                                 .access_key_id = c_.access_key_id,
+                                 .secret_access_key = c_.secret_access_key}};
+  if (method == "PUT" || method == "POST")
+    http.headers.emplace_back("Content-Type", req.content_type);
+  if (!c_.session_token.empty())
+    http.headers.emplace_back("x-amz-security-token", c_.session_token);
+
+  const auto first = Clock::now();
+  Waiting w{.last_warning = first - c_.warn_every};
+  http.on_progress = [&](const net::HttpProgress& p) {
+    heartbeat_while_waiting();
+    if (p.between_attempts) return;
     const auto now = Clock::now();
-    logger("s3")->debug("{} -> {} in {:.3f} s (attempt {})", req.what,
-                        r.curl_code == CURLE_OK ? std::to_string(r.status) : r.curl_error,
-                        seconds_between(w.attempt_start, now), attempt);
-    if (!r.failed(req)) {
-      if (attempt > 1) {
-        logger("s3")->info("{} succeeded at attempt {}, {:.1f} s after the first.", req.what,
-                           attempt, seconds_between(w.first, now));
-      }
-      return r;
+    if (p.attempt != w.attempt) {
+      w.attempt = p.attempt;
+      w.moved = 0;
+      w.last_moved = p.attempt_start;
     }
-    if (!r.transient()) {
-      if (r.curl_code == CURLE_OK) return r;  // an HTTP error the caller interprets
-      throw NetworkError(detail::concat("S3 ", req.what, " failed against ", endpoint_, ": ",
-                                        r.describe(), hint(r)));
+    if (p.bytes_moved != w.moved) {
+      w.moved = p.bytes_moved;
+      w.last_moved = now;
     }
-    const std::string what = r.describe();
-    if (!failures.empty() && failures.back().what == what) {
-      failures.back().last = attempt;
-    } else {
-      failures.push_back({what, attempt, attempt});
-    }
-    // Half the backoff plus a random half, so that many ranks retrying do not move in step.
-    const auto half = backoff.count() / 2;
-    const auto sleep = std::chrono::milliseconds(
-        half + std::uniform_int_distribution<long long>(0, std::max<long long>(half, 0))(jitter));
-    backoff = std::min(backoff * 2, kMaxBackoff);
-    const bool capped = c_.max_attempts > 0 && attempt >= c_.max_attempts;
-    if (capped || now + sleep - w.first > c_.retry_deadline) {
-      std::string listed;
-      for (std::size_t i = 0; i < failures.size(); ++i) {
-        if (failures.size() > 8 && i == 4) {
-          listed += detail::concat(" (", failures.size() - 8, " more kinds of failure)");
-          i = failures.size() - 4;
-        }
-        const auto& f = failures[i];
-        listed += f.first == f.last
-                      ? detail::concat(" Attempt ", f.first, ": ", f.what)
-                      : detail::concat(" Attempts ", f.first, "-", f.last, ": ", f.what);
-      }
-      throw NetworkError(
-          detail::concat("S3 ", req.what, " failed after ", attempt, " attempt(s) against ",
-                         endpoint_, " in ", fmt::format("{:.1f}", seconds_between(w.first, now)),
-                         " s (S3Config.retry_deadline = ", c_.retry_deadline.count(),
-                         " s, max_attempts = ", c_.max_attempts, ").", listed, hint(r)));
-    }
-    if (w.may_warn(now) || attempt == 1) {
+    // A transfer that moves data (a large upload) is not waiting for an answer.
+    if (now - w.last_warning >= c_.warn_every && now - w.last_moved >= c_.warn_every) {
       w.last_warning = now;
       logger("s3")->warn(
-          "{} against {} failed at attempt {} ({:.1f} s since the first): {} Retrying in {} ms, "
-          "until {} s have passed.",
-          req.what, endpoint_, attempt, seconds_between(w.first, now), what, sleep.count(),
-          c_.retry_deadline.count());
+          "Still waiting for {} to answer {} (attempt {}: {:.0f} s; {:.0f} s since the first "
+          "attempt). An attempt that moves no data for {} s is abandoned and retried until {} s "
+          "have passed.",
+          endpoint_, req.what, p.attempt, seconds_between(p.attempt_start, now),
+          seconds_between(p.first_start, now), c_.stall_timeout.count(), c_.retry_deadline.count());
     }
-    // In slices, beating between them (see on_progress): backoffs reach kMaxBackoff.
-    for (auto left = sleep; left.count() > 0; left -= std::chrono::seconds(1)) {
-      heartbeat_while_waiting();
-      std::this_thread::sleep_for(
-          std::min<std::chrono::milliseconds>(left, std::chrono::seconds(1)));
+  };
+  const net::RetryPolicy policy{
+      .max_attempts = c_.retry_deadline.count() == 0 ? 1 : c_.max_attempts,
+      .deadline = c_.retry_deadline,
+      .backoff = c_.initial_backoff,
+      .backoff_max = std::max(kMaxBackoff, c_.initial_backoff),
+      .jitter = 0.5,  // half the backoff plus a random half
+      .retry_if = [&](const net::HttpResponse& r) { return failed(req, r) && transient(r); },
+      .describe = describe,
+      .on_retry =
+          [&](const net::RetryPolicy::Retry& r) {
+            const auto now = Clock::now();
+            if (r.failed_attempt == 1 || now - w.last_warning >= c_.warn_every) {
+              w.last_warning = now;
+              logger("s3")->warn(
+                  "{} against {} failed at attempt {} ({:.1f} s since the first): {} Retrying in "
+                  "{} ms, until {} s have passed.",
+                  req.what, endpoint_, r.failed_attempt,
+                  std::chrono::duration<double>(r.elapsed).count(), r.what, r.pause.count(),
+                  c_.retry_deadline.count());
+            }
+          }};
+  try {
+    net::HttpResponse r = http_.send(http, policy);
+    if (r.attempt > 1 && !failed(req, r)) {
+      logger("s3")->info("{} succeeded at attempt {}, {:.1f} s after the first.", req.what,
+                         r.attempt, seconds_between(first, Clock::now()));
     }
+    return r;
+  } catch (const net::HttpError& e) {
+    const net::HttpResponse* last = e.last_response() ? &*e.last_response() : nullptr;
+    if (!e.retryable()) {
+      throw NetworkError(detail::concat("S3 ", req.what, " failed against ", endpoint_, ": ",
+                                        e.log().entries.back().what, hint(e.transport(), last)));
+    }
+    throw NetworkError(detail::concat(
+        "S3 ", req.what, " failed after ", e.log().attempts, " attempt(s) against ", endpoint_,
+        " in ", fmt::format("{:.1f}", std::chrono::duration<double>(e.log().elapsed).count()),
+        " s (S3Config.retry_deadline = ", c_.retry_deadline.count(),
+        " s, max_attempts = ", c_.max_attempts, ").", e.log().list(), hint(e.transport(), last)));
   }
 }
 
-std::string S3Storage::hint(const Response& r) const {
-  if (r.curl_code == CURLE_OPERATION_TIMEDOUT) {
+std::string S3Storage::hint(net::TransportError transport, const net::HttpResponse* r) const {
+  using net::TransportError;
+  if (transport == TransportError::kTimeout) {
     return detail::concat(" HINT: is ", endpoint_,
                           " reachable and answering? An attempt times out "
                           "after ",
@@ -579,19 +423,20 @@ std::string S3Storage::hint(const Response& r) const {
                           "retries end after retry_deadline, ",
                           kS3RetryDeadlineEnv, ").");
   }
-  if (r.curl_code == CURLE_COULDNT_RESOLVE_HOST) {
+  if (transport == TransportError::kResolve) {
     return " HINT: check the endpoint's host name (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL) and DNS.";
   }
-  if (r.curl_code == CURLE_PEER_FAILED_VERIFICATION || r.curl_code == CURLE_SSL_CACERT_BADFILE) {
+  if (transport == TransportError::kTlsVerify) {
     return " HINT: the endpoint's TLS certificate could not be verified.";
   }
-  if (r.curl_code != CURLE_OK) {
+  if (transport != TransportError::kNone || r == nullptr) {
     return detail::concat(" HINT: is the endpoint ", endpoint_, " running and reachable?");
   }
-  const std::string code = r.code();
-  if (!r.bucket_region.empty() && r.bucket_region != c_.region) {
-    return detail::concat(" HINT: bucket '", c_.bucket, "' is in region ", r.bucket_region,
-                          ", not ", c_.region, "; set AWS_REGION=", r.bucket_region, ".");
+  const std::string code = s3_code(*r);
+  const std::string bucket_region = r->header("x-amz-bucket-region").value_or("");
+  if (!bucket_region.empty() && bucket_region != c_.region) {
+    return detail::concat(" HINT: bucket '", c_.bucket, "' is in region ", bucket_region, ", not ",
+                          c_.region, "; set AWS_REGION=", bucket_region, ".");
   }
   if (code == "NoSuchBucket") {
     return detail::concat(" HINT: create bucket '", c_.bucket, "' or fix the URI.");
@@ -603,24 +448,24 @@ std::string S3Storage::hint(const Response& r) const {
     return " HINT: the temporary credentials are stale; refresh AWS_SESSION_TOKEN with its keys.";
   }
   if (code == "RequestTimeTooSkewed") return " HINT: this machine's clock is off; sync it (NTP).";
-  if (r.status == 403) {
+  if (r->status == 403) {
     return " HINT: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and that they may use this "
            "bucket (S3 also answers 403, not 404, for a missing key without s3:ListBucket).";
   }
-  if (r.transient()) return " HINT: the service is overloaded or failing; try again later.";
+  if (transient(*r)) return " HINT: the service is overloaded or failing; try again later.";
   return "";
 }
 
-void S3Storage::fail(const Request& req, const Response& r) const {
-  throw Error(detail::concat("S3 ", req.what, " failed: ", r.describe(), hint(r)));
+void S3Storage::fail(const Request& req, const net::HttpResponse& r) const {
+  throw Error(detail::concat("S3 ", req.what, " failed: ", describe(r),
+                             hint(net::TransportError::kNone, &r)));
 }
-
 void S3Storage::write(const std::string& key, std::string_view data) {
   const std::string object = object_key(key);
   if (data.size() > c_.multipart_threshold) return write_multipart(object, data);
   Request put{.method = "PUT", .key = object, .body = data, .what = "PUT " + object_uri(object)};
-  Response r = send(put);
-  if (r.failed(put)) fail(put, r);
+  net::HttpResponse r = send(put);
+  if (failed(put, r)) fail(put, r);
 }
 
 // Note [Multipart upload]
@@ -635,8 +480,8 @@ void S3Storage::write_multipart(const std::string& object, std::string_view data
                  .key = object,
                  .query = "uploads=",
                  .what = "CreateMultipartUpload " + where};
-  Response r = send(create);
-  if (r.failed(create)) fail(create, r);
+  net::HttpResponse r = send(create);
+  if (failed(create, r)) fail(create, r);
   const std::string upload_id = xml_text(r.body, "UploadId");
   TY_CHECK_T(Error, !upload_id.empty(), "S3 ", create.what,
              " answered no UploadId: ", r.body.substr(0, 300));
@@ -653,9 +498,10 @@ void S3Storage::write_multipart(const std::string& object, std::string_view data
                    .body = data.substr(i * part_size, part_size),
                    .what = detail::concat("UploadPart ", i + 1, "/", parts, " of ", where)};
       r = send(part);
-      if (r.failed(part)) fail(part, r);
-      TY_CHECK_T(Error, !r.etag.empty(), "S3 ", part.what, " answered no ETag.");
-      xml += "<Part><PartNumber>" + number + "</PartNumber><ETag>" + xml_escape(r.etag) +
+      if (failed(part, r)) fail(part, r);
+      const std::string etag = r.header("etag").value_or("");
+      TY_CHECK_T(Error, !etag.empty(), "S3 ", part.what, " answered no ETag.");
+      xml += "<Part><PartNumber>" + number + "</PartNumber><ETag>" + xml_escape(etag) +
              "</ETag></Part>";
     }
     xml += "</CompleteMultipartUpload>";
@@ -667,14 +513,14 @@ void S3Storage::write_multipart(const std::string& object, std::string_view data
                      .error_in_200 = true,
                      .what = "CompleteMultipartUpload " + where};
     r = send(complete);
-    if (r.failed(complete)) fail(complete, r);
+    if (failed(complete, r)) fail(complete, r);
   } catch (const std::exception&) {
     try {
       Request abort{.method = "DELETE",
                     .key = object,
                     .query = upload_query,
                     .what = "AbortMultipartUpload " + where};
-      if (Response a = send(abort); a.failed(abort)) fail(abort, a);
+      if (net::HttpResponse a = send(abort); failed(abort, a)) fail(abort, a);
     } catch (const std::exception& e) {
       logger("s3")->warn("{} (upload id {}); its parts stay until a lifecycle rule removes them.",
                          e.what(), upload_id);
@@ -686,9 +532,9 @@ void S3Storage::write_multipart(const std::string& object, std::string_view data
 std::optional<std::string> S3Storage::read(const std::string& key) {
   const std::string object = object_key(key);
   Request get{.method = "GET", .key = object, .what = "GET " + object_uri(object)};
-  Response r = send(get);
-  if (r.status == 404 && r.code() == "NoSuchKey") return std::nullopt;
-  if (r.failed(get)) fail(get, r);
+  net::HttpResponse r = send(get);
+  if (r.status == 404 && s3_code(r) == "NoSuchKey") return std::nullopt;
+  if (failed(get, r)) fail(get, r);
   return std::move(r.body);
 }
 
@@ -705,10 +551,10 @@ std::optional<std::string> S3Storage::read_range(const std::string& key,
               .what = detail::concat("GET ", object_uri(object), " bytes ", offset, "-",
                                      offset + length - 1),
               .range = detail::concat(offset, "-", offset + length - 1)};
-  Response r = send(get);
-  if (r.status == 404 && r.code() == "NoSuchKey") return std::nullopt;
+  net::HttpResponse r = send(get);
+  if (r.status == 404 && s3_code(r) == "NoSuchKey") return std::nullopt;
   if (r.status == 416) return std::string();  // the range starts at or past the end
-  if (r.failed(get)) fail(get, r);
+  if (failed(get, r)) fail(get, r);
   // A server that ignores Range answers 200 with the whole object.
   if (r.status == 200 && r.body.size() > length)
     return offset >= r.body.size() ? std::string() : r.body.substr(offset, length);
@@ -728,8 +574,8 @@ std::vector<std::string> S3Storage::list(const std::string& prefix) {
     Request page{.method = "GET",
                  .query = std::move(query),
                  .what = "ListObjectsV2 s3://" + c_.bucket + "/" + full_prefix + "*"};
-    Response r = send(page);
-    if (r.failed(page)) fail(page, r);
+    net::HttpResponse r = send(page);
+    if (failed(page, r)) fail(page, r);
     for (std::string_view contents : xml_elements(r.body, "Contents")) {
       std::string key = xml_text(contents, "Key");
       if (key.starts_with(root)) keys.push_back(key.substr(root.size()));
@@ -744,9 +590,9 @@ std::vector<std::string> S3Storage::list(const std::string& prefix) {
 void S3Storage::remove(const std::string& key) {
   const std::string object = object_key(key);
   Request del{.method = "DELETE", .key = object, .what = "DELETE " + object_uri(object)};
-  Response r = send(del);
-  if (r.status == 404 && r.code() == "NoSuchKey") return;  // S3 says 204; some clones say 404
-  if (r.failed(del)) fail(del, r);
+  net::HttpResponse r = send(del);
+  if (r.status == 404 && s3_code(r) == "NoSuchKey") return;  // S3 says 204; some clones say 404
+  if (failed(del, r)) fail(del, r);
 }
 
 }  // namespace

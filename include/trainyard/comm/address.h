@@ -23,6 +23,23 @@ bool is_local_address(const std::string& host);
 // one that refuses. Throws NetworkError "Cannot reach <what> within
 // <seconds> s (...; the last: <error>). HINT: <hint>", with what e.g. "the rendezvous store at
 // 10.0.0.1:29500 (MASTER_ADDR:MASTER_PORT)". Thread-safe.
+// What route_address() names in its messages.
+struct RouteNames {
+  std::string what = "the rendezvous host";  // the host being routed to, e.g. "the head"
+  std::string host_flag = "--rdzv-endpoint";  // the flag that gave the host
+  std::string local_flag = "--local-addr";    // the flag that overrides the answer
+};
+
+// The address of this host on the route to host:port, i.e. what the other nodes reach this one
+// at: the kernel's source address for a UDP socket "connected" there (nothing is sent). On the
+// host's own machine the route is loopback, which other nodes cannot reach: the first address of
+// an interface that is up is taken instead. Resolves `host` (blocking, getaddrinfo). Throws
+// NetworkError naming `names.what` and the flags when the host does not resolve or has no route.
+std::string route_address(const std::string& host, int port, const RouteNames& names = {});
+
+// The first IPv4 address of an interface that is up and not loopback, or "".
+std::string first_interface_address();
+
 void wait_until_reachable(const std::string& host,
                           std::uint16_t port,
                           std::chrono::milliseconds timeout,

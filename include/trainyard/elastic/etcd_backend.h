@@ -1,7 +1,8 @@
 // The etcd rendezvous backend (torchrun's --rdzv-backend etcd): the state is one key in an etcd v3
 // cluster, read with a range request and changed by a transaction that compares the key's
 // mod_revision (the version token). It speaks etcd's JSON gateway (POST /v3/kv/range and
-// /v3/kv/txn, etcd >= 3.4) through libcurl; see Note [etcd JSON gateway] in etcd_backend.cpp.
+// /v3/kv/txn, etcd >= 3.4) through net::HttpClient; see Note [etcd JSON gateway] in
+// etcd_backend.cpp.
 #pragma once
 
 #include <chrono>
@@ -26,7 +27,7 @@ struct EtcdOptions {
 // so it takes at most about max_attempts * timeout; when every attempt failed it throws
 // NetworkError naming the endpoint, the attempts and the time they took, and Error for an answer
 // it cannot use (an HTTP error).
-// Thread-safe: calls are serialised on one connection.
+// Thread-safe: concurrent calls run on connections of their own (net::HttpClient).
 std::unique_ptr<RendezvousBackend> make_etcd_backend(EtcdOptions options);
 
 }  // namespace trainyard::elastic

@@ -1,4 +1,4 @@
-// Storage on Amazon S3 or an S3-compatible service, through libcurl with its built-in AWS
+// Storage on Amazon S3 or an S3-compatible service, through net::HttpClient (libcurl) with AWS
 // Signature Version 4 signing (CURLOPT_AWS_SIGV4). Objects are written with one PUT, or as a
 // multipart upload above multipart_threshold; reads are GETs, listing is ListObjectsV2 (paged).
 // Every attempt is bounded: a connect timeout, a stall timeout (no byte moved for stall_timeout
@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "trainyard/storage/storage.h"
 #include "trainyard/comm/dist_env.h"
+#include "trainyard/storage/storage.h"
 
 namespace trainyard::storage {
 

@@ -1,0 +1,113 @@
+#include "trainyard/cluster/head_client.h"
+
+#include <cstdlib>
+#include <utility>
+
+#include "trainyard/cluster/auth.h"
+#include "trainyard/net/base_url.h"
+#include "trainyard/net/http_client.h"
+
+namespace trainyard::cluster {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::size_t kExcerptChars = 400;
+
+std::string excerpt(const std::string& body) {
+  return body.size() <= kExcerptChars ? body : body.substr(0, kExcerptChars) + "...";
+}
+
+// The head's own message from an error answer ({"error": "..."}), or the body.
+std::string message_of(const std::string& body) {
+  try {
+    const json j = json::parse(body);
+    if (j.is_object() && j.contains("error") && j["error"].is_string()) return j["error"];
+  } catch (const json::exception&) {
+  }
+  return excerpt(body);
+}
+
+}  // namespace
+
+HeadClient::HeadClient(HeadClientOptions options)
+    : options_(std::move(options)),
+      base_(net::base_url(options_.address, kDefaultHeadPort, "The head's address")),
+      http_(std::make_unique<net::HttpClient>()) {}
+
+HeadClient::~HeadClient() = default;
+
+json HeadClient::get(std::string_view path) { return call("GET", path, nullptr, true); }
+
+json HeadClient::post(std::string_view path, const json& body, bool idempotent) {
+  return call("POST", path, &body, idempotent);
+}
+
+json HeadClient::del(std::string_view path) { return call("DELETE", path, nullptr, false); }
+
+json HeadClient::call(const char* method, std::string_view path, const json* body, bool idempotent) {
+  net::HttpRequest request{.method = method, .url = base_ + std::string(path)};
+  if (body != nullptr) {
+    request.body = body->dump();
+    request.headers.emplace_back("Content-Type", "application/json");
+  }
+  if (options_.token) request.headers.emplace_back("Authorization", "Bearer " + *options_.token);
+  request.connect_timeout = options_.connect_timeout;
+  request.timeout = options_.timeout;
+  net::RetryPolicy retry;
+  retry.max_attempts = idempotent ? options_.max_attempts : 1;
+  net::HttpResponse r;
+  try {
+    r = http_->send(request, retry);
+  } catch (const net::HttpError& e) {
+    // Retries that ended on an answer (a 5xx) report the answer; the others could not reach it.
+    if (!e.last_response()) {
+      throw NetworkError(detail::concat(
+        "Cannot reach the trainyard head at ", base_, ": ", e.what(),
+        " HINT: is `trainyard head` running there? Pass --address or set ", kAddressEnv, "."));
+    }
+    r = *e.last_response();
+  }
+  const std::string what = detail::concat(method, " ", path);
+  switch (r.status) {
+    case 200:
+    case 201:
+      break;
+    case 401:
+      throw Error(detail::concat("The head at ", base_, " wants a token for ", what,
+                                 " (HTTP 401). HINT: pass --token-file or set ", kTokenEnv, "."));
+    case 403:
+      throw Error(detail::concat("The head at ", base_, " refused ", what, " (HTTP 403: ",
+                                 message_of(r.body), "). HINT: the token does not match the "
+                                 "head's --token-file."));
+    case 404:
+      throw NotFoundError(message_of(r.body));
+    case 400:
+    case 409:
+      throw InvalidArgumentError(message_of(r.body));
+    default:
+      throw Error(detail::concat("The head at ", base_, " answered ", what, " with HTTP ", r.status,
+                                 ": ", message_of(r.body)));
+  }
+  if (r.body.empty()) return nullptr;
+  try {
+    return json::parse(r.body);
+  } catch (const json::exception&) {
+    throw Error(detail::concat("The head at ", base_, " answered ", what,
+                               " with a body that is not JSON: ", excerpt(r.body)));
+  }
+}
+
+std::string resolve_address(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv(kAddressEnv); env != nullptr && *env != '\0') return env;
+  return "http://127.0.0.1:" + std::to_string(kDefaultHeadPort);
+}
+
+std::optional<std::string> resolve_token(const std::string& token_file_flag) {
+  if (!token_file_flag.empty()) return load_token(token_file_flag);
+  if (const char* env = std::getenv(kTokenEnv); env != nullptr && *env != '\0') return env;
+  return std::nullopt;
+}
+
+}  // namespace trainyard::cluster

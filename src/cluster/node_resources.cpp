@@ -1,0 +1,517 @@
+#include "trainyard/cluster/node_resources.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+
+namespace trainyard::cluster {
+
+namespace fs = std::filesystem;
+
+// --- JSON --------------------------------------------------------------------------------------
+
+namespace {
+
+template <typename T>
+T required(const nlohmann::json& j, const char* object, const char* field) {
+  TY_CHECK(j.is_object(), "The ", object, " must be a JSON object, not ", j.dump(), ".");
+  const auto it = j.find(field);
+  TY_CHECK(it != j.end(), "The ", object, " has no '", field, "' field: ", j.dump(), ".");
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw InvalidArgumentError(detail::concat("The ", object, "'s '", field,
+                                              "' field has the wrong type: ", it->dump(), "."));
+  }
+}
+
+}  // namespace
+
+void to_json(nlohmann::json& j, const GpuInfo& gpu) {
+  j = nlohmann::json{{"index", gpu.index}, {"name", gpu.name}, {"memory_bytes", gpu.memory_bytes}};
+}
+
+void from_json(const nlohmann::json& j, GpuInfo& gpu) {
+  gpu.index = required<int>(j, "GPU", "index");
+  gpu.name = required<std::string>(j, "GPU", "name");
+  gpu.memory_bytes = required<std::int64_t>(j, "GPU", "memory_bytes");
+}
+
+void to_json(nlohmann::json& j, const NodeResources& resources) {
+  j = nlohmann::json{{"cpu", resources.cpu},
+                     {"gpu", resources.gpu},
+                     {"memory_bytes", resources.memory_bytes},
+                     {"gpus", resources.gpus}};
+}
+
+void from_json(const nlohmann::json& j, NodeResources& resources) {
+  resources.cpu = required<double>(j, "node's resources", "cpu");
+  resources.gpu = required<double>(j, "node's resources", "gpu");
+  resources.memory_bytes = required<std::int64_t>(j, "node's resources", "memory_bytes");
+  resources.gpus.clear();
+  if (const auto it = j.find("gpus"); it != j.end() && !it->is_null()) {
+    TY_CHECK(it->is_array(), "The node's resources' 'gpus' field must be an array, not ",
+             it->dump(), ".");
+    for (const auto& gpu : *it) resources.gpus.push_back(gpu.get<GpuInfo>());
+  }
+}
+
+// --- reading /proc and /sys --------------------------------------------------------------------
+
+namespace {
+
+std::optional<std::string> read_text(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string trim(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return {};
+  const auto last = text.find_last_not_of(" \t\r\n");
+  return std::string(text.substr(first, last - first + 1));
+}
+
+// The value of a "Key:   123 kB" line of /proc/meminfo, in bytes.
+std::optional<std::int64_t> meminfo_bytes(const std::string& meminfo, std::string_view key) {
+  std::istringstream lines(meminfo);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.size() <= key.size() || line.compare(0, key.size(), key) != 0 ||
+        line[key.size()] != ':')
+      continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    std::int64_t value = 0;
+    std::string unit;
+    if (!(fields >> value)) return std::nullopt;
+    fields >> unit;
+    return unit == "kB" ? value * 1024 : value;
+  }
+  return std::nullopt;
+}
+
+std::string read_meminfo(const std::string& proc_root) {
+  const fs::path path = fs::path(proc_root) / "meminfo";
+  auto text = read_text(path);
+  TY_CHECK_T(Error, text.has_value(), "Could not read ", path.string(),
+             " for the machine's memory; is /proc mounted?");
+  return *text;
+}
+
+// cpu.max: "max 100000" (no limit) or "<quota> <period>" in microseconds.
+std::optional<double> parse_cpu_max(const std::string& text) {
+  std::istringstream fields(text);
+  std::string quota;
+  std::int64_t period = 0;
+  if (!(fields >> quota >> period) || quota == "max" || period <= 0) return std::nullopt;
+  try {
+    const std::int64_t quota_us = std::stoll(quota);
+    if (quota_us <= 0) return std::nullopt;
+    return static_cast<double>(quota_us) / static_cast<double>(period);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// memory.max: "max" (no limit) or bytes.
+std::optional<std::int64_t> parse_memory_max(const std::string& text) {
+  const std::string value = trim(text);
+  if (value.empty() || value == "max") return std::nullopt;
+  try {
+    std::size_t used = 0;
+    const std::int64_t bytes = std::stoll(value, &used);
+    if (used != value.size() || bytes < 0) return std::nullopt;
+    return bytes;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+template <typename T>
+void keep_smaller(std::optional<T>& current, const std::optional<T>& candidate) {
+  if (candidate && (!current || *candidate < *current)) current = candidate;
+}
+
+void check_override(const std::optional<double>& value, const char* field, const char* flag) {
+  if (!value) return;
+  TY_CHECK(std::isfinite(*value) && *value >= 0, "DetectOptions::", field,
+           " must be a finite number >= 0, not ", *value, "; HINT: pass ", flag,
+           " a number of whole or fractional units, e.g. ", flag, "=2.");
+}
+
+}  // namespace
+
+// Note [Counting CPUs in a container]
+// A container on ECS or Kubernetes sees the host's CPUs in /proc/cpuinfo and in
+// std::thread::hardware_concurrency(); what it may use is narrower, in two independent ways:
+//  - the affinity mask (cpuset, `docker run --cpuset-cpus`, `taskset`): sched_getaffinity;
+//  - the CFS quota (`--cpus=1.5`, a Kubernetes CPU limit): cgroup v2 cpu.max, "150000 100000",
+//    or on a cgroup v1 host (ECS on Amazon Linux 2) cpu.cfs_quota_us / cpu.cfs_period_us.
+// The quota applies to this process's cgroup and to each ancestor; the tightest one counts. We
+// take the smaller of the two, round a fractional quota down (a rank wants a whole core; Ray does
+// the same with its container CPU count) and never report fewer than one CPU. Where the cgroup
+// path from /proc/self/cgroup does not exist under the mount (a cgroup namespace makes the
+// container's own cgroup the mount's root), the mount's root is the process's cgroup. Memory
+// works the same way through memory.max (v2) or memory.limit_in_bytes (v1).
+//
+// Where the hierarchies are mounted: cgroup v2 alone at <root> (it has cgroup.controllers), or,
+// on a hybrid host, at <root>/unified beside the v1 controllers at <root>/<controller list>
+// ("cpu,cpuacct", often also linked as "cpu") and <root>/memory.
+
+namespace {
+
+// Calls visit(dir) for the process's cgroup directory under `mount` and each ancestor up to
+// `mount` itself.
+template <typename Visit>
+void walk_cgroup(fs::path mount, const std::string& relative, Visit visit) {
+  mount = mount.lexically_normal();
+  if (!mount.has_filename() && mount.has_parent_path() && mount != mount.root_path())
+    mount = mount.parent_path();  // "/sys/fs/cgroup/" -> "/sys/fs/cgroup"
+  std::error_code ec;
+  if (!fs::is_directory(mount, ec)) return;
+  const fs::path relative_dir = fs::path(relative).relative_path();
+  fs::path dir = relative_dir.empty() ? mount : (mount / relative_dir).lexically_normal();
+  const std::string inside = dir.lexically_relative(mount).string();
+  if (inside.empty() || inside.rfind("..", 0) == 0 || !fs::is_directory(dir, ec)) dir = mount;
+  for (;;) {
+    visit(dir);
+    if (dir == mount || !dir.has_parent_path() || dir.parent_path() == dir) break;
+    dir = dir.parent_path();
+    if (dir.string().size() < mount.string().size()) break;  // left the mount
+  }
+}
+
+// cgroup v1 writes "no limit" as a huge number (PAGE_COUNTER_MAX pages, 9223372036854771712).
+constexpr std::int64_t kCgroupV1Unlimited = std::int64_t{1} << 60;
+
+}  // namespace
+
+CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string& cgroup_root) {
+  CgroupLimits limits;
+  const auto self = read_text(fs::path(proc_root) / "self" / "cgroup");
+  if (!self) return limits;
+  const fs::path root(cgroup_root);
+  std::error_code ec;
+  // /proc/self/cgroup lines: "<hierarchy>:<controllers>:<path>"; cgroup v2's is "0::<path>".
+  std::istringstream lines(*self);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto first = line.find(':');
+    const auto second = first == std::string::npos ? first : line.find(':', first + 1);
+    if (second == std::string::npos) continue;
+    const std::string id = line.substr(0, first);
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string relative = trim(line.substr(second + 1));
+    if (id == "0" && controllers.empty()) {
+      const fs::path mount =
+          !fs::exists(root / "cgroup.controllers", ec) && fs::is_directory(root / "unified", ec)
+              ? root / "unified"
+              : root;
+      walk_cgroup(mount, relative, [&](const fs::path& dir) {
+        if (const auto cpu_max = read_text(dir / "cpu.max"))
+          keep_smaller(limits.cpu_quota, parse_cpu_max(*cpu_max));
+        if (const auto memory_max = read_text(dir / "memory.max"))
+          keep_smaller(limits.memory_max_bytes, parse_memory_max(*memory_max));
+      });
+      continue;
+    }
+    std::vector<std::string> names;
+    std::istringstream list(controllers);
+    for (std::string name; std::getline(list, name, ',');) names.push_back(name);
+    const auto has = [&](const char* name) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
+    if (has("memory")) {
+      walk_cgroup(root / "memory", relative, [&](const fs::path& dir) {
+        if (const auto text = read_text(dir / "memory.limit_in_bytes")) {
+          const auto bytes = parse_memory_max(*text);
+          if (bytes && *bytes < kCgroupV1Unlimited) keep_smaller(limits.memory_max_bytes, bytes);
+        }
+      });
+    }
+    if (has("cpu")) {
+      const fs::path mount =
+          fs::is_directory(root / controllers, ec) ? root / controllers : root / "cpu";
+      walk_cgroup(mount, relative, [&](const fs::path& dir) {
+        const auto quota = read_text(dir / "cpu.cfs_quota_us");
+        const auto period = read_text(dir / "cpu.cfs_period_us");
+        if (quota && period)  // quota -1: no limit
+          keep_smaller(limits.cpu_quota, parse_cpu_max(trim(*quota) + " " + trim(*period)));
+      });
+    }
+  }
+  return limits;
+}
+
+int affinity_cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 ? static_cast<int>(online) : 1;
+  }
+  return std::max(1, CPU_COUNT(&set));
+}
+
+std::string local_hostname() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+// --- NVML --------------------------------------------------------------------------------------
+
+namespace {
+
+// The few NVML entry points we call, declared after nvml.h (the C ABI is stable across driver
+// versions for these _v2 names). nvmlReturn_t is an enum whose success value is 0.
+using NvmlReturn = int;
+constexpr NvmlReturn kNvmlSuccess = 0;
+struct NvmlDeviceOpaque;
+using NvmlDevice = NvmlDeviceOpaque*;
+struct NvmlMemory {  // nvmlMemory_t (version 1)
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+constexpr unsigned kNvmlDeviceNameBufferSize = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
+
+using NvmlInitFn = NvmlReturn (*)();
+using NvmlShutdownFn = NvmlReturn (*)();
+using NvmlGetCountFn = NvmlReturn (*)(unsigned*);
+using NvmlGetHandleFn = NvmlReturn (*)(unsigned, NvmlDevice*);
+using NvmlGetNameFn = NvmlReturn (*)(NvmlDevice, char*, unsigned);
+using NvmlGetMemoryFn = NvmlReturn (*)(NvmlDevice, NvmlMemory*);
+
+class Library {
+ public:
+  explicit Library(const std::string& path)
+      : handle_(dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {}
+  ~Library() {
+    if (handle_) dlclose(handle_);
+  }
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+
+  bool loaded() const { return handle_ != nullptr; }
+  template <typename Fn>
+  Fn symbol(const char* name) const {
+    return reinterpret_cast<Fn>(dlsym(handle_, name));
+  }
+
+ private:
+  void* handle_;  // owned; null when the library could not be loaded
+};
+
+}  // namespace
+
+std::vector<GpuInfo> detect_nvml_gpus(const std::string& library) {
+  auto log = logger("resources");
+  Library nvml(library);
+  if (!nvml.loaded()) {
+    const char* why = dlerror();
+    log->debug("no GPUs: {} could not be loaded ({})", library, why ? why : "unknown reason");
+    return {};
+  }
+  const auto init = nvml.symbol<NvmlInitFn>("nvmlInit_v2");
+  const auto shutdown = nvml.symbol<NvmlShutdownFn>("nvmlShutdown");
+  const auto get_count = nvml.symbol<NvmlGetCountFn>("nvmlDeviceGetCount_v2");
+  const auto get_handle = nvml.symbol<NvmlGetHandleFn>("nvmlDeviceGetHandleByIndex_v2");
+  const auto get_name = nvml.symbol<NvmlGetNameFn>("nvmlDeviceGetName");
+  const auto get_memory = nvml.symbol<NvmlGetMemoryFn>("nvmlDeviceGetMemoryInfo");
+  if (!init || !shutdown || !get_count || !get_handle || !get_name || !get_memory) {
+    log->warn("no GPUs: {} lacks one of the NVML functions trainyard calls", library);
+    return {};
+  }
+  if (const NvmlReturn rc = init(); rc != kNvmlSuccess) {
+    log->warn("no GPUs: nvmlInit_v2 from {} failed with NVML error {}", library, rc);
+    return {};
+  }
+  std::vector<GpuInfo> gpus;
+  unsigned count = 0;
+  if (const NvmlReturn rc = get_count(&count); rc != kNvmlSuccess) {
+    log->warn("no GPUs: nvmlDeviceGetCount_v2 failed with NVML error {}", rc);
+    count = 0;
+  }
+  for (unsigned i = 0; i < count; ++i) {
+    NvmlDevice device = nullptr;
+    if (get_handle(i, &device) != kNvmlSuccess) {
+      log->warn("GPU {} skipped: nvmlDeviceGetHandleByIndex_v2 failed", i);
+      continue;
+    }
+    GpuInfo gpu{.index = static_cast<int>(i)};
+    char name[kNvmlDeviceNameBufferSize] = {};
+    if (get_name(device, name, sizeof(name)) == kNvmlSuccess) gpu.name = name;
+    NvmlMemory memory{};
+    if (get_memory(device, &memory) == kNvmlSuccess)
+      gpu.memory_bytes = static_cast<std::int64_t>(memory.total);
+    gpus.push_back(std::move(gpu));
+  }
+  shutdown();
+  return gpus;
+}
+
+std::vector<GpuInfo> select_visible_gpus(const std::vector<GpuInfo>& gpus,
+                                         std::string_view visible_devices) {
+  std::vector<GpuInfo> visible;
+  const std::string text = trim(visible_devices);
+  if (text.empty()) return visible;
+  std::istringstream entries(text);
+  std::string entry;
+  while (std::getline(entries, entry, ',')) {
+    entry = trim(entry);
+    if (entry.empty()) break;  // "0,,1": CUDA stops at the gap
+    if (!std::all_of(entry.begin(), entry.end(),
+                     [](unsigned char c) { return std::isdigit(c) || c == '-'; })) {
+      logger("resources")
+          ->warn("{}='{}' names GPUs by UUID, which trainyard does not match; offering all {} GPUs",
+                 kCudaVisibleDevicesEnv, text, gpus.size());
+      return gpus;
+    }
+    int index = -1;
+    try {
+      index = std::stoi(entry);
+    } catch (const std::exception&) {
+      break;
+    }
+    const auto it = std::find_if(gpus.begin(), gpus.end(),
+                                 [&](const GpuInfo& gpu) { return gpu.index == index; });
+    if (it == gpus.end()) break;  // CUDA ignores the rest of the list after an invalid index
+    if (std::none_of(visible.begin(), visible.end(),
+                     [&](const GpuInfo& gpu) { return gpu.index == index; }))
+      visible.push_back(*it);
+  }
+  return visible;
+}
+
+// --- detect_resources --------------------------------------------------------------------------
+
+NodeResources detect_resources(const DetectOptions& options) {
+  check_override(options.num_cpus, "num_cpus", "--num-cpus");
+  check_override(options.num_gpus, "num_gpus", "--num-gpus");
+  if (options.memory_bytes)
+    TY_CHECK(*options.memory_bytes >= 0, "DetectOptions::memory_bytes must be >= 0, not ",
+             *options.memory_bytes, "; HINT: pass --memory a number of bytes, e.g. 8589934592.");
+
+  NodeResources resources;
+  const CgroupLimits limits = read_cgroup_limits(options.proc_root, options.cgroup_root);
+
+  // See Note [Counting CPUs in a container].
+  if (options.num_cpus) {
+    resources.cpu = *options.num_cpus;
+  } else {
+    int cpus = affinity_cpu_count();
+    if (limits.cpu_quota)
+      cpus = std::min(cpus, std::max(1, static_cast<int>(std::floor(*limits.cpu_quota))));
+    resources.cpu = cpus;
+  }
+
+  if (options.memory_bytes) {
+    resources.memory_bytes = *options.memory_bytes;
+  } else {
+    const std::string meminfo = read_meminfo(options.proc_root);
+    const auto total = meminfo_bytes(meminfo, "MemTotal");
+    TY_CHECK_T(Error, total.has_value(), "No MemTotal line in ", options.proc_root,
+               "/meminfo; HINT: pass DetectOptions::memory_bytes (--memory) explicitly.");
+    resources.memory_bytes = *total;
+    if (limits.memory_max_bytes)
+      resources.memory_bytes = std::min(resources.memory_bytes, *limits.memory_max_bytes);
+  }
+
+  // A declared num_gpus of 0 skips NVML altogether (no driver initialisation on a CPU worker).
+  if (!options.num_gpus || *options.num_gpus > 0) {
+    resources.gpus = detect_nvml_gpus(options.nvml_library);
+    std::optional<std::string> visible = options.visible_devices;
+    if (!visible)
+      if (const char* env = std::getenv(kCudaVisibleDevicesEnv)) visible = env;
+    if (visible) resources.gpus = select_visible_gpus(resources.gpus, *visible);
+  }
+  if (options.num_gpus) {
+    resources.gpu = *options.num_gpus;
+    const auto keep = static_cast<std::size_t>(std::ceil(*options.num_gpus));
+    if (resources.gpus.size() > keep) resources.gpus.resize(keep);
+  } else {
+    resources.gpu = static_cast<double>(resources.gpus.size());
+  }
+  return resources;
+}
+
+// --- UsageSampler ------------------------------------------------------------------------------
+
+UsageSampler::UsageSampler(UsageSamplerOptions options) : options_(std::move(options)) {
+  previous_ = read_cpu_times();
+}
+
+UsageSampler::CpuTimes UsageSampler::read_cpu_times() const {
+  const fs::path path = fs::path(options_.proc_root) / "stat";
+  const auto text = read_text(path);
+  TY_CHECK_T(Error, text.has_value(), "Could not read ", path.string(),
+             " for the machine's CPU use; is /proc mounted?");
+  CpuTimes times;
+  bool found = false;
+  std::istringstream lines(*text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("cpu", 0) != 0) continue;
+    if (line.size() > 3 && std::isdigit(static_cast<unsigned char>(line[3]))) {
+      ++times.cpus;
+      continue;
+    }
+    // "cpu  user nice system idle iowait irq softirq steal guest guest_nice", in ticks. guest
+    // time is already inside user and nice; idle and iowait are the idle part.
+    std::istringstream fields(line.substr(3));
+    std::uint64_t value[8] = {};
+    int n = 0;
+    while (n < 8 && fields >> value[n]) ++n;
+    TY_CHECK_T(Error, n >= 4, "Could not parse the 'cpu' line of ", path.string(), ": '", line,
+               "'.");
+    for (int i = 0; i < n; ++i) times.total += value[i];
+    times.busy = times.total - value[3] - (n > 4 ? value[4] : 0);
+    found = true;
+  }
+  TY_CHECK_T(Error, found, "No 'cpu' line in ", path.string(), ".");
+  times.cpus = std::max(times.cpus, 1);
+  return times;
+}
+
+UsageSample UsageSampler::sample() {
+  const CpuTimes now = read_cpu_times();
+  const std::string meminfo = read_meminfo(options_.proc_root);
+  const auto total = meminfo_bytes(meminfo, "MemTotal");
+  auto available = meminfo_bytes(meminfo, "MemAvailable");
+  if (!available) available = meminfo_bytes(meminfo, "MemFree");  // kernels before 3.14
+  TY_CHECK_T(Error, total && available, "No MemTotal or MemAvailable line in ", options_.proc_root,
+             "/meminfo.");
+
+  UsageSample sample;
+  sample.memory_total_bytes = *total;
+  sample.memory_used_bytes = std::max<std::int64_t>(0, *total - *available);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (now.total > previous_.total) {
+    const double busy =
+        static_cast<double>(now.busy >= previous_.busy ? now.busy - previous_.busy : 0);
+    last_fraction_ = std::clamp(busy / static_cast<double>(now.total - previous_.total), 0.0, 1.0);
+    previous_ = now;
+  }
+  sample.cpu_fraction = last_fraction_;
+  sample.cpu_used = last_fraction_ * now.cpus;
+  return sample;
+}
+
+}  // namespace trainyard::cluster

@@ -1,0 +1,647 @@
+// The worker daemon; see worker.h.
+//
+// Note [Worker and head]
+// The worker owns its jobs; the head owns the decisions. Every heartbeat carries a report of each
+// job the worker holds (running, or finished and not yet acknowledged) and gets back new
+// assignments and stop requests. Nothing the worker knows lives only in memory:
+//   - state_dir/node_id is the node's identity across restarts of the worker;
+//   - state_dir/jobs/<id>/assignment.json is written before a job's agent starts;
+//   - state_dir/jobs/<id>/output.log spools every line a rank prints, numbered per job and node;
+//     state_dir/jobs/<id>/shipped holds the number of the first line the head has not yet stored.
+//     Lines are shipped in order with their numbers, and the head stores (job, node, number) once,
+//     so a resend after a lost answer, a head restart or a worker restart stores nothing twice;
+//   - state_dir/jobs/<id>/report.json is the job's final report, written when its agent ends.
+// A job leaves the worker once its final report went out in a heartbeat the head answered and
+// every line was shipped. A worker that restarts finds its job folders: a job with a final report
+// is reported again, one without lost its ranks with the old worker (they die with their agent)
+// and is reported failed, saying so.
+// While the head is unreachable the ranks keep training: the agents' rendezvous ride the outage
+// out for head_outage_timeout (Note [Backend outages]), the spool grows, and heartbeats retry with
+// backoff. A head that answers "not registered" (it restarted, or declared this node dead) gets a
+// new registration carrying every job's report, from which it reconciles its state.
+#include "trainyard/cluster/worker.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "trainyard/cluster/api.h"
+#include "trainyard/cluster/head_client.h"
+#include "trainyard/comm/address.h"
+#include "trainyard/elastic/agent.h"
+#include "trainyard/elastic/head_backend.h"
+#include "trainyard/elastic/launcher.h"
+#include "trainyard/elastic/rendezvous.h"
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+#include "trainyard/net/base_url.h"
+
+namespace trainyard::cluster {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr std::size_t kMaxLinesPerPost = 2'000;
+constexpr milliseconds kShipInterval{250};      // how often spooled lines are sent
+constexpr milliseconds kWarnEvery{10'000};      // a failing head is logged at most this often
+constexpr const char* kAssignmentFile = "assignment.json";
+constexpr const char* kReportFile = "report.json";
+constexpr const char* kOutputFile = "output.log";
+constexpr const char* kShippedFile = "shipped";
+
+// Writes `text` to `path` through a temporary name and a rename, so a crash leaves the old or the
+// new contents.
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    TY_CHECK_T(Error, out.good(), "Could not write ", tmp.string(), ". HINT: check that the ",
+               "worker's --state-dir is writable and not full.");
+  }
+  fs::rename(tmp, path);
+}
+
+std::optional<std::string> read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string random_hex(int chars) {
+  std::random_device device;
+  std::mt19937_64 gen((static_cast<std::uint64_t>(device()) << 32) ^ device());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < chars; ++i) out += kHex[gen() % 16];
+  return out;
+}
+
+// d scaled by a random factor in [1 - jitter, 1 + jitter].
+milliseconds jittered(milliseconds d, double jitter = 0.2) {
+  thread_local std::mt19937 gen(std::random_device{}());
+  std::uniform_real_distribution<double> f(1.0 - jitter, 1.0 + jitter);
+  return milliseconds(static_cast<std::int64_t>(static_cast<double>(d.count()) * f(gen)));
+}
+
+// The lines of one job on this node, numbered, spooled on disk until the head has them.
+// Thread-safe: append() runs on the agent's output thread, the rest on the daemon's.
+class LogSpool {
+ public:
+  struct Line {
+    std::int64_t seq;
+    int rank;
+    std::string text;
+  };
+
+  explicit LogSpool(fs::path dir) : dir_(std::move(dir)) {
+    if (auto shipped = read_file(dir_ / kShippedFile)) shipped_ = std::stoll(*shipped);
+    // Lines from an earlier run of the worker: "<seq>\t<rank>\t<text>".
+    std::ifstream in(dir_ / kOutputFile);
+    std::string row;
+    while (std::getline(in, row)) {
+      const std::size_t a = row.find('\t');
+      const std::size_t b = a == std::string::npos ? a : row.find('\t', a + 1);
+      if (b == std::string::npos) continue;  // a line cut by a crash mid-write
+      const std::int64_t seq = std::stoll(row.substr(0, a));
+      next_ = std::max(next_, seq + 1);
+      if (seq >= shipped_) pending_.push_back({seq, std::stoi(row.substr(a + 1, b - a - 1)),
+                                               row.substr(b + 1)});
+    }
+    next_ = std::max(next_, shipped_);
+    file_ = std::fopen((dir_ / kOutputFile).c_str(), "a");
+    TY_CHECK_T(Error, file_ != nullptr, "Could not open ", (dir_ / kOutputFile).string(),
+               " for appending. HINT: check the worker's --state-dir.");
+  }
+  ~LogSpool() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void append(int rank, const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::int64_t seq = next_++;
+    // A kill -9 of the worker keeps what fflush handed the kernel; only a crash of the machine
+    // can lose the newest lines, and the ranks died with it.
+    std::fprintf(file_, "%lld\t%d\t%s\n", static_cast<long long>(seq), rank, text.c_str());
+    std::fflush(file_);
+    pending_.push_back({seq, rank, text});
+  }
+
+  // Up to `max` lines from the oldest not yet shipped.
+  std::vector<Line> take(std::size_t max) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::size_t n = std::min(max, pending_.size());
+    return {pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n)};
+  }
+
+  // The head has stored every line before `next`.
+  void shipped(std::int64_t next) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!pending_.empty() && pending_.front().seq < next) pending_.pop_front();
+    shipped_ = std::max(shipped_, next);
+    write_file_atomically(dir_ / kShippedFile, std::to_string(shipped_));
+  }
+
+  bool empty() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pending_.empty();
+  }
+
+ private:
+  fs::path dir_;
+  mutable std::mutex mu_;
+  std::FILE* file_ = nullptr;  // guarded by mu_
+  std::int64_t next_ = 0;
+  std::int64_t shipped_ = 0;
+  std::deque<Line> pending_;
+};
+
+// One job placed on this node.
+struct Job {
+  std::string id;
+  json assignment;
+  fs::path dir;
+  std::unique_ptr<LogSpool> spool;
+  std::unique_ptr<elastic::Agent> agent;  // null once finished (or when it never started)
+
+  mutable std::mutex mu;
+  json report;                    // guarded by mu: the JobReport the next heartbeat sends
+  bool final = false;             // guarded by mu: report is the final one
+  bool final_acknowledged = false;  // a heartbeat carrying the final report was answered
+  bool stop_requested = false;
+};
+
+}  // namespace
+
+struct Worker::Impl {
+  explicit Impl(WorkerOptions o) : options(std::move(o)) {}
+
+  WorkerOptions options;
+  std::string base;     // the head's base URL
+  std::string node_id;
+  NodeResources resources;
+  std::string address;  // advertised
+
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable wake;
+  bool stopping = false;  // guarded by mu
+  std::string leave_reason = "exited";
+  std::atomic<bool> registered{false};
+  std::atomic<int> running{0};
+  milliseconds heartbeat_interval{2'000};
+
+  std::map<std::string, std::unique_ptr<Job>> jobs;  // daemon thread only
+  std::unique_ptr<HeadClient> client;                // daemon thread only
+  UsageSampler usage;
+  Clock::time_point last_warning{};
+
+  std::shared_ptr<spdlog::logger> log = logger("worker");
+
+  void start();
+  void run();
+  bool wait_for(milliseconds d);  // false when stopping
+  bool is_stopping() {
+    std::lock_guard<std::mutex> lock(mu);
+    return stopping;
+  }
+  void warn_rate_limited(const std::string& what);
+
+  json registration();
+  json heartbeat_body();
+  void handle_answer(const json& answer);
+  void start_job(const json& assignment);
+  void recover_jobs();
+  void poll_jobs();
+  void ship_logs(bool all);
+  void finish_job(Job& job, const elastic::LaunchResult& result);
+  void drain(const std::string& reason);
+};
+
+void Worker::Impl::start() {
+  TY_CHECK_T(InvalidArgumentError, !options.state_dir.empty(),
+             "WorkerOptions.state_dir is empty. HINT: pass --state-dir, a folder of its own for "
+             "each worker on a machine.");
+  base = net::base_url(options.head, kDefaultHeadPort, "--head");
+  std::error_code ec;
+  fs::create_directories(fs::path(options.state_dir) / "jobs", ec);
+  TY_CHECK_T(Error, !ec, "Could not create the worker's state directory ", options.state_dir,
+             ": ", ec.message(), ". HINT: pass a writable --state-dir.");
+  const fs::path id_file = fs::path(options.state_dir) / "node_id";
+  if (auto id = read_file(id_file); id && !id->empty()) {
+    node_id = *id;
+    while (!node_id.empty() && std::isspace(static_cast<unsigned char>(node_id.back())))
+      node_id.pop_back();
+  } else {
+    node_id = random_hex(32);
+    write_file_atomically(id_file, node_id + "\n");
+  }
+  resources = detect_resources(options.resources);
+  heartbeat_interval = options.heartbeat_interval;
+  client = std::make_unique<HeadClient>(HeadClientOptions{
+      .address = base, .token = options.token, .timeout = milliseconds(10'000), .max_attempts = 1});
+  recover_jobs();
+  thread = std::thread([this] { run(); });
+}
+
+bool Worker::Impl::wait_for(milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu);
+  return !wake.wait_for(lock, d, [&] { return stopping; });
+}
+
+void Worker::Impl::warn_rate_limited(const std::string& what) {
+  const auto now = Clock::now();
+  if (now - last_warning < kWarnEvery) return;
+  last_warning = now;
+  log->warn("{}", what);
+}
+
+json Worker::Impl::registration() {
+  json jobs_json = json::array();
+  for (auto& [id, job] : jobs) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    jobs_json.push_back(job->report);
+  }
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return {{"node_id", node_id},
+          {"hostname", host},
+          {"address", address},
+          {"resources", resources},
+          {"jobs", jobs_json}};
+}
+
+json Worker::Impl::heartbeat_body() {
+  json jobs_json = json::array();
+  for (auto& [id, job] : jobs) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    jobs_json.push_back(job->report);
+  }
+  const UsageSample u = usage.sample();
+  return {{"usage",
+           {{"cpu_used", u.cpu_used},
+            {"cpu_fraction", u.cpu_fraction},
+            {"memory_used_bytes", u.memory_used_bytes}}},
+          {"jobs", jobs_json}};
+}
+
+void Worker::Impl::run() {
+  milliseconds backoff = options.connect_backoff;
+  int attempts = 0;
+  auto next_heartbeat = Clock::now();
+  while (!is_stopping()) {
+    if (!registered) {
+      try {
+        // The route to the head is asked again on every attempt: the head may come back at
+        // another address behind the same name.
+        if (options.address.empty()) {
+          address = route_address(net::url_host(base), net::url_port(base),
+                                  {.what = "the head", .host_flag = "--head",
+                                   .local_flag = "--address"});
+        } else {
+          address = options.address;
+        }
+        const json answer = client->post(api::kNodesPath, registration(), true);
+        if (answer.contains("heartbeat_interval_ms")) {
+          heartbeat_interval = milliseconds(answer["heartbeat_interval_ms"].get<std::int64_t>());
+        }
+        registered = true;
+        log->info("Registered with the head at {} as node {} ({} CPU, {} GPU, {} bytes of memory; "
+                  "reachable at {}).",
+                  base, node_id, resources.cpu, resources.gpu, resources.memory_bytes, address);
+        backoff = options.connect_backoff;
+        attempts = 0;
+        for (auto& [id, job] : jobs) {
+          std::lock_guard<std::mutex> lock(job->mu);
+          if (job->final) job->final_acknowledged = true;  // the registration carried it
+        }
+        next_heartbeat = Clock::now();
+      } catch (const InvalidArgumentError& e) {
+        warn_rate_limited(detail::concat("The head at ", base, " refused this node's "
+                                         "registration: ", e.what()));
+      } catch (const Error& e) {
+        ++attempts;
+        warn_rate_limited(detail::concat("Waiting for the head at ", base, " (attempt ", attempts,
+                                         "): ", e.what()));
+      }
+      if (!registered) {
+        if (!wait_for(jittered(backoff))) break;
+        backoff = std::min(backoff * 2, options.connect_backoff_max);
+        continue;
+      }
+    }
+    poll_jobs();
+    if (Clock::now() >= next_heartbeat) {
+      try {
+        std::vector<Job*> finals;
+        for (auto& [id, job] : jobs) {
+          std::lock_guard<std::mutex> lock(job->mu);
+          if (job->final) finals.push_back(job.get());
+        }
+        const json answer = client->post(api::node_heartbeat_path(node_id), heartbeat_body(), true);
+        for (Job* job : finals) {
+          std::lock_guard<std::mutex> lock(job->mu);
+          job->final_acknowledged = true;
+        }
+        handle_answer(answer);
+        backoff = options.connect_backoff;
+      } catch (const Error& e) {
+        warn_rate_limited(detail::concat("A heartbeat to the head at ", base, " failed (the jobs "
+                                         "here keep running): ", e.what()));
+      }
+      next_heartbeat = Clock::now() + heartbeat_interval;
+    }
+    ship_logs(false);
+    // Jobs whose final report the head has and whose lines it has stored leave the worker.
+    for (auto it = jobs.begin(); it != jobs.end();) {
+      Job& job = *it->second;
+      bool done = false;
+      {
+        std::lock_guard<std::mutex> lock(job.mu);
+        done = job.final && job.final_acknowledged && job.spool->empty();
+      }
+      if (done) {
+        std::error_code ec;
+        fs::remove_all(job.dir, ec);
+        it = jobs.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!wait_for(std::min(kShipInterval, heartbeat_interval))) break;
+  }
+  drain(leave_reason);
+}
+
+void Worker::Impl::handle_answer(const json& answer) {
+  if (!answer.value("registered", true)) {
+    log->warn("The head at {} does not know node {} (it restarted, or took this node for dead); "
+              "registering again.", base, node_id);
+    registered = false;
+    return;
+  }
+  for (const json& a : answer.value("assignments", json::array())) {
+    const std::string id = a.at("job_id");
+    if (jobs.count(id) == 0) start_job(a);
+  }
+  for (const json& id : answer.value("stop", json::array())) {
+    auto it = jobs.find(id.get<std::string>());
+    if (it == jobs.end()) continue;
+    Job& job = *it->second;
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (!job.stop_requested && job.agent) {
+      log->info("The head asked to stop job {}.", job.id);
+      job.stop_requested = true;
+      job.agent->stop(SIGTERM);
+    }
+  }
+}
+
+void Worker::Impl::start_job(const json& a) {
+  auto job = std::make_unique<Job>();
+  job->id = a.at("job_id");
+  job->assignment = a;
+  job->dir = fs::path(options.state_dir) / "jobs" / job->id;
+  fs::create_directories(job->dir);
+  write_file_atomically(job->dir / kAssignmentFile, a.dump());
+  job->spool = std::make_unique<LogSpool>(job->dir);
+  job->report = {{"job_id", job->id}, {"state", "running"}, {"restart_count", 0},
+                 {"ranks", json::array()}};
+  Job* raw = job.get();
+  try {
+    const int nproc = a.value("nproc_per_node", 1);
+    elastic::RendezvousOptions r;
+    r.run_id = job->id;
+    r.min_nodes = a.value("min_nodes", 1);
+    r.max_nodes = a.value("max_nodes", 1);
+    r.node_id = node_id + "-" + random_hex(6);
+    r.local_addr = address;
+    r.local_world_size = nproc;
+    r.backend_timeout = options.head_outage_timeout;
+    auto backend = elastic::make_head_backend(
+        {.head = base, .run_id = job->id, .token = options.token});
+    elastic::LaunchOptions o;
+    o.command = {"/bin/sh", "-c", a.at("entrypoint").get<std::string>()};
+    o.nproc_per_node = nproc;
+    o.run_id = job->id;
+    o.max_restarts = a.value("max_restarts", 0);
+    o.rendezvous = std::make_shared<elastic::Rendezvous>(std::move(backend), r);
+    for (const auto& [k, v] : a.value("env", json::object()).items()) {
+      o.extra_env.emplace_back(k, v.get<std::string>());
+    }
+    o.extra_env.emplace_back("TRAINYARD_JOB_ID", job->id);
+    // `trainyard ...` in an entrypoint is this very binary, as `ray` is in a Ray job's.
+    const char* path = std::getenv("PATH");
+    o.extra_env.insert(o.extra_env.begin(),
+                       {"PATH", fs::path(elastic::self_executable()).parent_path().string() +
+                                    (path != nullptr ? std::string(":") + path : std::string())});
+    o.forward_output = options.forward_output;
+    o.on_output = [raw](const elastic::OutputLine& line) {
+      raw->spool->append(line.rank, std::string(line.text));
+    };
+    o.on_event = [raw](const elastic::AgentEvent& e) {
+      if (e.kind != elastic::AgentEventKind::kRoundStarted) return;
+      std::lock_guard<std::mutex> lock(raw->mu);
+      json ranks = json::array();
+      for (int i = 0; i < e.local_world_size; ++i) ranks.push_back(e.rank_offset + i);
+      raw->report["ranks"] = ranks;
+      raw->report["restart_count"] = e.restart_count;
+      raw->report["world_size"] = e.world_size;
+    };
+    job->agent = std::make_unique<elastic::Agent>(std::move(o));
+    job->agent->start();
+    running++;
+    log->info("Started job {} ({} rank(s) here): {}", job->id, nproc,
+              a.at("entrypoint").get<std::string>());
+  } catch (const std::exception& e) {
+    log->error("Could not start job {}: {}", job->id, e.what());
+    job->agent.reset();
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->report = {{"job_id", job->id},
+                   {"state", "failed"},
+                   {"error_type", "JOB_ENTRYPOINT_COMMAND_START_ERROR"},
+                   {"message", detail::concat("Node ", node_id, " could not start the job: ",
+                                              e.what())}};
+    job->final = true;
+    write_file_atomically(job->dir / kReportFile, job->report.dump());
+  }
+  jobs.emplace(raw->id, std::move(job));
+}
+
+void Worker::Impl::poll_jobs() {
+  for (auto& [id, job] : jobs) {
+    if (!job->agent || job->agent->running()) continue;
+    elastic::LaunchResult result;
+    try {
+      result = job->agent->wait();
+    } catch (const std::exception& e) {
+      result.succeeded = false;
+      result.summary = e.what();
+    }
+    finish_job(*job, result);
+  }
+}
+
+void Worker::Impl::finish_job(Job& job, const elastic::LaunchResult& result) {
+  job.agent.reset();
+  running--;
+  std::lock_guard<std::mutex> lock(job.mu);
+  json& r = job.report;
+  r["restart_count"] = result.restart_count;
+  if (result.succeeded) {
+    r["state"] = "succeeded";
+    r["exit_code"] = 0;
+  } else if (job.stop_requested || (result.received_signal != 0 && result.first_failure < 0)) {
+    r["state"] = "stopped";
+    r["message"] = "Stopped on request.";
+  } else {
+    r["state"] = "failed";
+    r["exit_code"] = result.exit_code();
+    r["error_type"] = "JOB_ENTRYPOINT_COMMAND_ERROR";
+    r["message"] = result.summary.empty() ? std::string("The job's ranks failed.") : result.summary;
+    if (result.first_failure >= 0) {
+      const auto& e = result.exits[static_cast<std::size_t>(result.first_failure)];
+      r["failed_rank"] = e.rank;
+      r["last_lines"] = e.last_lines;
+    }
+  }
+  job.final = true;
+  write_file_atomically(job.dir / kReportFile, r.dump());
+  log->info("Job {} ended here: {}.", job.id, r["state"].get<std::string>());
+}
+
+void Worker::Impl::recover_jobs() {
+  const fs::path root = fs::path(options.state_dir) / "jobs";
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (!entry.is_directory()) continue;
+    const auto assignment = read_file(entry.path() / kAssignmentFile);
+    if (!assignment) continue;
+    auto job = std::make_unique<Job>();
+    job->id = entry.path().filename();
+    job->dir = entry.path();
+    job->assignment = json::parse(*assignment, nullptr, false);
+    job->spool = std::make_unique<LogSpool>(job->dir);
+    job->final = true;
+    if (auto report = read_file(entry.path() / kReportFile)) {
+      job->report = json::parse(*report, nullptr, false);
+    }
+    if (!job->report.is_object()) {
+      job->report = {{"job_id", job->id},
+                     {"state", "failed"},
+                     {"error_type", "NODE_RESTARTED"},
+                     {"message", detail::concat("The worker on node ", node_id,
+                                                " restarted while the job ran; its ranks on this "
+                                                "node were stopped with it.")}};
+      write_file_atomically(job->dir / kReportFile, job->report.dump());
+    }
+    log->info("Recovered job {} from {} ({}).", job->id, job->dir.string(),
+              job->report.value("state", "?"));
+    jobs.emplace(job->id, std::move(job));
+  }
+}
+
+void Worker::Impl::ship_logs(bool all) {
+  for (auto& [id, job] : jobs) {
+    do {
+      const auto lines = job->spool->take(kMaxLinesPerPost);
+      if (lines.empty()) break;
+      json body_lines = json::array();
+      for (const auto& l : lines) body_lines.push_back({{"rank", l.rank}, {"text", l.text}});
+      try {
+        const json answer = client->post(
+            api::worker_logs_path(id),
+            {{"node_id", node_id}, {"first_seq", lines.front().seq}, {"lines", body_lines}}, true);
+        job->spool->shipped(answer.value("next_seq", lines.back().seq + 1));
+      } catch (const NotFoundError&) {
+        // The job was deleted on the head: its lines have nowhere to go.
+        job->spool->shipped(lines.back().seq + 1);
+      } catch (const Error& e) {
+        warn_rate_limited(detail::concat("Could not ship job ", id, "'s logs to the head at ",
+                                         base, " (they stay spooled): ", e.what()));
+        return;
+      }
+    } while (all);
+  }
+}
+
+void Worker::Impl::drain(const std::string& reason) {
+  // Stop every job's ranks and wait for them, bounded by their term_timeout.
+  for (auto& [id, job] : jobs) {
+    if (!job->agent) continue;
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->stop_requested = true;
+    }
+    job->agent->stop(SIGTERM);
+  }
+  for (auto& [id, job] : jobs) {
+    if (!job->agent) continue;
+    elastic::LaunchResult result;
+    try {
+      result = job->agent->wait();
+    } catch (const std::exception& e) {
+      result.summary = e.what();
+    }
+    finish_job(*job, result);
+  }
+  if (!registered) return;
+  // Hand over what is left: logs, final reports, then leave.
+  try {
+    ship_logs(true);
+    client->post(api::node_heartbeat_path(node_id), heartbeat_body(), true);
+    client->post(api::node_leave_path(node_id), {{"reason", reason}}, true);
+    log->info("Left the cluster ({}).", reason);
+  } catch (const Error& e) {
+    log->warn("Could not tell the head at {} that node {} leaves: {}", base, node_id, e.what());
+  }
+}
+
+Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+Worker::~Worker() {
+  try {
+    stop("exited");
+  } catch (...) {
+  }
+}
+
+void Worker::start() { impl_->start(); }
+
+void Worker::stop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping && !impl_->thread.joinable()) return;
+    impl_->stopping = true;
+    impl_->leave_reason = reason;
+  }
+  impl_->wake.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+const std::string& Worker::node_id() const { return impl_->node_id; }
+bool Worker::registered() const { return impl_->registered; }
+int Worker::running_jobs() const { return impl_->running; }
+
+}  // namespace trainyard::cluster

@@ -1,0 +1,119 @@
+// The rendezvous backend served by a trainyard head; see head_backend.h.
+#include "trainyard/elastic/head_backend.h"
+
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "trainyard/error.h"
+#include "trainyard/net/base_url.h"
+#include "trainyard/net/http_client.h"
+
+namespace trainyard::elastic {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kHeadDefaultPort = 8265;
+constexpr std::size_t kExcerptChars = 300;
+
+class HeadBackend final : public RendezvousBackend {
+ public:
+  explicit HeadBackend(HeadBackendOptions options)
+      : options_(std::move(options)),
+        url_(net::base_url(options_.head, kHeadDefaultPort, "HeadBackendOptions.head") +
+             kHeadRendezvousPath + options_.run_id) {}
+
+  std::optional<std::pair<std::string, std::string>> get_state() override {
+    const net::HttpResponse r = call("GET", "");
+    if (r.status == 404) return std::nullopt;
+    const json answer = parse(r, "GET");
+    return read(answer, "GET", [&] {
+      return std::make_pair(answer.at("state").get<std::string>(),
+                            answer.at("token").get<std::string>());
+    });
+  }
+
+  SetResult set_state(const std::string& state, const std::optional<std::string>& token) override {
+    const json body = {{"state", state}, {"token", token ? json(*token) : json(nullptr)}};
+    const net::HttpResponse r = call("POST", body.dump());
+    const json answer = parse(r, "POST");
+    return read(answer, "POST", [&] {
+      return SetResult{.state = answer.at("state").get<std::string>(),
+                       .token = answer.at("token").get<std::string>(),
+                       .written = answer.at("written").get<bool>()};
+    });
+  }
+
+  std::string describe() const override { return "the trainyard head at " + url_; }
+
+ private:
+  net::HttpResponse call(const char* method, std::string body) {
+    net::HttpRequest request{.method = method, .url = url_, .body = std::move(body)};
+    request.headers.emplace_back("Content-Type", "application/json");
+    if (options_.token) request.headers.emplace_back("Authorization", "Bearer " + *options_.token);
+    request.connect_timeout = options_.timeout;
+    request.timeout = options_.timeout;
+    net::RetryPolicy retry;
+    retry.max_attempts = options_.max_attempts;
+    try {
+      return client_.send(request, retry);
+    } catch (const net::HttpError& e) {
+      // Every attempt failed; one that ended on an answer (a 5xx) is reported as that answer.
+      if (!e.last_response()) throw;
+      return *e.last_response();
+    }
+  }
+
+  json parse(const net::HttpResponse& r, const char* method) const {
+    if (r.status == 401 || r.status == 403) {
+      throw Error(detail::concat(describe(), " refused the rendezvous ", method, " (HTTP ",
+                                 r.status, "): ", excerpt(r.body),
+                                 " HINT: the worker's token does not match the head's."));
+    }
+    if (r.status != 200) {
+      throw Error(detail::concat(describe(), " answered the rendezvous ", method, " with HTTP ",
+                                 r.status, ": ", excerpt(r.body)));
+    }
+    try {
+      return json::parse(r.body);
+    } catch (const json::exception&) {
+      throw Error(detail::concat(describe(), " answered the rendezvous ", method,
+                                 " with a body that is not JSON: ", excerpt(r.body)));
+    }
+  }
+
+  template <typename F>
+  auto read(const json& answer, const char* method, F&& f) const -> decltype(f()) {
+    try {
+      return f();
+    } catch (const json::exception& e) {
+      throw Error(detail::concat(describe(), " answered the rendezvous ", method,
+                                 " with JSON trainyard cannot read (", e.what(),
+                                 "): ", excerpt(answer.dump())));
+    }
+  }
+
+  static std::string excerpt(const std::string& body) {
+    return body.size() <= kExcerptChars ? body : body.substr(0, kExcerptChars) + "...";
+  }
+
+  HeadBackendOptions options_;
+  std::string url_;
+  net::HttpClient client_;  // thread-safe
+};
+
+}  // namespace
+
+std::unique_ptr<RendezvousBackend> make_head_backend(HeadBackendOptions options) {
+  TY_CHECK_T(InvalidArgumentError, !options.run_id.empty(),
+             "HeadBackendOptions.run_id is empty; the head keeps one state per job id.");
+  TY_CHECK_T(InvalidArgumentError,
+             options.run_id.find_first_of("/?# ") == std::string::npos,
+             "HeadBackendOptions.run_id '", options.run_id,
+             "' holds a character that cannot be part of a URL path ('/', '?', '#' or a space).");
+  TY_CHECK_T(InvalidArgumentError, options.max_attempts >= 1,
+             "HeadBackendOptions.max_attempts is ", options.max_attempts, "; it must be >= 1.");
+  return std::make_unique<HeadBackend>(std::move(options));
+}
+
+}  // namespace trainyard::elastic

@@ -1,0 +1,266 @@
+// The standing cluster end to end on loopback: `trainyard head` and `trainyard worker` processes,
+// jobs submitted through the CLI and through Ray's client calls, a head killed mid-job, a worker
+// killed mid-job, and the security rules of the API.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "cluster_fixture.h"
+#include "multiproc_util.h"
+#include "trainyard/net/http_client.h"
+
+#ifndef TRAINYARD_CLI_PATH
+#error "TRAINYARD_CLI_PATH must name the trainyard binary (a compile definition)"
+#endif
+
+namespace trainyard::mptest {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr const char* kCli = TRAINYARD_CLI_PATH;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::size_t count_of(const std::string& text, const std::string& part) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// A raw request to the head, for status codes the CLI turns into messages.
+net::HttpResponse raw(const std::string& method,
+                      const std::string& url,
+                      std::vector<std::pair<std::string, std::string>> headers = {},
+                      std::string body = "") {
+  net::HttpClient client;
+  net::HttpRequest request{.method = method, .url = url, .body = std::move(body)};
+  request.headers = std::move(headers);
+  request.timeout = 5s;
+  return client.perform(request);
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  TempDir dir;
+  ClusterFixture cluster{kCli, dir.path()};
+
+  // A head that runs no ranks itself and two workers of 2 CPUs, all registered.
+  void start_head_and_two_workers() {
+    cluster.start_head({"--num-cpus", "0"});
+    cluster.start_worker("w1", {"--num-cpus", "2"});
+    cluster.start_worker("w2", {"--num-cpus", "2"});
+    ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 2; }, 20s))
+        << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
+  }
+};
+
+TEST_F(ClusterTest, WorkersStartedBeforeTheHeadJoinWhenItComesUp) {
+  cluster.start_worker("w1", {"--num-cpus", "2", "--memory", "1073741824"});
+  cluster.start_worker("w2", {"--num-cpus", "1", "--memory", "2147483648"});
+  std::this_thread::sleep_for(2s);  // the workers retry against a port nobody serves yet
+  ASSERT_TRUE(cluster.worker("w1").running()) << cluster.log_of("w1");
+  cluster.start_head({"--num-cpus", "1", "--memory", "1073741824"});
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 3; }, 20s))
+      << cluster.log_of("head") << cluster.log_of("w1");
+  const RunOutput status = cluster.cli({"status"});
+  ASSERT_EQ(status.status.exit_code, 0) << status.err;
+  EXPECT_TRUE(contains(status.out, "Autoscaler status")) << status.out;
+  EXPECT_TRUE(contains(status.out, "Idle:")) << status.out;
+  EXPECT_TRUE(contains(status.out, " 0.0/4.0 CPU")) << status.out;
+  EXPECT_TRUE(contains(status.out, "0B/4.00GiB memory")) << status.out;
+  EXPECT_TRUE(contains(status.out, "(no failures)")) << status.out;
+  EXPECT_TRUE(contains(status.out, cluster.node_id("w1").substr(0, 8))) << status.out;
+  const RunOutput verbose = cluster.cli({"status", "-v"});
+  EXPECT_TRUE(contains(verbose.out, "127.0.0.1")) << verbose.out;
+}
+
+TEST_F(ClusterTest, TwoNodeJobSucceedsWithLogsPrefixedByNodeAndRank) {
+  start_head_and_two_workers();
+  const RunOutput r = cluster.cli(
+      {"submit", "--nodes", "2", "--nproc-per-node", "1", "--submission-id", "two-nodes", "--",
+       "sh", "-c", "echo \"hello from rank $RANK of $WORLD_SIZE\""},
+      45s);
+  ASSERT_EQ(r.status.exit_code, 0) << r.out << r.err << cluster.log_of("head");
+  EXPECT_TRUE(contains(r.out, "Job 'two-nodes' submitted successfully")) << r.out;
+  EXPECT_TRUE(contains(r.out, "Job 'two-nodes' succeeded")) << r.out;
+  for (const std::string& name : {"w1", "w2"}) {
+    const std::string id = cluster.node_id(name);
+    const bool has_line = contains(r.out, id.substr(0, 8) + ":0] hello from rank 0 of 2") ||
+                          contains(r.out, id.substr(0, 8) + ":1] hello from rank 1 of 2");
+    EXPECT_TRUE(has_line) << "node " << name << " (" << id << ") ran no rank:\n" << r.out;
+  }
+  const RunOutput rank1 = cluster.cli({"logs", "two-nodes", "--rank", "1"});
+  EXPECT_EQ(count_of(rank1.out, "hello from rank"), 1u) << rank1.out;
+  EXPECT_TRUE(contains(rank1.out, "hello from rank 1 of 2")) << rank1.out;
+}
+
+TEST_F(ClusterTest, AnEntrypointThatDoesNotExistFailsWithItsError) {
+  start_head_and_two_workers();
+  const RunOutput r = cluster.cli({"submit", "--submission-id", "missing", "--",
+                                   "/no/such/program", "--flag"},
+                                  30s);
+  EXPECT_EQ(r.status.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "Job 'missing' failed")) << r.out;
+  const json job = cluster.job("missing");
+  ASSERT_TRUE(job.is_object());
+  EXPECT_EQ(job["status"], "FAILED");
+  EXPECT_EQ(job["driver_exit_code"], 127) << job.dump(2);
+  EXPECT_TRUE(contains(job["trainyard"]["last_lines"].dump(), "/no/such/program")) << job.dump(2);
+}
+
+TEST_F(ClusterTest, AJobAskingForMoreNodesThanExistWaitsAsADemand) {
+  start_head_and_two_workers();
+  const RunOutput r = cluster.cli(
+      {"submit", "--nodes", "3", "--submission-id", "too-big", "--no-wait", "--", "true"});
+  ASSERT_EQ(r.status.exit_code, 0) << r.out << r.err;
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(cluster.job("too-big").value("status", ""), "PENDING");
+  const RunOutput status = cluster.cli({"status"});
+  EXPECT_FALSE(contains(status.out, "(no resource demands)")) << status.out;
+  EXPECT_TRUE(contains(status.out, "too-big")) << status.out;
+  // Stopping a pending job ends it at once.
+  const RunOutput stop = cluster.cli({"stop", "too-big"});
+  EXPECT_EQ(stop.status.exit_code, 0) << stop.err;
+  EXPECT_EQ(cluster.wait_for_terminal("too-big", 10s), "STOPPED");
+}
+
+TEST_F(ClusterTest, HeadKilledMidJobRestartsAndTheJobFinishesWithEveryLine) {
+  start_head_and_two_workers();
+  const RunOutput r = cluster.cli(
+      {"submit", "--nodes", "2", "--submission-id", "survivor", "--no-wait", "--", "sh", "-c",
+       "for i in $(seq 1 40); do echo \"rank $RANK step $i\"; sleep 0.25; done"});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  ASSERT_TRUE(ClusterFixture::eventually(
+      [&] { return cluster.job("survivor").value("status", "") == "RUNNING"; }, 20s));
+  std::this_thread::sleep_for(2s);
+  cluster.head().send_signal(SIGKILL);
+  cluster.head().wait_for(5s);
+  std::this_thread::sleep_for(2s);  // the ranks train on without the head
+  cluster.start_head({"--num-cpus", "0"});
+  EXPECT_EQ(cluster.wait_for_terminal("survivor", 40s), "SUCCEEDED")
+      << cluster.log_of("head") << cluster.log_of("w1");
+  const RunOutput logs = cluster.cli({"logs", "survivor"});
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int i = 1; i <= 40; ++i) {
+      const std::string line = "rank " + std::to_string(rank) + " step " + std::to_string(i) + "\n";
+      ASSERT_EQ(count_of(logs.out, line), 1u) << "'" << line << "' in\n" << logs.out;
+    }
+  }
+}
+
+TEST_F(ClusterTest, AKilledWorkerIsNamedInTheFailedJobAndTheStatus) {
+  start_head_and_two_workers();
+  const std::string lost = cluster.node_id("w2");
+  const RunOutput r = cluster.cli({"submit", "--nodes", "2", "--submission-id", "loses-a-node",
+                                   "--no-wait", "--", "sleep", "60"});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  ASSERT_TRUE(ClusterFixture::eventually(
+      [&] { return cluster.job("loses-a-node").value("status", "") == "RUNNING"; }, 20s));
+  cluster.worker("w2").send_signal(SIGKILL);
+  EXPECT_EQ(cluster.wait_for_terminal("loses-a-node", 30s), "FAILED") << cluster.log_of("head");
+  const json job = cluster.job("loses-a-node");
+  EXPECT_TRUE(contains(job.value("message", ""), lost)) << job.dump(2);
+  EXPECT_TRUE(contains(job.value("message", ""), "heartbeat")) << job.dump(2);
+  const RunOutput status = cluster.cli({"status"});
+  EXPECT_TRUE(contains(status.out, lost.substr(0, 8))) << status.out;
+  EXPECT_TRUE(contains(status.out, "heartbeat timeout")) << status.out;
+  EXPECT_EQ(cluster.nodes_in("dead"), 1u);
+}
+
+TEST_F(ClusterTest, AWorkerStoppedWithSigtermLeavesWithoutAFailure) {
+  start_head_and_two_workers();
+  cluster.worker("w2").send_signal(SIGTERM);
+  ASSERT_TRUE(cluster.worker("w2").wait_for(15s).has_value());
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("exited") == 1; }, 10s));
+  const RunOutput status = cluster.cli({"status"});
+  EXPECT_TRUE(contains(status.out, "(no failures)")) << status.out;
+}
+
+TEST_F(ClusterTest, RayJobSubmissionClientCallsWork) {
+  cluster.start_head({"--num-cpus", "2"});
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 1; }, 20s))
+      << cluster.log_of("head");
+  const RunOutput r = run_program(
+      {"/usr/bin/python3",
+       std::string(TRAINYARD_SOURCE_DIR) + "/tests/multiproc/python/ray_jobs_client.py",
+       cluster.address()},
+      {{"TRAINYARD_TOKEN", cluster.token()}}, 50s);
+  EXPECT_EQ(r.status.exit_code, 0) << r.out << r.err << cluster.log_of("head");
+  EXPECT_TRUE(contains(r.out, "all Ray client calls answered")) << r.out;
+}
+
+TEST_F(ClusterTest, TheTokenIsCheckedOnEveryCall) {
+  cluster.start_head({"--num-cpus", "0"});
+  const std::string jobs = cluster.address() + "/api/jobs/";
+  ASSERT_TRUE(ClusterFixture::eventually(
+      [&] {
+        try {
+          return raw("GET", cluster.address() + "/api/version").status != 0;
+        } catch (const std::exception&) {
+          return false;
+        }
+      },
+      10s));
+  EXPECT_EQ(raw("GET", jobs).status, 401);
+  EXPECT_EQ(raw("GET", jobs, {{"Authorization", "Bearer wrong"}}).status, 403);
+  EXPECT_EQ(raw("GET", jobs, {{"Authorization", "Bearer " + cluster.token()}}).status, 200);
+  EXPECT_EQ(raw("GET", jobs, {{"X-Ray-Authorization", "Bearer " + cluster.token()}}).status, 200);
+  EXPECT_EQ(raw("POST", jobs, {{"Origin", "http://evil.example"}},
+                R"({"entrypoint": "touch /tmp/pwned"})")
+                .status,
+            401);
+  EXPECT_EQ(raw("POST", cluster.address() + "/api/cluster/nodes", {}, "{}").status, 401);
+  // The token never shows up in what the head prints.
+  EXPECT_FALSE(contains(cluster.log_of("head"), cluster.token()));
+}
+
+TEST_F(ClusterTest, UnsafeHeadSettingsAreRefused) {
+  // A bind beyond loopback without a token.
+  const RunOutput open = run_program({kCli, "head", "--bind", "0.0.0.0", "--port", "0",
+                                      "--state-dir", (dir.path() / "open").string()},
+                                     {{"TRAINYARD_TOKEN", ""}}, 10s);
+  EXPECT_NE(open.status.exit_code, 0);
+  EXPECT_TRUE(contains(open.err, "--bind")) << open.err;
+  EXPECT_TRUE(contains(open.err, "--token-file")) << open.err;
+  // A token file others can read.
+  ::chmod(cluster.token_file().c_str(), 0644);
+  const RunOutput readable =
+      run_program({kCli, "head", "--port", "0", "--token-file", cluster.token_file().string(),
+                   "--state-dir", (dir.path() / "readable").string()},
+                  {}, 10s);
+  EXPECT_NE(readable.status.exit_code, 0);
+  EXPECT_TRUE(contains(readable.err, cluster.token_file().string())) << readable.err;
+  EXPECT_TRUE(contains(readable.err, "chmod 600")) << readable.err;
+}
+
+TEST_F(ClusterTest, BadRequestsGetClearAnswers) {
+  cluster.start_head({"--num-cpus", "0"});
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.status().is_object(); }, 10s));
+  const RunOutput unknown = cluster.cli({"logs", "no-such-job"});
+  EXPECT_NE(unknown.status.exit_code, 0);
+  EXPECT_TRUE(contains(unknown.err, "no-such-job")) << unknown.err;
+  const auto auth = std::vector<std::pair<std::string, std::string>>{
+      {"Authorization", "Bearer " + cluster.token()}};
+  const auto malformed = raw("POST", cluster.address() + "/api/jobs/", auth, "{not json");
+  EXPECT_EQ(malformed.status, 400);
+  const auto no_entrypoint = raw("POST", cluster.address() + "/api/jobs/", auth, "{}");
+  EXPECT_EQ(no_entrypoint.status, 400);
+  EXPECT_TRUE(contains(no_entrypoint.body, "entrypoint")) << no_entrypoint.body;
+  const auto conda = raw("POST", cluster.address() + "/api/jobs/", auth,
+                         R"({"entrypoint": "true", "runtime_env": {"conda": "env", "working_dir": "."}})");
+  EXPECT_EQ(conda.status, 400);
+  EXPECT_TRUE(contains(conda.body, "conda") && contains(conda.body, "working_dir")) << conda.body;
+}
+
+}  // namespace
+}  // namespace trainyard::mptest

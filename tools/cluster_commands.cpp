@@ -1,0 +1,347 @@
+#include "tools/cluster_commands.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainyard/cluster/api.h"
+#include "trainyard/cluster/head_client.h"
+#include "trainyard/cluster/status_report.h"
+#include "trainyard/error.h"
+
+namespace trainyard::cli {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kPollInterval{500};
+
+// The flags every client command has.
+struct ClientFlags {
+  std::string address;
+  std::string token_file;
+};
+
+void add_client_flags(CLI::App& c, ClientFlags& f) {
+  c.add_option("--address", f.address,
+               "The head: http://HOST:PORT or HOST:PORT (default: $TRAINYARD_ADDRESS, else "
+               "http://127.0.0.1:8265)");
+  c.add_option("--token-file", f.token_file,
+               "A file holding the cluster token, readable only by its owner (default: "
+               "$TRAINYARD_TOKEN)");
+}
+
+cluster::HeadClient make_client(const ClientFlags& f) {
+  return cluster::HeadClient({.address = cluster::resolve_address(f.address),
+                              .token = cluster::resolve_token(f.token_file)});
+}
+
+bool terminal(const std::string& status) {
+  return status == "SUCCEEDED" || status == "FAILED" || status == "STOPPED";
+}
+
+// A command line as one string a POSIX shell splits back into the same words.
+std::string shell_join(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) {
+    if (!out.empty()) out += ' ';
+    const bool plain = !w.empty() && w.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789-_./=:,+@%") == std::string::npos;
+    if (plain) {
+      out += w;
+      continue;
+    }
+    out += '\'';
+    for (char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    out += '\'';
+  }
+  return out;
+}
+
+// "KEY=VALUE" split at the first '='; the flag is named in the error.
+std::pair<std::string, std::string> key_value(const std::string& text, const char* flag) {
+  const std::size_t eq = text.find('=');
+  TY_CHECK_T(InvalidArgumentError, eq != std::string::npos && eq > 0, flag, " '", text,
+             "' is not KEY=VALUE.");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+// Prints what a job's log gained since `printed` characters; returns the new count. Lines of
+// other ranks are left out when rank >= 0 (lines carry a "[node:rank] " prefix).
+std::size_t print_new_logs(cluster::HeadClient& client,
+                           const std::string& id,
+                           std::size_t printed,
+                           int rank) {
+  const json answer = client.get(cluster::api::job_logs_path(id));
+  const std::string logs = answer.value("logs", "");
+  if (logs.size() <= printed) return printed;
+  const std::string fresh = logs.substr(printed);
+  if (rank < 0) {
+    std::fwrite(fresh.data(), 1, fresh.size(), stdout);
+  } else {
+    const std::string tag = ":" + std::to_string(rank) + "] ";
+    std::size_t start = 0;
+    while (start < fresh.size()) {
+      std::size_t end = fresh.find('\n', start);
+      end = end == std::string::npos ? fresh.size() : end + 1;
+      const std::string line = fresh.substr(start, end - start);
+      const std::size_t close = line.find("] ");
+      if (close != std::string::npos && line.compare(close - tag.size() + 2, tag.size(), tag) == 0) {
+        std::fwrite(line.data(), 1, line.size(), stdout);
+      }
+      start = end;
+    }
+  }
+  std::fflush(stdout);
+  return logs.size();
+}
+
+// Follows a job's logs until it ends; returns its final details.
+json follow(cluster::HeadClient& client, const std::string& id, int rank) {
+  std::size_t printed = 0;
+  for (;;) {
+    const json job = client.get(cluster::api::job_path(id));
+    printed = print_new_logs(client, id, printed, rank);
+    if (terminal(job.value("status", ""))) {
+      // Lines that arrived with the final report.
+      print_new_logs(client, id, printed, rank);
+      return job;
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+std::string text_of(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return "";
+  return it->is_string() ? it->get<std::string>() : it->dump();
+}
+
+// "12:00:01" of a time in milliseconds since the epoch, local time; "-" for none.
+std::string clock_time(const json& ms) {
+  if (!ms.is_number()) return "-";
+  const std::time_t t = static_cast<std::time_t>(ms.get<double>() / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+void print_final(const json& job) {
+  const std::string id = text_of(job, "job_id");
+  const std::string status = text_of(job, "status");
+  std::printf("------------------------------------------\n");
+  if (status == "SUCCEEDED") {
+    std::printf("Job '%s' succeeded\n", id.c_str());
+  } else if (status == "STOPPED") {
+    std::printf("Job '%s' was stopped\n", id.c_str());
+  } else {
+    std::printf("Job '%s' failed\n", id.c_str());
+    const std::string message = text_of(job, "message");
+    if (!message.empty()) std::printf("Status message: %s\n", message.c_str());
+  }
+  std::printf("------------------------------------------\n");
+}
+
+void add_status(CLI::App& app, int& exit_code) {
+  auto* c = app.add_subcommand("status", "The cluster's nodes and resources, like `ray status`");
+  auto f = std::make_shared<ClientFlags>();
+  auto verbose = std::make_shared<bool>(false);
+  auto as_json = std::make_shared<bool>(false);
+  add_client_flags(*c, *f);
+  c->add_flag("-v,--verbose", *verbose, "Add each node's address, resources, heartbeat and ranks");
+  c->add_flag("--json", *as_json, "Print the head's snapshot as JSON");
+  c->callback([f, verbose, as_json, &exit_code] {
+    auto client = make_client(*f);
+    const json snapshot = client.get(cluster::api::kStatusPath);
+    const std::string text =
+        *as_json ? snapshot.dump(2) + "\n"
+                 : cluster::format_status(snapshot.get<cluster::ClusterSnapshot>(),
+                                          {.verbose = *verbose});
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    exit_code = 0;
+  });
+}
+
+void add_submit(CLI::App& app, int& exit_code) {
+  struct Flags {
+    ClientFlags client;
+    std::string nodes = "1";
+    int nproc_per_node = 1;
+    int max_restarts = 0;
+    std::string submission_id;
+    double num_cpus = 0;
+    double num_gpus = 0;
+    std::vector<std::string> env;
+    std::vector<std::string> metadata;
+    bool no_wait = false;
+    std::vector<std::string> command;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* c = app.add_subcommand(
+      "submit", "Run a command on the cluster's nodes under the elastic agent, like `ray job submit`");
+  add_client_flags(*c, f->client);
+  c->add_option("--nodes", f->nodes, "Nodes: N, or MIN:MAX for an elastic job")->capture_default_str();
+  c->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node, "Ranks on each node")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  c->add_option("--max-restarts", f->max_restarts, "Restarts of the ranks after a failure")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  c->add_option("--submission-id", f->submission_id, "The job's id (default: one is made up)");
+  c->add_option("--num-cpus", f->num_cpus, "CPUs each rank needs (default 1)")
+      ->check(CLI::Range(0.0, 4096.0));
+  c->add_option("--num-gpus", f->num_gpus, "GPUs each rank needs (default 0)")
+      ->check(CLI::Range(0.0, 64.0));
+  c->add_option("--env", f->env, "KEY=VALUE set in every rank's environment (repeatable)");
+  c->add_option("--metadata", f->metadata, "KEY=VALUE kept with the job (repeatable)");
+  c->add_flag("--no-wait", f->no_wait, "Return once submitted instead of following the logs");
+  c->add_option("command", f->command, "The command each rank runs, after --")->required();
+  c->callback([f, &exit_code] {
+    json env = json::object();
+    for (const auto& kv : f->env) {
+      const auto [k, v] = key_value(kv, "--env");
+      env[k] = v;
+    }
+    json metadata = json::object();
+    for (const auto& kv : f->metadata) {
+      const auto [k, v] = key_value(kv, "--metadata");
+      metadata[k] = v;
+    }
+    json body = {{"entrypoint", shell_join(f->command)},
+                 {"runtime_env", {{"env_vars", env}}},
+                 {"metadata", metadata},
+                 {"trainyard",
+                  {{"nodes", f->nodes},
+                   {"nproc_per_node", f->nproc_per_node},
+                   {"max_restarts", f->max_restarts}}}};
+    if (!f->submission_id.empty()) body["submission_id"] = f->submission_id;
+    if (f->num_cpus > 0) body["entrypoint_num_cpus"] = f->num_cpus;
+    if (f->num_gpus > 0) body["entrypoint_num_gpus"] = f->num_gpus;
+    auto client = make_client(f->client);
+    const json answer = client.post(cluster::api::kJobsPath, body);
+    const std::string id = answer.at("submission_id");
+    std::printf("------------------------------------------\n"
+                "Job '%s' submitted successfully\n"
+                "------------------------------------------\n\n"
+                "Next steps\n"
+                "  Query the logs of the job:\n    trainyard logs %s\n"
+                "  Query the status of the job:\n    trainyard jobs\n"
+                "  Request the job to be stopped:\n    trainyard stop %s\n\n",
+                id.c_str(), id.c_str(), id.c_str());
+    if (f->no_wait) {
+      exit_code = 0;
+      return;
+    }
+    std::printf("Tailing logs until the job exits (disable with --no-wait):\n");
+    std::fflush(stdout);
+    const json job = follow(client, id, -1);
+    print_final(job);
+    exit_code = job.value("status", "") == "SUCCEEDED" ? 0 : 1;
+  });
+}
+
+void add_jobs(CLI::App& app, int& exit_code) {
+  auto f = std::make_shared<ClientFlags>();
+  auto as_json = std::make_shared<bool>(false);
+  auto* c = app.add_subcommand("jobs", "The cluster's jobs, newest last");
+  add_client_flags(*c, *f);
+  c->add_flag("--json", *as_json, "Print the head's job list as JSON");
+  c->callback([f, as_json, &exit_code] {
+    auto client = make_client(*f);
+    const json jobs = client.get(cluster::api::kJobsPath);
+    if (*as_json) {
+      std::printf("%s\n", jobs.dump(2).c_str());
+    } else {
+      std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", "JOB ID", "STATUS", "NODES", "START",
+                  "END", "ENTRYPOINT");
+      for (const json& j : jobs) {
+        const json ext = j.value("trainyard", json::object());
+        std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", text_of(j, "job_id").c_str(),
+                    text_of(j, "status").c_str(), text_of(ext, "nodes").c_str(),
+                    clock_time(j.value("start_time", json())).c_str(),
+                    clock_time(j.value("end_time", json())).c_str(),
+                    text_of(j, "entrypoint").c_str());
+        const std::string message = text_of(j, "message");
+        if (text_of(j, "status") == "FAILED" && !message.empty()) {
+          std::printf("    %s\n", message.c_str());
+        }
+      }
+    }
+    exit_code = 0;
+  });
+}
+
+void add_logs(CLI::App& app, int& exit_code) {
+  struct Flags {
+    ClientFlags client;
+    std::string id;
+    bool follow = false;
+    int rank = -1;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* c = app.add_subcommand("logs", "A job's logs, every line prefixed with node:rank");
+  add_client_flags(*c, f->client);
+  c->add_option("job", f->id, "The job's id")->required();
+  c->add_flag("-f,--follow", f->follow, "Keep printing new lines until the job ends");
+  c->add_option("--rank", f->rank, "Only this global rank's lines")->check(CLI::Range(0, 1 << 20));
+  c->callback([f, &exit_code] {
+    auto client = make_client(f->client);
+    if (f->follow) {
+      follow(client, f->id, f->rank);
+    } else {
+      client.get(cluster::api::job_path(f->id));  // an unknown id is a clear error, not empty logs
+      print_new_logs(client, f->id, 0, f->rank);
+    }
+    exit_code = 0;
+  });
+}
+
+void add_stop_and_delete(CLI::App& app, int& exit_code) {
+  auto f = std::make_shared<ClientFlags>();
+  auto id = std::make_shared<std::string>();
+  auto* stop = app.add_subcommand("stop", "Stop a job's ranks on every node");
+  add_client_flags(*stop, *f);
+  stop->add_option("job", *id, "The job's id")->required();
+  stop->callback([f, id, &exit_code] {
+    auto client = make_client(*f);
+    const json answer = client.post(cluster::api::job_stop_path(*id), json::object());
+    std::printf(answer.value("stopped", false) ? "Job '%s' is stopping.\n"
+                                               : "Job '%s' had already ended.\n",
+                id->c_str());
+    exit_code = 0;
+  });
+  auto g = std::make_shared<ClientFlags>();
+  auto del_id = std::make_shared<std::string>();
+  auto* del = app.add_subcommand("delete", "Delete an ended job and its logs from the head");
+  add_client_flags(*del, *g);
+  del->add_option("job", *del_id, "The job's id")->required();
+  del->callback([g, del_id, &exit_code] {
+    auto client = make_client(*g);
+    client.del(cluster::api::job_path(*del_id));
+    std::printf("Job '%s' deleted.\n", del_id->c_str());
+    exit_code = 0;
+  });
+}
+
+}  // namespace
+
+void add_cluster_commands(CLI::App& app, int& exit_code) {
+  add_status(app, exit_code);
+  add_submit(app, exit_code);
+  add_jobs(app, exit_code);
+  add_logs(app, exit_code);
+  add_stop_and_delete(app, exit_code);
+}
+
+}  // namespace trainyard::cli

@@ -1,0 +1,192 @@
+#include "tools/daemon_commands.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tools/stop_signals.h"
+#include "trainyard/cluster/head.h"
+#include "trainyard/cluster/head_client.h"
+#include "trainyard/cluster/worker.h"
+#include "trainyard/comm/address.h"
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+#include "trainyard/seconds.h"
+
+namespace trainyard::cli {
+namespace {
+
+// Blocks until SIGINT, SIGTERM, SIGHUP or SIGQUIT, caught by `signals`' thread; returns it.
+class SignalWait {
+ public:
+  SignalWait()
+      : signals_([this](int sig) {
+          if (!seen_.exchange(true)) got_.set_value(sig);
+        }) {}
+  int wait() { return got_.get_future().get(); }
+
+ private:
+  std::atomic<bool> seen_{false};
+  std::promise<int> got_;
+  StopSignals signals_;  // last: its thread calls into seen_ and got_
+};
+
+using std::chrono::milliseconds;
+
+// What this node declares, as Ray's --num-cpus/--num-gpus/--memory do.
+struct ResourceFlags {
+  std::optional<double> num_cpus;
+  std::optional<double> num_gpus;
+  std::optional<std::int64_t> memory;
+};
+
+void add_resource_flags(CLI::App& c, ResourceFlags& f) {
+  c.add_option("--num-cpus", f.num_cpus,
+               "CPUs this node offers to ranks (default: what the machine, its affinity and its "
+               "cgroup allow)")
+      ->check(CLI::Range(0.0, 1e6));
+  c.add_option("--num-gpus", f.num_gpus, "GPUs this node offers (default: what NVML finds)")
+      ->check(CLI::Range(0.0, 1024.0));
+  c.add_option("--memory", f.memory, "Bytes of memory this node offers (default: the machine's)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 60));
+}
+
+cluster::DetectOptions overrides(const ResourceFlags& f) {
+  cluster::DetectOptions o;
+  o.num_cpus = f.num_cpus;
+  o.num_gpus = f.num_gpus;
+  o.memory_bytes = f.memory;
+  return o;
+}
+
+void add_head(CLI::App& app, int& exit_code) {
+  struct Flags {
+    std::string bind = "127.0.0.1";
+    int port = cluster::kDefaultHeadPort;
+    std::string token_file;
+    std::string state_dir;
+    std::string heartbeat_interval = "2";
+    std::string dead_after = "10";
+    ResourceFlags resources;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* c = app.add_subcommand("head", "Serve the cluster: the Jobs API, the job store, the "
+                                       "scheduler; also runs ranks unless --num-cpus 0");
+  c->add_option("--bind", f->bind,
+                "The address to listen on; anything but loopback needs --token-file")
+      ->capture_default_str();
+  c->add_option("--port", f->port, "The port of the API (Ray's dashboard port by default)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  c->add_option("--token-file", f->token_file,
+                "The cluster token, in a file only its owner can read (default: $TRAINYARD_TOKEN)");
+  c->add_option("--state-dir", f->state_dir, "The head's database and this node's identity")
+      ->required();
+  c->add_option("--heartbeat-interval", f->heartbeat_interval,
+                "Seconds between a worker's heartbeats")
+      ->capture_default_str();
+  c->add_option("--dead-after", f->dead_after,
+                "Seconds without a heartbeat before a node is declared dead")
+      ->capture_default_str();
+  add_resource_flags(*c, f->resources);
+  c->callback([f, &exit_code] {
+    const auto interval = parse_seconds(f->heartbeat_interval, 0.05, 3600);
+    TY_CHECK_T(InvalidArgumentError, interval.has_value(), "--heartbeat-interval '",
+               f->heartbeat_interval, "' is not a number of seconds in [0.05, 3600].");
+    const auto dead_after = parse_seconds(f->dead_after, 0.1, 86400);
+    TY_CHECK_T(InvalidArgumentError, dead_after.has_value() && *dead_after > *interval,
+               "--dead-after '", f->dead_after,
+               "' must be a number of seconds longer than --heartbeat-interval.");
+    const std::optional<std::string> token = cluster::resolve_token(f->token_file);
+    SignalWait signals;
+    cluster::Head head({.bind_address = f->bind,
+                        .port = f->port,
+                        .token = token,
+                        .state_dir = f->state_dir,
+                        .heartbeat_interval = *interval,
+                        .dead_after = *dead_after});
+    head.start();
+    std::printf("trainyard head: serving http://%s:%d (state in %s)\n", f->bind.c_str(),
+                head.port(), f->state_dir.c_str());
+    std::fflush(stdout);
+    // The head's own node runs ranks as a worker of itself, as the seeds' Ray head task trains.
+    std::unique_ptr<cluster::Worker> worker;
+    if (!f->resources.num_cpus || *f->resources.num_cpus > 0) {
+      const bool any = f->bind == "0.0.0.0" || f->bind == "::";
+      cluster::WorkerOptions w{.head = (any ? std::string("127.0.0.1") : f->bind) + ":" +
+                                       std::to_string(head.port()),
+                               .token = token,
+                               .state_dir = f->state_dir + "/node",
+                               .resources = overrides(f->resources),
+                               .heartbeat_interval = *interval};
+      // Other nodes must reach this one's ranks at a real address.
+      if (any) w.address = first_interface_address();
+      worker = std::make_unique<cluster::Worker>(std::move(w));
+      worker->start();
+    }
+    const int sig = signals.wait();
+    logger("head")->info("Received signal {}; stopping.", sig);
+    if (worker) worker->stop("exited");
+    head.stop();
+    exit_code = 0;
+  });
+}
+
+void add_worker(CLI::App& app, int& exit_code) {
+  struct Flags {
+    std::string head;
+    std::string token_file;
+    std::string state_dir;
+    std::string address;
+    bool forward_output = false;
+    ResourceFlags resources;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* c = app.add_subcommand("worker", "Join a head and run the ranks it places on this node");
+  c->add_option("--head", f->head,
+                "The head: HOST:PORT (a DNS name is resolved again on every attempt)")
+      ->required();
+  c->add_option("--token-file", f->token_file,
+                "The cluster token, in a file only its owner can read (default: $TRAINYARD_TOKEN)");
+  c->add_option("--state-dir", f->state_dir,
+                "This node's identity and its jobs' log spools (one per worker on a machine)")
+      ->required();
+  c->add_option("--address", f->address,
+                "How the other nodes reach this one (default: its address on the route to the "
+                "head)");
+  c->add_flag("--forward-output", f->forward_output,
+              "Also print the ranks' output here (it always goes to the head)");
+  add_resource_flags(*c, f->resources);
+  c->callback([f, &exit_code] {
+    SignalWait signals;
+    cluster::Worker worker({.head = f->head,
+                            .token = cluster::resolve_token(f->token_file),
+                            .state_dir = f->state_dir,
+                            .resources = overrides(f->resources),
+                            .address = f->address,
+                            .forward_output = f->forward_output});
+    worker.start();
+    std::printf("trainyard worker: node %s joining the head at %s\n", worker.node_id().c_str(),
+                f->head.c_str());
+    std::fflush(stdout);
+    const int sig = signals.wait();
+    logger("worker")->info("Received signal {}; leaving the cluster.", sig);
+    worker.stop("exited");
+    exit_code = 0;
+  });
+}
+
+}  // namespace
+
+void add_daemon_commands(CLI::App& app, int& exit_code) {
+  add_head(app, exit_code);
+  add_worker(app, exit_code);
+}
+
+}  // namespace trainyard::cli
