@@ -35,7 +35,7 @@ std::string base_url(const std::string& address, int default_port, const std::st
              " is empty. HINT: give the head's address as HOST:PORT, e.g. head.trainyard.local:8265.");
   const std::size_t scheme_end = e.find("://");
   if (scheme_end == std::string::npos) {
-    e = "http://" + e;
+    e.insert(0, "http://");
   } else {
     const std::string scheme = e.substr(0, scheme_end);
     TY_CHECK_T(InvalidArgumentError, scheme == "http" || scheme == "https", what, " '", address,
@@ -46,7 +46,8 @@ std::string base_url(const std::string& address, int default_port, const std::st
              "' names no host.");
   const std::size_t colon = port_colon(a);
   if (colon == std::string_view::npos) {
-    e += ":" + std::to_string(default_port);
+    e += ':';
+    e += std::to_string(default_port);
   } else {
     const std::string_view digits = a.substr(colon + 1);
     int port = 0;
