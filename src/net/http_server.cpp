@@ -1,11 +1,16 @@
 #include "trainyard/net/http_server.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <netinet/in.h>
 #include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +24,11 @@
 // whole life; other threads write to it through mg_websocket_write, which locks the connection.
 // The mg_connection pointer is valid until civetweb's close handler returns: the handler marks
 // our connection object closed under its mutex, so no write can use the pointer after that.
+
+// Note [Stopping civetweb]
+// civetweb's threads wait in poll() for up to 2 s (its SOCKET_TIMEOUT_QUANTUM) before they see
+// the stop flag, so mg_stop() takes about 2 s once a request has been served. While it runs, a
+// helper thread connects to the listening port a few times, which wakes the poll at once.
 
 namespace trainyard::net {
 namespace {
@@ -446,7 +456,35 @@ void HttpServer::stop() {
     for (auto& [conn, ws] : impl_->sockets) open.push_back(ws.socket);
   }
   for (auto& s : open) s->close();
+  // See Note [Stopping civetweb].
+  std::atomic<bool> stopped{false};
+  std::thread poke([&] {
+    std::string host =
+        impl_->options.bind_address == "0.0.0.0" ? "127.0.0.1" : impl_->options.bind_address;
+    for (int i = 0; i < 40 && !stopped; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      int fd = ::socket(host.find(':') == std::string::npos ? AF_INET : AF_INET6,
+                        SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      if (host.find(':') == std::string::npos) {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(impl_->port));
+        inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+        ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+      } else {
+        sockaddr_in6 a{};
+        a.sin6_family = AF_INET6;
+        a.sin6_port = htons(static_cast<uint16_t>(impl_->port));
+        inet_pton(AF_INET6, host.c_str(), &a.sin6_addr);
+        ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+      }
+      ::close(fd);
+    }
+  });
   mg_stop(impl_->ctx);
+  stopped = true;
+  poke.join();
   impl_->ctx = nullptr;
   // civetweb has closed every connection; a socket whose close handler did not run is closed now.
   std::unordered_map<const mg_connection*, Impl::PendingWs> left;

@@ -138,5 +138,17 @@ TEST(HttpServerTest, WebSocketLearnsTheClientWentAway) {
   EXPECT_FALSE(kept->send_text("late"));
 }
 
+TEST(HttpServerTest, StopAfterServingIsQuick) {
+  HttpServer server(HttpServerOptions{});
+  server.route("GET", "/x", [](const HttpRequest&) { return HttpResponse{}; });
+  server.start();
+  EXPECT_EQ(http("GET", base(server) + "/x").status, 200);
+  auto t0 = std::chrono::steady_clock::now();
+  server.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
+  EXPECT_FALSE(server.running());
+  EXPECT_EQ(http("GET", base(server) + "/x").status, 0);
+}
+
 }  // namespace
 }  // namespace trainyard::net
