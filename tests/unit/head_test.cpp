@@ -312,6 +312,71 @@ TEST_F(HeadTest, SilentNodeGoesSuspectThenDeadAndFailsItsJob) {
   EXPECT_EQ(heartbeat("n1")["registered"], false);
 }
 
+TEST_F(HeadTest, ElasticJobGrowsOntoANewNodeAndOutlivesLosingOne) {
+  start(short_lived(options()));
+  register_node("n1", 1);
+  std::string id = submit({{"entrypoint", "x"}, {"trainyard", {{"nodes", "1:2"}}}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_EQ(status_of(id), "RUNNING");
+  register_node("n2", 1);
+  ASSERT_TRUE(eventually([&] {
+    heartbeat("n1", json::array({report(id, "running")}));
+    return !heartbeat("n2")["assignments"].empty();
+  }));
+  EXPECT_EQ(get("/api/jobs/" + id)["trainyard"]["assigned_nodes"], json::array({"n1", "n2"}));
+  heartbeat("n2", json::array({report(id, "running")}));
+  // n2 goes silent; n1 keeps beating. One node is still the job's minimum: it keeps running.
+  ASSERT_TRUE(eventually([&] {
+    heartbeat("n1", json::array({report(id, "running")}));
+    return node_in_status("n2")["state"] == "dead";
+  }));
+  EXPECT_EQ(status_of(id), "RUNNING");
+  EXPECT_EQ(get("/api/jobs/" + id)["trainyard"]["assigned_nodes"], json::array({"n1"}));
+  heartbeat("n1", json::array({report(id, "succeeded")}));
+  EXPECT_EQ(status_of(id), "SUCCEEDED");
+}
+
+TEST_F(HeadTest, PlacedJobWhoseNodeDiesBeforeStartingIsPlacedAgain) {
+  start(short_lived(options()));
+  register_node("n1", 1);
+  register_node("n2", 1);
+  std::string id = submit({{"entrypoint", "x"}, {"trainyard", {{"nodes", "2"}}}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  // n2 never beats: it dies; the job, not started yet, goes back to the queue.
+  ASSERT_TRUE(eventually([&] {
+    heartbeat("n1");
+    return node_in_status("n2")["state"] == "dead";
+  }));
+  json d = get("/api/jobs/" + id);
+  EXPECT_EQ(d["status"], "PENDING");
+  EXPECT_TRUE(d["trainyard"]["assigned_nodes"].empty());
+  EXPECT_TRUE(heartbeat("n1")["assignments"].empty());
+  register_node("n3", 1);
+  ASSERT_TRUE(eventually([&] {
+    return get("/api/jobs/" + id)["trainyard"]["assigned_nodes"] == json::array({"n1", "n3"});
+  }));
+}
+
+TEST_F(HeadTest, StoppingARunningJobTellsItsNodes) {
+  start(options());
+  register_node("n1", 1);
+  std::string id = submit({{"entrypoint", "sleep 100"}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_EQ(call("POST", api::job_stop_path(id)).json()["stopped"], true);
+  EXPECT_EQ(status_of(id), "STOPPED");
+  json hb = heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_EQ(hb["stop"], json::array({id}));
+  EXPECT_TRUE(hb["assignments"].empty());
+  // Its ranks hold the CPU until the node reports them stopped.
+  std::string next = submit({{"entrypoint", "true"}});
+  EXPECT_TRUE(get("/api/jobs/" + next)["trainyard"]["assigned_nodes"].empty());
+  EXPECT_TRUE(heartbeat("n1", json::array({report(id, "stopped")}))["stop"].empty());
+  EXPECT_EQ(status_of(id), "STOPPED");
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+}
+
 TEST_F(HeadTest, LeavingNodeIsNotAFailure) {
   start(options());
   register_node("n1", 2);
