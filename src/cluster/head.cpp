@@ -269,30 +269,49 @@ struct Head::Impl {
   }
 
   // A node left the cluster (died or left): take it off its jobs. See the rules.
-  void node_lost(const std::string& node_id, const std::string& why) {
-    for (JobRecord* j : jobs_in_order()) {
-      if (api::is_terminal_status(j->status) || !contains(j->assigned_nodes, node_id)) continue;
-      if (report_state(*j, node_id) == api::kReportSucceeded) continue;  // its part is done
-      j->assigned_nodes.erase(
-          std::remove(j->assigned_nodes.begin(), j->assigned_nodes.end(), node_id),
-          j->assigned_nodes.end());
-      store->append_event(j->job_id, "node_lost", "node " + node_id + " " + why);
-      if (all_assigned_succeeded(*j)) {
-        j->driver_exit_code = 0;
-        set_terminal(*j, api::kSucceeded, "Job finished successfully.");
-      } else if (static_cast<int>(j->assigned_nodes.size()) < j->min_nodes && !any_succeeded(*j)) {
-        if (j->status == api::kRunning) {
-          j->error_type = "NODE_DIED";
-          j->failed_node = node_id;
-          set_terminal(*j, api::kFailed, "node " + node_id + " " + why);
-        } else {
-          // Placed but not started: back to the queue; the other nodes are told to stop.
-          for (const auto& other : j->assigned_nodes) j->reports.erase(other);
-          j->assigned_nodes.clear();
-          store->append_event(j->job_id, "requeued", "node " + node_id + " " + why);
-        }
+  // Takes a node off one job (it died, left, or lost the job): see the rules.
+  void drop_node(JobRecord& j, const std::string& node_id, const std::string& why) {
+    if (api::is_terminal_status(j.status) || !contains(j.assigned_nodes, node_id)) return;
+    if (report_state(j, node_id) == api::kReportSucceeded) return;  // its part is done
+    j.assigned_nodes.erase(std::remove(j.assigned_nodes.begin(), j.assigned_nodes.end(), node_id),
+                           j.assigned_nodes.end());
+    store->append_event(j.job_id, "node_lost", "node " + node_id + " " + why);
+    if (all_assigned_succeeded(j)) {
+      j.driver_exit_code = 0;
+      set_terminal(j, api::kSucceeded, "Job finished successfully.");
+    } else if (static_cast<int>(j.assigned_nodes.size()) < j.min_nodes && !any_succeeded(j)) {
+      if (j.status == api::kRunning) {
+        j.error_type = "NODE_DIED";
+        j.failed_node = node_id;
+        set_terminal(j, api::kFailed, "node " + node_id + " " + why);
+      } else {
+        // Placed but not started: back to the queue; the other nodes are told to stop.
+        for (const auto& other : j.assigned_nodes) j.reports.erase(other);
+        j.assigned_nodes.clear();
+        store->append_event(j.job_id, "requeued", "node " + node_id + " " + why);
       }
-      save(*j);
+    }
+    save(j);
+  }
+
+  // A node left the cluster (died or left): take it off all its jobs.
+  void node_lost(const std::string& node_id, const std::string& why) {
+    for (JobRecord* j : jobs_in_order()) drop_node(*j, node_id, why);
+  }
+
+  // A node registered (again) with `reports`: a job it was running that it no longer reports
+  // was lost with the worker's restart.
+  void reconcile_registration(const std::string& node_id, const json& reports) {
+    std::set<std::string> reported;
+    if (reports.is_array()) {
+      for (const auto& r : reports) {
+        if (r.is_object()) reported.insert(r.value(f::kJobId, ""));
+      }
+    }
+    for (JobRecord* j : jobs_in_order()) {
+      if (report_state(*j, node_id) == api::kReportRunning && !reported.count(j->job_id)) {
+        drop_node(*j, node_id, "restarted without the job");
+      }
     }
   }
 
@@ -338,8 +357,7 @@ struct Head::Impl {
       if (msg.empty()) msg = "The job failed on node " + node_id + ".";
       set_terminal(j, api::kFailed, msg);
     } else if (state == api::kReportStopped && !j.stop_requested) {
-      save(j);
-      node_lost(node_id, "stopped the job");
+      drop_node(j, node_id, "stopped the job");
       return;
     }
     save(j);
@@ -651,8 +669,10 @@ void Head::Impl::add_routes() {
     n.usage = json::object();
     store->put_node(n);
     log->info("node {} ({}, {}) registered: {}", id, n.hostname, n.address, n.resources.dump());
-    if (auto r = body.find(f::kJobs); r != body.end() && r->is_array()) {
-      for (const auto& report : *r) apply_report(id, report);
+    json reports = body.value(f::kJobs, json::array());
+    reconcile_registration(id, reports);
+    if (reports.is_array()) {
+      for (const auto& report : reports) apply_report(id, report);
     }
     schedule();
     return json_response({{f::kHeartbeatIntervalMs, o.heartbeat_interval.count()}});

@@ -377,6 +377,19 @@ TEST_F(HeadTest, StoppingARunningJobTellsItsNodes) {
   ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
 }
 
+TEST_F(HeadTest, WorkerRestartedWithoutItsJobFailsIt) {
+  start(options());
+  register_node("n1", 2);
+  std::string id = submit({{"entrypoint", "x"}});
+  std::string other = submit({{"entrypoint", "y"}});
+  ASSERT_TRUE(eventually([&] { return heartbeat("n1")["assignments"].size() == 2; }));
+  heartbeat("n1", json::array({report(id, "running"), report(other, "running")}));
+  register_node("n1", 2, json::array({report(other, "running")}));  // lost `id`
+  EXPECT_EQ(status_of(id), "FAILED");
+  EXPECT_EQ(get("/api/jobs/" + id)["message"], "node n1 restarted without the job");
+  EXPECT_EQ(status_of(other), "RUNNING");
+}
+
 TEST_F(HeadTest, LeavingNodeIsNotAFailure) {
   start(options());
   register_node("n1", 2);
