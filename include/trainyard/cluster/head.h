@@ -1,7 +1,8 @@
 // The head of a trainyard cluster: serves Ray's Jobs API and the worker protocol over HTTP (see
 // cluster/api.h), keeps nodes, jobs, logs and rendezvous states in a JobStore, tracks each node's
 // life (alive -> suspect -> dead by heartbeats), places jobs on nodes all at once (a gang of
-// MIN..MAX nodes) and follows them by the workers' reports. See Note [Head state] in head.cpp.
+// MIN..MAX nodes) and follows them by the workers' reports. See Note [Head state] in
+// src/cluster/head_state.cpp.
 #pragma once
 
 #include <chrono>
