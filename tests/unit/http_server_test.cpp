@@ -44,6 +44,20 @@ TEST(HttpServerTest, RoutesParamsQueryHeadersAndBody) {
   EXPECT_EQ(j["remote"], "127.0.0.1");
 }
 
+TEST(HttpServerTest, LargeBodyWithExpectContinue) {
+  HttpServer server(HttpServerOptions{});
+  server.route("POST", "/size", [](const HttpRequest& req) {
+    HttpResponse res;
+    res.body = std::to_string(req.body.size());
+    return res;
+  });
+  server.start();
+  std::string big(3 << 20, 'x');
+  auto r = http("POST", base(server) + "/size", big, {{"Expect", "100-continue"}});
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, std::to_string(big.size()));
+}
+
 TEST(HttpServerTest, UnknownPathWrongMethodAndHandlerErrorsAreJson) {
   HttpServer server(HttpServerOptions{});
   server.route("GET", "/boom", [](const HttpRequest&) -> HttpResponse {
