@@ -47,9 +47,11 @@ class Head {
   Head& operator=(const Head&) = delete;
 
   // Opens the store (nodes it knew become "pending" until they register again), listens and
-  // starts the background tick. Error naming the database or the address when either fails.
+  // starts the background tick; returns once listening. Error naming the database or the address
+  // when either fails. start() and stop() are called from one thread.
   void start();
-  // Closes log tails, stops serving and the tick. Idempotent; the store keeps everything.
+  // Closes log tails, stops serving and the tick; blocks until running handlers have returned
+  // (well under a second). Idempotent; the store keeps everything.
   void stop();
   int port() const;         // after start()
   std::string url() const;  // "http://<bind address>:<port>"

@@ -89,6 +89,8 @@ struct HttpServerOptions {
   std::chrono::milliseconds request_timeout{30'000};  // to read one request
 };
 
+// Handlers run on civetweb's worker threads, several at once: they must be thread-safe.
+// Configure (route, websocket, set_hook) and start/stop from one thread.
 class HttpServer {
  public:
   explicit HttpServer(HttpServerOptions options);
@@ -106,7 +108,8 @@ class HttpServer {
   // Listens and serves on background threads; NetworkError naming the address and port when it
   // cannot bind.
   void start();
-  // Closes open WebSockets, waits for running handlers and stops. Idempotent.
+  // Closes open WebSockets, waits for running handlers and stops (see Note [Stopping civetweb]
+  // in http_server.cpp). Idempotent.
   void stop();
   int port() const;  // the port listened on (after start)
   bool running() const;
