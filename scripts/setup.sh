@@ -9,7 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread   # LibTorch, Gloo headers, a fast BLAS
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
-  libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev
+  libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev libcivetweb-dev
   libicu-dev                                       # Unicode for the tokenizer (NFC, classes)
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   dataset-fashion-mnist fortunes                   # data sets

@@ -1,0 +1,37 @@
+// Authentication of the cluster's HTTP calls: the shared token (from a file only its owner can
+// read), the bind policy (no token, no listening beyond loopback) and the check run before every
+// request (Bearer token in Authorization or X-Ray-Authorization; without a token, loopback only
+// and no browser-origin writes). The token is never logged nor put into an error message.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "trainyard/net/http_server.h"
+
+namespace trainyard::cluster {
+
+// Reads the token from a file: surrounding whitespace is trimmed. InvalidArgumentError when the
+// file cannot be read, when group or others may read it (the message names the file, its mode and
+// the fix, `chmod 600`), or when it holds no token.
+std::string load_token(const std::filesystem::path& token_file);
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback_address(const std::string& address);
+
+// The bind policy: InvalidArgumentError naming --bind and --token-file when bind_address is not
+// loopback and there is no token.
+void check_bind_policy(const std::string& bind_address, const std::optional<std::string>& token);
+
+// Compares in time independent of where the strings differ (length differences excepted).
+bool constant_time_equal(const std::string& a, const std::string& b);
+
+// The check for one request: nullopt when it may proceed, otherwise the response to send:
+// with a token, 401 without credentials and 403 with a wrong token; without one, 403 for a
+// POST/PUT/DELETE carrying an Origin header (a browser) or a Host header that is not loopback
+// (DNS rebinding). Thread-safe (reads only).
+std::optional<net::HttpResponse> check_request(const net::HttpRequest& request,
+                                               const std::optional<std::string>& token);
+
+}  // namespace trainyard::cluster

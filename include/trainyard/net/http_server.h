@@ -1,0 +1,122 @@
+// A small HTTP and WebSocket server over civetweb's C API (Note [civetweb] in http_server.cpp):
+// routes by method and path pattern ("/api/jobs/{id}/logs"), a hook run before every handler (for
+// authentication), WebSocket endpoints whose connection can be written from any thread, and JSON
+// errors: a handler's exception becomes 500 {"error": ...} (HttpError its own status) and an
+// unknown path 404 {"error": ...}.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "trainyard/error.h"
+
+namespace trainyard::net {
+
+// Compares header names without regard to case ("content-type" == "Content-Type").
+struct CaseInsensitiveLess {
+  bool operator()(const std::string& a, const std::string& b) const;
+};
+using Headers = std::map<std::string, std::string, CaseInsensitiveLess>;
+
+struct HttpRequest {
+  std::string method;                         // "GET", "POST", ...
+  std::string path;                           // URL-decoded, without the query
+  std::map<std::string, std::string> params;  // from the route's {name} segments
+  std::map<std::string, std::string> query;   // URL-decoded ?a=b&c=d
+  Headers headers;
+  std::string body;            // empty for a WebSocket upgrade
+  std::string remote_address;  // the peer's IP address
+
+  // The header's value, or "" when the request has none.
+  std::string header(const std::string& name) const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  Headers headers;  // extra headers; Content-Type and Content-Length are written from the fields
+
+  // A response whose body is {"error": message}.
+  static HttpResponse json_error(int status, const std::string& message);
+};
+
+// Thrown by a handler to answer with a status other than 500; the message becomes
+// {"error": message}.
+class HttpError : public Error {
+ public:
+  HttpError(int status, const std::string& message) : Error(message), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
+// One WebSocket client. send_text and close may be called from any thread, also after the client
+// went away (they then do nothing and send_text returns false). Shared by the server and the
+// handler that keeps it; it stays valid as long as someone holds it.
+class WebSocketConnection {
+ public:
+  virtual ~WebSocketConnection() = default;
+  // Sends one text frame; returns false when the connection is closed. Blocks while writing.
+  virtual bool send_text(const std::string& text) = 0;
+  // Sends a close frame; the client then closes the connection.
+  virtual void close() = 0;
+  virtual bool closed() const = 0;
+  // Called once, on a server thread, when the connection is gone (client or close()). A callback
+  // set after that runs at once on the caller's thread.
+  virtual void on_closed(std::function<void()> callback) = 0;
+  virtual const HttpRequest& request() const = 0;
+};
+
+using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+// Runs on a server thread after the handshake; it may keep the connection and return at once.
+using WebSocketHandler = std::function<void(std::shared_ptr<WebSocketConnection>)>;
+// Runs before every handler (WebSocket upgrades included, without a body); a response stops the
+// request there and is sent instead.
+using HttpHook = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
+
+struct HttpServerOptions {
+  static constexpr int kDefaultThreads = 16;
+  std::string bind_address = "127.0.0.1";  // an IPv4 address; "0.0.0.0" for every interface
+  int port = 0;                            // 0: the system picks one; read it back with port()
+  // civetweb's worker threads: each open WebSocket holds one for its lifetime.
+  int threads = kDefaultThreads;
+  std::chrono::milliseconds request_timeout{30'000};  // to read one request
+};
+
+// Handlers run on civetweb's worker threads, several at once: they must be thread-safe.
+// Configure (route, websocket, set_hook) and start/stop from one thread.
+class HttpServer {
+ public:
+  explicit HttpServer(HttpServerOptions options);
+  ~HttpServer();  // stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Routes: pattern segments written {name} match one path segment, into request.params. A
+  // trailing slash is ignored ("/api/jobs/" and "/api/jobs" are the same path). The first route
+  // added that matches wins. Add routes before start().
+  void route(const std::string& method, const std::string& pattern, HttpHandler handler);
+  void websocket(const std::string& pattern, WebSocketHandler handler);
+  void set_hook(HttpHook hook);
+
+  // Listens and serves on background threads; NetworkError naming the address and port when it
+  // cannot bind.
+  void start();
+  // Closes open WebSockets, waits for running handlers and stops (see Note [Stopping civetweb]
+  // in http_server.cpp). Idempotent.
+  void stop();
+  int port() const;  // the port listened on (after start)
+  bool running() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainyard::net

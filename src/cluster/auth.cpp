@@ -1,0 +1,150 @@
+#include "trainyard/cluster/auth.h"
+
+#include <arpa/inet.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "trainyard/cluster/api.h"
+#include "trainyard/error.h"
+
+namespace trainyard::cluster {
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::string octal_mode(unsigned mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "%03o", mode & 0777);
+  return buf;
+}
+
+// The host part of a Host header: "[::1]:8265" -> "::1", "localhost:80" -> "localhost".
+std::string host_of(const std::string& host_header) {
+  std::string h = trim(host_header);
+  if (!h.empty() && h.front() == '[') {
+    size_t close = h.find(']');
+    return close == std::string::npos ? h : h.substr(1, close - 1);
+  }
+  size_t colon = h.find(':');
+  return colon == std::string::npos ? h : h.substr(0, colon);
+}
+
+// The token of "Bearer <t>" (scheme case-insensitive), or nullopt.
+std::optional<std::string> bearer(const std::string& value) {
+  std::string v = trim(value);
+  const std::string_view prefix = api::kBearerPrefix;
+  if (v.size() < prefix.size() || strncasecmp(v.c_str(), prefix.data(), prefix.size()) != 0)
+    return std::nullopt;
+  return trim(v.substr(prefix.size()));
+}
+
+}  // namespace
+
+std::string load_token(const std::filesystem::path& token_file) {
+  struct stat st {};
+  if (::stat(token_file.c_str(), &st) != 0) {
+    throw InvalidArgumentError("Cannot read the token file " + token_file.string() + ": " +
+                               std::strerror(errno) + ".");
+  }
+  if ((st.st_mode & 077) != 0) {
+    throw InvalidArgumentError(
+        "The token file " + token_file.string() + " has mode " + octal_mode(st.st_mode) +
+        ": group or others may read it. Hint: run `chmod 600 " + token_file.string() + "`.");
+  }
+  std::ifstream in(token_file);
+  if (!in) {
+    throw InvalidArgumentError("Cannot open the token file " + token_file.string() + ".");
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string token = trim(buf.str());
+  if (token.empty()) {
+    throw InvalidArgumentError("The token file " + token_file.string() +
+                               " is empty. Hint: write a long random token into it, e.g. "
+                               "`openssl rand -hex 32 > " +
+                               token_file.string() + "`.");
+  }
+  return token;
+}
+
+bool is_loopback_address(const std::string& address) {
+  std::string a = address;
+  if (a.size() >= 2 && a.front() == '[' && a.back() == ']') a = a.substr(1, a.size() - 2);
+  if (a == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, a.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, a.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&v6)) return v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+void check_bind_policy(const std::string& bind_address, const std::optional<std::string>& token) {
+  if (is_loopback_address(bind_address) || token.has_value()) return;
+  throw InvalidArgumentError(
+      "--bind " + bind_address +
+      " listens beyond this machine, which needs a token: give --token-file (a file only you can "
+      "read, e.g. `openssl rand -hex 32 > ~/.trainyard/token && chmod 600 ~/.trainyard/token`) or "
+      "set TRAINYARD_TOKEN, or bind 127.0.0.1.");
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // Every byte of the longer string is visited whatever the content.
+  size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+std::optional<net::HttpResponse> check_request(const net::HttpRequest& request,
+                                               const std::optional<std::string>& token) {
+  if (token) {
+    std::optional<std::string> given;
+    for (std::string_view name : {api::kAuthorizationHeader, api::kRayAuthorizationHeader}) {
+      std::string value = request.header(std::string(name));
+      if (value.empty()) continue;
+      given = bearer(value);
+      if (given && constant_time_equal(*given, *token)) return std::nullopt;
+    }
+    if (!given) {
+      return net::HttpResponse::json_error(
+          401,
+          "This head requires a token: send 'Authorization: Bearer <token>' (or "
+          "X-Ray-Authorization). Hint: pass --token-file or set TRAINYARD_TOKEN.");
+    }
+    return net::HttpResponse::json_error(403, "The token sent is not this head's token.");
+  }
+  // Tokenless: the head listens on loopback only; keep browsers' pages out.
+  std::string host = request.header("Host");
+  if (!host.empty() && !is_loopback_address(host_of(host))) {
+    return net::HttpResponse::json_error(
+        403, "Refused a request for host '" + host_of(host) +
+                 "': a head without a token answers only requests for a loopback host.");
+  }
+  const std::string& m = request.method;
+  if ((m == "POST" || m == "PUT" || m == "DELETE" || m == "PATCH") &&
+      !request.header("Origin").empty()) {
+    return net::HttpResponse::json_error(
+        403, "Refused a " + m +
+                 " from a browser page (an Origin header): a head without a token accepts "
+                 "changes only from non-browser clients. Hint: give the head a --token-file.");
+  }
+  return std::nullopt;
+}
+
+}  // namespace trainyard::cluster

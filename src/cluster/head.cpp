@@ -1,0 +1,134 @@
+#include "trainyard/cluster/head.h"
+
+#include "cluster/head_impl.h"
+#include "trainyard/cluster/auth.h"
+#include "trainyard/error.h"
+
+namespace trainyard::cluster {
+
+using namespace head_detail;
+
+std::string node_short_id(const std::string& node_id) {
+  return node_id.size() <= 12 ? node_id : node_id.substr(0, 8);
+}
+
+std::string log_line_prefix(const std::string& node_id, int rank) {
+  return "[" + node_short_id(node_id) + ":" + std::to_string(rank) + "] ";
+}
+
+void validate(const HeadOptions& o) {
+  TY_CHECK(!o.state_dir.empty(), "HeadOptions.state_dir is empty: give the head a directory for ",
+           "its database (--state-dir).");
+  TY_CHECK(o.port >= 0 && o.port <= 65535, "HeadOptions.port must be in [0, 65535]; got ", o.port,
+           ".");
+  TY_CHECK(o.heartbeat_interval.count() > 0, "HeadOptions.heartbeat_interval must be positive; ",
+           "got ", o.heartbeat_interval.count(), " ms.");
+  TY_CHECK(o.suspect_after.count() >= 0, "HeadOptions.suspect_after must not be negative; got ",
+           o.suspect_after.count(), " ms.");
+  auto suspect = o.suspect_after.count() > 0 ? o.suspect_after : 3 * o.heartbeat_interval;
+  TY_CHECK(o.dead_after > suspect, "HeadOptions.dead_after (", o.dead_after.count(),
+           " ms) must be longer than suspect_after (", suspect.count(), " ms).");
+  TY_CHECK(o.tick_interval.count() > 0, "HeadOptions.tick_interval must be positive; got ",
+           o.tick_interval.count(), " ms.");
+  TY_CHECK(o.http_threads >= 2, "HeadOptions.http_threads must be at least 2; got ", o.http_threads,
+           ".");
+  check_bind_policy(o.bind_address, o.token);
+}
+
+Head::Head(HeadOptions options) : impl_(std::make_unique<Impl>()) {
+  validate(options);
+  impl_->o = std::move(options);
+  impl_->suspect_after =
+      impl_->o.suspect_after.count() > 0 ? impl_->o.suspect_after : 3 * impl_->o.heartbeat_interval;
+}
+
+Head::~Head() {
+  stop();
+}
+
+void Head::start() {
+  Impl& m = *impl_;
+  TY_CHECK(!m.server, "Head::start() was called twice.");
+  m.store = std::make_unique<JobStore>(m.o.state_dir);
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.nodes.clear();
+    m.jobs.clear();
+    double now = now_seconds();
+    for (NodeRecord& n : m.store->list_nodes()) {
+      if (n.state == api::kNodeAlive || n.state == api::kNodeSuspect ||
+          n.state == api::kNodePending) {
+        n.state = api::kNodePending;  // until it registers again (Note [Head state])
+        n.state_since = now;
+        m.store->put_node(n);
+      }
+      m.nodes[n.node_id] = n;
+    }
+    for (JobRecord& j : m.store->list_jobs()) m.jobs[j.job_id] = std::move(j);
+  }
+  m.server = std::make_unique<net::HttpServer>(net::HttpServerOptions{
+      .bind_address = m.o.bind_address, .port = m.o.port, .threads = m.o.http_threads});
+  m.add_routes();
+  try {
+    m.server->start();
+  } catch (...) {
+    m.server.reset();
+    m.store.reset();
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.tick_mu);
+    m.stopping = false;
+  }
+  m.ticker = std::thread([&m] {
+    std::unique_lock<std::mutex> lock(m.tick_mu);
+    while (!m.stopping) {
+      m.tick_cv.wait_for(lock, m.o.tick_interval, [&m] { return m.stopping; });
+      if (m.stopping) break;
+      lock.unlock();
+      try {
+        m.tick();
+      } catch (const std::exception& e) {
+        m.log->error("the head's tick failed: {}", e.what());
+      }
+      lock.lock();
+    }
+  });
+  m.log->info("head listening on {} (state in {}, {})", url(), m.store->path().string(),
+              m.o.token ? "token required" : "no token: loopback only");
+}
+
+void Head::stop() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.tick_mu);
+    m.stopping = true;
+  }
+  m.tick_cv.notify_all();
+  if (m.ticker.joinable()) m.ticker.join();
+  if (m.server) {
+    m.server->stop();
+    m.server.reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.tails_mu);
+    m.tails.clear();
+  }
+  m.store.reset();
+}
+
+int Head::port() const {
+  return impl_->server ? impl_->server->port() : 0;
+}
+
+std::string Head::url() const {
+  std::string host = impl_->o.bind_address == "0.0.0.0" ? "127.0.0.1" : impl_->o.bind_address;
+  return "http://" + host + ":" + std::to_string(port());
+}
+
+nlohmann::json Head::status() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->status_snapshot();
+}
+
+}  // namespace trainyard::cluster

@@ -1,0 +1,161 @@
+// The head's private state (Head::Impl), shared by head.cpp (start and stop), head_state.cpp
+// (nodes, jobs, the scheduler, log tails) and head_routes.cpp (the HTTP API). See Note [Head
+// state] in head_state.cpp.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainyard/cluster/api.h"
+#include "trainyard/cluster/head.h"
+#include "trainyard/cluster/job_store.h"
+#include "trainyard/log.h"
+#include "trainyard/net/http_server.h"
+
+namespace trainyard::cluster {
+namespace head_detail {
+
+using json = nlohmann::json;
+
+inline double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+inline int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline std::string iso8601(double unix_seconds) {
+  std::time_t t = static_cast<std::time_t>(unix_seconds);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+inline net::HttpResponse json_response(const nlohmann::json& body, int status = 200) {
+  net::HttpResponse res;
+  res.status = status;
+  res.body = body.dump();
+  return res;
+}
+
+inline nlohmann::json parse_body(const net::HttpRequest& req) {
+  if (req.body.empty()) return json::object();
+  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw net::HttpError(400, "The request body is not valid JSON.");
+  return j;
+}
+
+inline std::string required_string(const nlohmann::json& body, const char* field) {
+  auto it = body.find(field);
+  if (it == body.end() || !it->is_string() || it->get<std::string>().empty()) {
+    throw net::HttpError(
+        400, std::string("The field '") + field + "' is missing or is not a non-empty string.");
+  }
+  return it->get<std::string>();
+}
+
+inline double number_or(const nlohmann::json& j, const char* field, double fallback) {
+  auto it = j.find(field);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+inline bool is_report_terminal(const std::string& s) {
+  return s == api::kReportSucceeded || s == api::kReportFailed || s == api::kReportStopped;
+}
+
+inline bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// A node that may still send lines or reports.
+inline bool node_is_up(const std::string& state) {
+  return state == api::kNodeAlive || state == api::kNodeSuspect || state == api::kNodePending;
+}
+
+}  // namespace head_detail
+
+struct Head::Impl {
+  using json = nlohmann::json;
+
+  // A WebSocket following one job's log lines.
+  struct Tail {
+    std::shared_ptr<net::WebSocketConnection> ws;
+    std::string job_id;
+    std::mutex mu;           // one pump at a time
+    int64_t last_order = 0;  // the last line sent
+    bool done = false;
+  };
+  HeadOptions o;
+  std::chrono::milliseconds suspect_after{0};
+  std::unique_ptr<JobStore> store;
+  std::unique_ptr<net::HttpServer> server;
+  std::shared_ptr<spdlog::logger> log = logger("head");
+  std::mutex mu;  // guards nodes and jobs; see Note [Head state]
+  std::map<std::string, NodeRecord> nodes;
+  std::map<std::string, JobRecord> jobs;
+  std::mutex tails_mu;
+  std::vector<std::shared_ptr<Tail>> tails;
+  std::thread ticker;
+  std::mutex tick_mu;
+  std::condition_variable tick_cv;
+  bool stopping = false;
+
+  // --- helpers; `mu` held ------------------------------------------------------------------------
+  void save(JobRecord& j);
+  void set_terminal(JobRecord& j, std::string_view status, const std::string& message);
+  std::string report_state(const JobRecord& j, const std::string& node) const;
+
+  // Whether the job's ranks take resources on `node` now (Note [Head state]).
+  bool placed_on(const JobRecord& j, const std::string& node) const;
+  std::pair<double, double> used_on(const std::string& node) const;
+  std::vector<JobRecord*> jobs_in_order();
+  std::vector<NodeRecord*> nodes_in_order();
+  bool all_assigned_succeeded(const JobRecord& j) const;
+  bool any_succeeded(const JobRecord& j) const;
+
+  // The gang scheduler: places each PENDING job, in submission order, on min..max alive nodes
+  // with room for nproc_per_node ranks, all at once or not at all; grows RUNNING elastic jobs.
+  void schedule();
+
+  // Takes a node off one job (it died, left, or lost the job); the job fails when fewer than
+  // min_nodes remain and none succeeded, or goes back to the queue if it had not started.
+  void drop_node(JobRecord& j, const std::string& node_id, const std::string& why);
+
+  // A node left the cluster (died or left): take it off all its jobs.
+  void node_lost(const std::string& node_id, const std::string& why);
+
+  // A node registered (again) with `reports`: a job it was running that it no longer reports
+  // was lost with the worker's restart.
+  void reconcile_registration(const std::string& node_id, const json& reports);
+  void apply_report(const std::string& node_id, const json& r);
+  json assignment(const JobRecord& j) const;
+
+  // Node lifecycle: alive -> suspect -> dead by heartbeat age; pending (after a restart) -> dead.
+  void tick_nodes();
+  bool tail_finished(const std::string& job_id);
+
+  // Sends a tail the lines it has not sent; closes it once the job is over. Not under `mu`.
+  void pump(const std::shared_ptr<Tail>& t);
+  void pump_tails(const std::string& job_id);
+  void tick();
+  json job_json(const JobRecord& j) const;
+  JobRecord& find_job(const std::string& id);
+  json status_snapshot();
+  void add_routes();
+};
+
+}  // namespace trainyard::cluster

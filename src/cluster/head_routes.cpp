@@ -1,0 +1,281 @@
+#include "cluster/head_impl.h"
+#include "trainyard/cluster/auth.h"
+#include "trainyard/cluster/job_spec.h"
+
+#ifndef TRAINYARD_VERSION_STRING
+#define TRAINYARD_VERSION_STRING "0.1.0"
+#endif
+
+// The head's HTTP API: Ray's Jobs API, the worker protocol, the cluster status and the rendezvous
+// endpoints (paths in cluster/api.h), each a thin handler over Head::Impl's state.
+
+namespace trainyard::cluster {
+
+using nlohmann::json;
+namespace f = api::field;
+using namespace head_detail;
+
+void Head::Impl::add_routes() {
+  net::HttpServer& s = *server;
+  s.set_hook([this](const net::HttpRequest& req) { return check_request(req, o.token); });
+
+  s.route("GET", std::string(api::kVersionPath), [](const net::HttpRequest&) {
+    return json_response({{"version", "2"},
+                          {"ray_version", "2.9.0"},
+                          {"ray_commit", "trainyard"},
+                          {"trainyard_version", TRAINYARD_VERSION_STRING}});
+  });
+
+  // --- Ray Jobs API ------------------------------------------------------------------------------
+  s.route("POST", std::string(api::kJobsPath), [this](const net::HttpRequest& req) {
+    JobRecord job;
+    try {
+      job = job_from_submission(parse_body(req));
+    } catch (const InvalidArgumentError& e) {
+      throw net::HttpError(400, e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (jobs.count(job.job_id) || !store->insert_job(job)) {
+      throw net::HttpError(409, "A job with submission_id '" + job.submission_id +
+                                    "' already exists. Hint: give another submission_id, or "
+                                    "none for a new one.");
+    }
+    store->append_event(job.job_id, "submitted", job.entrypoint);
+    log->info("job {} submitted: nodes {} x {} rank(s)", job.job_id, job.nodes, job.nproc_per_node);
+    jobs[job.job_id] = job;
+    schedule();
+    return json_response({{f::kJobId, job.job_id}, {f::kSubmissionId, job.submission_id}});
+  });
+
+  s.route("GET", std::string(api::kJobsPath), [this](const net::HttpRequest&) {
+    std::lock_guard<std::mutex> lock(mu);
+    json out = json::array();
+    for (JobRecord* j : jobs_in_order()) out.push_back(job_json(*j));
+    return json_response(out);
+  });
+
+  s.route("GET", std::string(api::kJobPattern), [this](const net::HttpRequest& req) {
+    std::lock_guard<std::mutex> lock(mu);
+    return json_response(job_json(find_job(req.params.at("id"))));
+  });
+
+  s.route("DELETE", std::string(api::kJobPattern), [this](const net::HttpRequest& req) {
+    std::lock_guard<std::mutex> lock(mu);
+    JobRecord& j = find_job(req.params.at("id"));
+    if (!api::is_terminal_status(j.status)) {
+      throw net::HttpError(400, "Job '" + j.job_id + "' is " + j.status +
+                                    ": only a finished job (STOPPED, SUCCEEDED or FAILED) can "
+                                    "be deleted. Hint: stop it first.");
+    }
+    std::string id = j.job_id;
+    store->delete_job(id);
+    jobs.erase(id);
+    return json_response({{f::kDeleted, true}});
+  });
+
+  s.route("POST", std::string(api::kJobStopPattern), [this](const net::HttpRequest& req) {
+    bool stopped = false;
+    std::string id;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      JobRecord& j = find_job(req.params.at("id"));
+      id = j.job_id;
+      if (!api::is_terminal_status(j.status)) {
+        j.stop_requested = true;
+        set_terminal(j, api::kStopped, "Job was intentionally stopped.");
+        save(j);
+        stopped = true;
+      }
+    }
+    if (stopped) pump_tails(id);
+    return json_response({{f::kStopped, stopped}});
+  });
+
+  s.route("GET", std::string(api::kJobLogsPattern), [this](const net::HttpRequest& req) {
+    std::string id;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      id = find_job(req.params.at("id")).job_id;
+    }
+    std::string text;
+    for (const LogLine& l : store->read_logs(id)) {
+      text += log_line_prefix(l.node_id, l.rank) + l.text + "\n";
+    }
+    return json_response({{f::kLogs, text}});
+  });
+
+  s.websocket(std::string(api::kJobLogsTailPattern),
+              [this](std::shared_ptr<net::WebSocketConnection> ws) {
+                std::string id = ws->request().params.at("id");
+                {
+                  std::lock_guard<std::mutex> lock(mu);
+                  if (!jobs.count(id)) {
+                    ws->send_text("Job '" + id + "' does not exist.\n");
+                    ws->close();
+                    return;
+                  }
+                }
+                auto t = std::make_shared<Tail>();
+                t->ws = ws;
+                t->job_id = id;
+                {
+                  std::lock_guard<std::mutex> lock(tails_mu);
+                  tails.push_back(t);
+                }
+                pump(t);
+              });
+
+  // --- worker protocol ---------------------------------------------------------------------------
+  s.route("POST", std::string(api::kNodesPath), [this](const net::HttpRequest& req) {
+    json body = parse_body(req);
+    std::string id = required_string(body, f::kNodeId);
+    std::lock_guard<std::mutex> lock(mu);
+    double now = now_seconds();
+    NodeRecord& n = nodes[id];
+    n.node_id = id;
+    n.hostname = body.value(f::kHostname, "");
+    n.address = body.value(f::kAddress, req.remote_address);
+    n.resources = body.value(f::kResources, json::object());
+    n.state = api::kNodeAlive;
+    n.reason = "";
+    n.registered_at = now;
+    n.last_heartbeat_at = now;
+    n.state_since = now;
+    n.usage = json::object();
+    store->put_node(n);
+    log->info("node {} ({}, {}) registered: {}", id, n.hostname, n.address, n.resources.dump());
+    json reports = body.value(f::kJobs, json::array());
+    reconcile_registration(id, reports);
+    if (reports.is_array()) {
+      for (const auto& report : reports) apply_report(id, report);
+    }
+    schedule();
+    return json_response({{f::kHeartbeatIntervalMs, o.heartbeat_interval.count()}});
+  });
+
+  s.route("POST", std::string(api::kNodeHeartbeatPattern), [this](const net::HttpRequest& req) {
+    json body = parse_body(req);
+    std::string id = req.params.at("node");
+    json out = {
+        {f::kRegistered, false}, {f::kAssignments, json::array()}, {f::kStop, json::array()}};
+    std::string touched;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = nodes.find(id);
+      if (it == nodes.end() ||
+          (it->second.state != api::kNodeAlive && it->second.state != api::kNodeSuspect)) {
+        return json_response(out);
+      }
+      NodeRecord& n = it->second;
+      n.last_heartbeat_at = now_seconds();
+      if (auto u = body.find(f::kUsage); u != body.end() && u->is_object()) n.usage = *u;
+      if (n.state == api::kNodeSuspect) {
+        n.state = api::kNodeAlive;
+        n.state_since = n.last_heartbeat_at;
+        store->put_node(n);
+        log->info("node {} is alive again", id);
+      }
+      json reports = body.value(f::kJobs, json::array());
+      if (!reports.is_array()) reports = json::array();
+      for (const auto& r : reports) apply_report(id, r);
+      schedule();
+      out[f::kRegistered] = true;
+      for (const auto& r : reports) {
+        if (!r.is_object() || r.value(f::kState, "") != api::kReportRunning) continue;
+        std::string jid = r.value(f::kJobId, "");
+        auto j = jobs.find(jid);
+        if (j == jobs.end() || api::is_terminal_status(j->second.status) ||
+            j->second.stop_requested || !contains(j->second.assigned_nodes, id)) {
+          out[f::kStop].push_back(jid);
+        }
+      }
+      for (JobRecord* j : jobs_in_order()) {
+        if (api::is_terminal_status(j->status) || j->stop_requested) continue;
+        if (contains(j->assigned_nodes, id) && !j->reports.contains(id)) {
+          out[f::kAssignments].push_back(assignment(*j));
+        }
+      }
+    }
+    pump_tails("");  // a job may have ended
+    return json_response(out);
+  });
+
+  s.route("POST", std::string(api::kNodeLeavePattern), [this](const net::HttpRequest& req) {
+    json body = parse_body(req);
+    std::string id = req.params.at("node");
+    std::string reason = body.value(f::kReason, std::string(api::kNodeExited));
+    if (reason != api::kNodeExited && reason != api::kNodeDrained) {
+      throw net::HttpError(
+          400, "The field 'reason' must be \"exited\" or \"drained\"; got \"" + reason + "\".");
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = nodes.find(id);
+    if (it == nodes.end()) throw net::HttpError(404, "Node '" + id + "' is not registered.");
+    NodeRecord& n = it->second;
+    n.state = reason;
+    n.reason = reason;
+    n.state_since = now_seconds();
+    store->put_node(n);
+    log->info("node {} left ({})", id, reason);
+    node_lost(id, "left (" + reason + ")");
+    return json_response(json::object());
+  });
+
+  s.route("POST", std::string(api::kWorkerLogsPattern), [this](const net::HttpRequest& req) {
+    json body = parse_body(req);
+    std::string id = req.params.at("id");
+    std::string node = required_string(body, f::kNodeId);
+    auto fs = body.find(f::kFirstSeq);
+    if (fs == body.end() || !fs->is_number_integer() || fs->get<int64_t>() < 0) {
+      throw net::HttpError(400, "The field 'first_seq' must be a non-negative integer.");
+    }
+    auto ls = body.find(f::kLines);
+    if (ls == body.end() || !ls->is_array()) {
+      throw net::HttpError(400, "The field 'lines' must be an array of {rank, text}.");
+    }
+    std::vector<JobStore::RankText> lines;
+    for (const auto& l : *ls) {
+      if (!l.is_object() || !l.contains(f::kText) || !(*l.find(f::kText)).is_string()) {
+        throw net::HttpError(400, "Every entry of 'lines' must be {\"rank\": int, \"text\": str}.");
+      }
+      lines.push_back({l.value(f::kRank, 0), l[f::kText].get<std::string>()});
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      find_job(id);
+    }
+    int64_t next = store->append_logs(id, node, fs->get<int64_t>(), lines);
+    pump_tails(id);
+    return json_response({{f::kNextSeq, next}});
+  });
+
+  s.route("GET", std::string(api::kStatusPath), [this](const net::HttpRequest&) {
+    std::lock_guard<std::mutex> lock(mu);
+    return json_response(status_snapshot());
+  });
+
+  // --- rendezvous --------------------------------------------------------------------------------
+  s.route("GET", std::string(api::kRdzvPattern), [this](const net::HttpRequest& req) {
+    std::string run_id = req.params.at("run_id");
+    auto st = store->get_rdzv(run_id);
+    if (!st) throw net::HttpError(404, "No rendezvous state for run '" + run_id + "'.");
+    return json_response({{f::kState, st->state}, {f::kToken, st->token}});
+  });
+
+  s.route("POST", std::string(api::kRdzvPattern), [this](const net::HttpRequest& req) {
+    json body = parse_body(req);
+    auto st = body.find(f::kState);
+    if (st == body.end() || !st->is_string()) {
+      throw net::HttpError(400, "The field 'state' must be a string.");
+    }
+    std::optional<std::string> token;
+    if (auto t = body.find(f::kToken); t != body.end() && !t->is_null()) {
+      if (!t->is_string()) throw net::HttpError(400, "The field 'token' must be a string or null.");
+      token = t->get<std::string>();
+    }
+    RdzvState r = store->set_rdzv(req.params.at("run_id"), st->get<std::string>(), token);
+    return json_response({{f::kState, r.state}, {f::kToken, r.token}, {f::kWritten, r.written}});
+  });
+}
+
+}  // namespace trainyard::cluster

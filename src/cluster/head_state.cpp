@@ -1,0 +1,399 @@
+#include <set>
+
+#include "cluster/head_impl.h"
+#include "trainyard/cluster/job_spec.h"
+
+// Note [Head state]
+// The head keeps nodes and jobs in memory, behind one mutex, and writes every change of them
+// through to the JobStore before answering; a restarted head reads them back. Heartbeat times
+// and usage are not written (a restarted head has no heartbeats anyway: the nodes it knew are
+// "pending" until they register again, and dead when they do not within dead_after).
+// A job is PENDING until placed, still PENDING once placed (assigned_nodes set) until a node
+// reports it running, then RUNNING. A placed job's Assignment is sent in every heartbeat answer
+// to an assigned node until that node reports on the job (the worker ignores an assignment of a
+// job it already runs), so a lost answer loses nothing. Reports are taken only from assigned
+// nodes; a node reporting a job running that it should not run (the job is terminal, stopped,
+// deleted, or the node was taken off it) is told to stop it in the heartbeat's answer.
+// A node's CPUs and GPUs are taken by a job's ranks while the job is placed there and not
+// finished on that node, or while the node still reports it running (a stopped job's ranks
+// until they are gone).
+
+namespace trainyard::cluster {
+
+using nlohmann::json;
+namespace f = api::field;
+using namespace head_detail;
+
+void Head::Impl::save(JobRecord& j) {
+  store->update_job(j);
+}
+
+void Head::Impl::set_terminal(JobRecord& j, std::string_view status, const std::string& message) {
+  j.status = status;
+  j.message = message;
+  j.end_time_ms = now_ms();
+  store->append_event(j.job_id, "status", std::string(status) + ": " + message);
+  log->info("job {} {}: {}", j.job_id, status, message);
+}
+
+std::string Head::Impl::report_state(const JobRecord& j, const std::string& node) const {
+  auto it = j.reports.find(node);
+  if (it == j.reports.end() || !it->is_object()) return "";
+  return it->value(f::kState, "");
+}
+
+bool Head::Impl::placed_on(const JobRecord& j, const std::string& node) const {
+  std::string r = report_state(j, node);
+  if (r == api::kReportRunning) return true;
+  return !api::is_terminal_status(j.status) && contains(j.assigned_nodes, node) &&
+         !is_report_terminal(r);
+}
+
+std::pair<double, double> Head::Impl::used_on(const std::string& node) const {
+  double cpu = 0, gpu = 0;
+  for (const auto& [id, j] : jobs) {
+    if (!placed_on(j, node)) continue;
+    cpu += job_cpus_per_node(j);
+    gpu += job_gpus_per_node(j);
+  }
+  return {cpu, gpu};
+}
+
+std::vector<JobRecord*> Head::Impl::jobs_in_order() {
+  std::vector<JobRecord*> out;
+  for (auto& [id, j] : jobs) out.push_back(&j);
+  std::sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->order < b->order; });
+  return out;
+}
+
+std::vector<NodeRecord*> Head::Impl::nodes_in_order() {
+  std::vector<NodeRecord*> out;
+  for (auto& [id, n] : nodes) out.push_back(&n);
+  std::sort(out.begin(), out.end(), [](auto* a, auto* b) {
+    return a->registered_at != b->registered_at ? a->registered_at < b->registered_at
+                                                : a->node_id < b->node_id;
+  });
+  return out;
+}
+
+bool Head::Impl::all_assigned_succeeded(const JobRecord& j) const {
+  if (j.assigned_nodes.empty()) return false;
+  for (const auto& n : j.assigned_nodes) {
+    if (report_state(j, n) != api::kReportSucceeded) return false;
+  }
+  return true;
+}
+
+bool Head::Impl::any_succeeded(const JobRecord& j) const {
+  for (const auto& [n, r] : j.reports.items()) {
+    if (r.is_object() && r.value(f::kState, "") == api::kReportSucceeded) return true;
+  }
+  return false;
+}
+
+void Head::Impl::schedule() {
+  std::map<std::string, std::pair<double, double>> free;  // alive nodes only
+  for (NodeRecord* n : nodes_in_order()) {
+    if (n->state != api::kNodeAlive) continue;
+    auto [cpu, gpu] = used_on(n->node_id);
+    free[n->node_id] = {number_or(n->resources, f::kCpu, 0) - cpu,
+                        number_or(n->resources, f::kGpu, 0) - gpu};
+  }
+  std::vector<std::string> order;
+  for (NodeRecord* n : nodes_in_order()) {
+    if (free.count(n->node_id)) order.push_back(n->node_id);
+  }
+  for (JobRecord* j : jobs_in_order()) {
+    if (api::is_terminal_status(j->status) || j->stop_requested) continue;
+    bool fresh = j->status == api::kPending && j->assigned_nodes.empty();
+    bool grow =
+        j->status == api::kRunning && static_cast<int>(j->assigned_nodes.size()) < j->max_nodes;
+    if (!fresh && !grow) continue;
+    double cpu = job_cpus_per_node(*j), gpu = job_gpus_per_node(*j);
+    std::vector<std::string> fit;
+    for (const auto& id : order) {
+      if (contains(j->assigned_nodes, id) || (grow && j->reports.contains(id))) continue;
+      auto& [fc, fg] = free[id];
+      if (fc + 1e-9 >= cpu && fg + 1e-9 >= gpu) fit.push_back(id);
+      if (static_cast<int>(fit.size() + j->assigned_nodes.size()) >= j->max_nodes) break;
+    }
+    if (fresh && static_cast<int>(fit.size()) < j->min_nodes) continue;  // all or nothing
+    if (fit.empty()) continue;
+    for (const auto& id : fit) {
+      free[id].first -= cpu;
+      free[id].second -= gpu;
+      j->assigned_nodes.push_back(id);
+      j->reports.erase(id);
+    }
+    std::string list;
+    for (const auto& id : fit) list += (list.empty() ? "" : ", ") + id;
+    store->append_event(j->job_id, "assigned", list);
+    log->info("job {} {} node(s) {}", j->job_id, fresh ? "placed on" : "grown onto", list);
+    save(*j);
+  }
+}
+
+void Head::Impl::drop_node(JobRecord& j, const std::string& node_id, const std::string& why) {
+  if (api::is_terminal_status(j.status) || !contains(j.assigned_nodes, node_id)) return;
+  if (report_state(j, node_id) == api::kReportSucceeded) return;  // its part is done
+  j.assigned_nodes.erase(std::remove(j.assigned_nodes.begin(), j.assigned_nodes.end(), node_id),
+                         j.assigned_nodes.end());
+  store->append_event(j.job_id, "node_lost", "node " + node_id + " " + why);
+  if (all_assigned_succeeded(j)) {
+    j.driver_exit_code = 0;
+    set_terminal(j, api::kSucceeded, "Job finished successfully.");
+  } else if (static_cast<int>(j.assigned_nodes.size()) < j.min_nodes && !any_succeeded(j)) {
+    if (j.status == api::kRunning) {
+      j.error_type = "NODE_DIED";
+      j.failed_node = node_id;
+      set_terminal(j, api::kFailed, "node " + node_id + " " + why);
+    } else {
+      // Placed but not started: back to the queue; the other nodes are told to stop.
+      for (const auto& other : j.assigned_nodes) j.reports.erase(other);
+      j.assigned_nodes.clear();
+      store->append_event(j.job_id, "requeued", "node " + node_id + " " + why);
+    }
+  }
+  save(j);
+}
+
+void Head::Impl::node_lost(const std::string& node_id, const std::string& why) {
+  for (JobRecord* j : jobs_in_order()) drop_node(*j, node_id, why);
+}
+
+void Head::Impl::reconcile_registration(const std::string& node_id, const json& reports) {
+  std::set<std::string> reported;
+  if (reports.is_array()) {
+    for (const auto& r : reports) {
+      if (r.is_object()) reported.insert(r.value(f::kJobId, ""));
+    }
+  }
+  for (JobRecord* j : jobs_in_order()) {
+    if (report_state(*j, node_id) == api::kReportRunning && !reported.count(j->job_id)) {
+      drop_node(*j, node_id, "restarted without the job");
+    }
+  }
+}
+
+void Head::Impl::apply_report(const std::string& node_id, const json& r) {
+  if (!r.is_object()) return;
+  auto it = jobs.find(r.value(f::kJobId, ""));
+  if (it == jobs.end()) return;
+  JobRecord& j = it->second;
+  if (!contains(j.assigned_nodes, node_id)) return;  // Note [Head state]
+  if (j.reports.contains(node_id) && j.reports[node_id] == r) return;
+  j.reports[node_id] = r;
+  std::string state = r.value(f::kState, "");
+  if (api::is_terminal_status(j.status)) {
+    save(j);
+    return;
+  }
+  if (state == api::kReportRunning) {
+    if (j.status == api::kPending) {
+      j.status = api::kRunning;
+      j.message = "Job is running.";
+      store->append_event(j.job_id, "status", "RUNNING: reported by node " + node_id);
+    }
+  } else if (state == api::kReportSucceeded) {
+    if (all_assigned_succeeded(j)) {
+      j.driver_exit_code = 0;
+      set_terminal(j, api::kSucceeded, "Job finished successfully.");
+    }
+  } else if (state == api::kReportFailed) {
+    std::string msg = r.value(f::kMessage, "");
+    auto code = r.find(f::kExitCode);
+    if (code != r.end() && code->is_number_integer()) j.driver_exit_code = code->get<int>();
+    auto rank = r.find(f::kFailedRank);
+    if (rank != r.end() && rank->is_number_integer()) j.failed_rank = rank->get<int>();
+    j.failed_node = node_id;
+    j.error_type = r.value(f::kErrorType, "");
+    if (j.error_type.empty()) j.error_type = "ENTRYPOINT_FAILED";
+    j.last_lines.clear();
+    if (auto ll = r.find(f::kLastLines); ll != r.end() && ll->is_array()) {
+      for (const auto& l : *ll) {
+        if (l.is_string()) j.last_lines.push_back(l.get<std::string>());
+      }
+    }
+    if (msg.empty()) msg = "The job failed on node " + node_id + ".";
+    set_terminal(j, api::kFailed, msg);
+  } else if (state == api::kReportStopped && !j.stop_requested) {
+    drop_node(j, node_id, "stopped the job");
+    return;
+  }
+  save(j);
+}
+
+json Head::Impl::assignment(const JobRecord& j) const {
+  json env = json::object();
+  if (j.runtime_env.contains(f::kEnvVars)) env = j.runtime_env[f::kEnvVars];
+  return json{{f::kJobId, j.job_id},
+              {f::kEntrypoint, j.entrypoint},
+              {f::kEnv, env},
+              {f::kNprocPerNode, j.nproc_per_node},
+              {f::kMinNodes, j.min_nodes},
+              {f::kMaxNodes, j.max_nodes},
+              {f::kMaxRestarts, j.max_restarts}};
+}
+
+void Head::Impl::tick_nodes() {
+  double now = now_seconds();
+  double suspect_s = std::chrono::duration<double>(suspect_after).count();
+  double dead_s = std::chrono::duration<double>(o.dead_after).count();
+  for (NodeRecord* n : nodes_in_order()) {
+    bool up = n->state == api::kNodeAlive || n->state == api::kNodeSuspect;
+    double age = now - (n->state == api::kNodePending ? n->state_since : n->last_heartbeat_at);
+    if ((up || n->state == api::kNodePending) && age > dead_s) {
+      n->state = api::kNodeDead;
+      n->reason = "heartbeat timeout";
+      n->state_since = now;
+      store->put_node(*n);
+      log->warn("node {} ({}) is dead: no heartbeat for {:.1f} s", n->node_id, n->hostname, age);
+      node_lost(n->node_id, "died (heartbeat timeout)");
+    } else if (n->state == api::kNodeAlive && age > suspect_s) {
+      n->state = api::kNodeSuspect;
+      n->state_since = now;
+      store->put_node(*n);
+      log->warn("node {} ({}) is suspect: no heartbeat for {:.1f} s", n->node_id, n->hostname, age);
+    }
+  }
+}
+
+bool Head::Impl::tail_finished(const std::string& job_id) {
+  auto it = jobs.find(job_id);
+  if (it == jobs.end()) return true;
+  const JobRecord& j = it->second;
+  if (!api::is_terminal_status(j.status)) return false;
+  for (const auto& [node, r] : j.reports.items()) {
+    if (!r.is_object() || r.value(f::kState, "") != api::kReportRunning) continue;
+    auto n = nodes.find(node);
+    if (n != nodes.end() && node_is_up(n->second.state)) return false;
+  }
+  return true;
+}
+
+void Head::Impl::pump(const std::shared_ptr<Tail>& t) {
+  std::lock_guard<std::mutex> lock(t->mu);
+  if (t->done) return;
+  if (t->ws->closed()) {
+    t->done = true;
+    return;
+  }
+  bool finished;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    finished = tail_finished(t->job_id);  // before reading: no line is missed
+  }
+  for (;;) {
+    std::vector<LogLine> lines = store->read_logs(t->job_id, t->last_order, 1000);
+    if (lines.empty()) break;
+    std::string text;
+    for (const LogLine& l : lines) text += log_line_prefix(l.node_id, l.rank) + l.text + "\n";
+    t->last_order = lines.back().order;
+    if (!t->ws->send_text(text)) {
+      t->done = true;
+      return;
+    }
+  }
+  if (finished) {
+    t->ws->close();
+    t->done = true;
+  }
+}
+
+void Head::Impl::pump_tails(const std::string& job_id) {
+  std::vector<std::shared_ptr<Tail>> all;
+  {
+    std::lock_guard<std::mutex> lock(tails_mu);
+    tails.erase(std::remove_if(tails.begin(), tails.end(), [](auto& t) { return t->done; }),
+                tails.end());
+    all = tails;
+  }
+  for (auto& t : all) {
+    if (job_id.empty() || t->job_id == job_id) pump(t);
+  }
+}
+
+void Head::Impl::tick() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    tick_nodes();
+    schedule();
+  }
+  pump_tails("");
+}
+
+json Head::Impl::job_json(const JobRecord& j) const {
+  return job_details(j, o.token);
+}
+
+JobRecord& Head::Impl::find_job(const std::string& id) {
+  auto it = jobs.find(id);
+  if (it == jobs.end()) {
+    throw net::HttpError(404, "Job '" + id + "' does not exist.");
+  }
+  return it->second;
+}
+
+json Head::Impl::status_snapshot() {
+  double now = now_seconds();
+  json out = {{f::kTime, iso8601(now)},
+              {f::kNodes, json::array()},
+              {f::kFailures, json::array()},
+              {f::kDemands, json::array()},
+              {f::kJobs, json::object()}};
+  for (std::string_view s :
+       {api::kPending, api::kRunning, api::kStopped, api::kSucceeded, api::kFailed}) {
+    out[f::kJobs][std::string(s)] = 0;
+  }
+  std::vector<JobRecord*> ordered = jobs_in_order();
+  for (JobRecord* j : ordered) out[f::kJobs][j->status] = out[f::kJobs][j->status].get<int>() + 1;
+  std::vector<NodeRecord*> dead;
+  for (NodeRecord* n : nodes_in_order()) {
+    json ranks = json::array();
+    for (JobRecord* j : ordered) {
+      if (!placed_on(*j, n->node_id)) continue;
+      auto pos = std::find(j->assigned_nodes.begin(), j->assigned_nodes.end(), n->node_id);
+      int index =
+          pos == j->assigned_nodes.end() ? 0 : static_cast<int>(pos - j->assigned_nodes.begin());
+      json r = json::array();
+      for (int k = 0; k < j->nproc_per_node; ++k) r.push_back(index * j->nproc_per_node + k);
+      ranks.push_back({{f::kJobId, j->job_id}, {f::kRanks, r}});
+    }
+    auto [cpu_used, gpu_used] = used_on(n->node_id);
+    json resources = {
+        {f::kCpu, number_or(n->resources, f::kCpu, 0)},
+        {f::kGpu, number_or(n->resources, f::kGpu, 0)},
+        {f::kMemoryBytes, static_cast<int64_t>(number_or(n->resources, f::kMemoryBytes, 0))}};
+    json usage = {
+        {f::kCpuUsed, cpu_used},
+        {f::kMemoryUsedBytes, static_cast<int64_t>(number_or(n->usage, f::kMemoryUsedBytes, 0))}};
+    out[f::kNodes].push_back({{f::kNodeId, n->node_id},
+                              {f::kHostname, n->hostname},
+                              {f::kAddress, n->address},
+                              {f::kState, n->state},
+                              {f::kReason, n->reason},
+                              {f::kResources, resources},
+                              {f::kUsage, usage},
+                              {f::kHeartbeatAgeS, std::max(0.0, now - n->last_heartbeat_at)},
+                              {f::kRanks, ranks}});
+    if (n->state == api::kNodeDead) dead.push_back(n);
+  }
+  std::sort(dead.begin(), dead.end(),
+            [](auto* a, auto* b) { return a->state_since > b->state_since; });
+  for (size_t i = 0; i < dead.size() && static_cast<int>(i) < o.failures_shown; ++i) {
+    out[f::kFailures].push_back({{f::kNodeId, dead[i]->node_id},
+                                 {f::kHostname, dead[i]->hostname},
+                                 {f::kTime, iso8601(dead[i]->state_since)},
+                                 {f::kReason, dead[i]->reason}});
+  }
+  for (JobRecord* j : ordered) {
+    if (j->status != api::kPending || !j->assigned_nodes.empty() || j->stop_requested) continue;
+    out[f::kDemands].push_back({{f::kJobId, j->job_id},
+                                {f::kCpu, job_cpus_per_node(*j)},
+                                {f::kGpu, job_gpus_per_node(*j)},
+                                {f::kNodes, j->min_nodes}});
+  }
+  return out;
+}
+
+}  // namespace trainyard::cluster

@@ -1,0 +1,123 @@
+// Helpers for the cluster tests: a blocking libcurl HTTP call, a temporary directory and a bounded
+// poll. Real HTTP on 127.0.0.1.
+#pragma once
+
+#include <curl/curl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+namespace trainyard::test {
+
+struct HttpResult {
+  long status = 0;
+  std::string body;
+  nlohmann::json json() const {
+    return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  }
+};
+
+inline size_t curl_append(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// One request; status 0 when the server could not be reached.
+inline HttpResult http(const std::string& method,
+                       const std::string& url,
+                       const std::string& body = "",
+                       const std::map<std::string, std::string>& headers = {}) {
+  HttpResult r;
+  CURL* c = curl_easy_init();
+  curl_slist* list = nullptr;
+  for (const auto& [k, v] : headers) list = curl_slist_append(list, (k + ": " + v).c_str());
+  if (!body.empty() && !headers.count("Content-Type")) {
+    list = curl_slist_append(list, "Content-Type: application/json");
+  }
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method.c_str());
+  if (method == "POST" || !body.empty()) {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  }
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &curl_append);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 10'000L);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+  curl_slist_free_all(list);
+  curl_easy_cleanup(c);
+  return r;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ty-cluster-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Polls cond every 20 ms until it holds or `timeout` passes; returns whether it held.
+inline bool eventually(const std::function<bool()>& cond,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
+}
+
+// Runs a WebSocket client (Python's aiohttp, as Ray's CLI uses) against url for at most
+// timeout_s seconds: returns the text frames it received, then "<closed>" if the server closed.
+inline std::string websocket_read_all(const std::string& url,
+                                      const std::string& auth_header = "",
+                                      int timeout_s = 15) {
+  std::string script =
+      "import asyncio, sys, aiohttp\n"
+      "async def main():\n"
+      "    h = {'Authorization': sys.argv[2]} if sys.argv[2] else {}\n"
+      "    async with aiohttp.ClientSession() as s:\n"
+      "        try:\n"
+      "            ws = await s.ws_connect(sys.argv[1], headers=h)\n"
+      "        except aiohttp.WSServerHandshakeError as e:\n"
+      "            print('<refused %d>' % e.status); return\n"
+      "        async for m in ws:\n"
+      "            if m.type == aiohttp.WSMsgType.TEXT: sys.stdout.write(m.data); "
+      "sys.stdout.flush()\n"
+      "        print('<closed>')\n"
+      "asyncio.run(main())\n";
+  TempDir dir;
+  std::filesystem::path path = dir.path / "ws_read.py";
+  {
+    FILE* f = fopen(path.c_str(), "w");
+    if (!f) return "<cannot write the client script>";
+    fputs(script.c_str(), f);
+    fclose(f);
+  }
+  std::string cmd = "timeout " + std::to_string(timeout_s) + " " TRAINYARD_PYTHON " " +
+                    path.string() + " '" + url + "' '" + auth_header + "' 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+}  // namespace trainyard::test

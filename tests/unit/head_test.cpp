@@ -1,0 +1,480 @@
+// cluster::Head over real HTTP on 127.0.0.1: auth, Ray Jobs API validation, a simulated worker
+// (plain HTTP calls) through a job's life, gang scheduling with demands, node lifecycle, a head
+// restart on the same state_dir, rendezvous compare-and-set and the WebSocket log tail.
+#include "trainyard/cluster/head.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "cluster_test_util.h"
+#include "trainyard/cluster/api.h"
+#include "trainyard/error.h"
+
+namespace trainyard::cluster {
+namespace {
+
+using nlohmann::json;
+using test::eventually;
+using test::HttpResult;
+
+HeadOptions short_lived(HeadOptions o);
+
+class HeadTest : public ::testing::Test {
+ protected:
+  HeadOptions options(std::optional<std::string> token = std::nullopt) {
+    return HeadOptions{.port = 0,
+                       .token = std::move(token),
+                       .state_dir = dir_.path / "state",
+                       .heartbeat_interval = std::chrono::milliseconds(100),
+                       .suspect_after = std::chrono::milliseconds(5000),
+                       .dead_after = std::chrono::milliseconds(10000),
+                       .tick_interval = std::chrono::milliseconds(50)};
+  }
+  void start(HeadOptions o) {
+    token_ = o.token;
+    head_ = std::make_unique<Head>(std::move(o));
+    head_->start();
+  }
+  void restart() {
+    HeadOptions o = short_lived(options(token_));
+    head_.reset();
+    start(o);
+  }
+  HttpResult call(const std::string& method,
+                  const std::string& path,
+                  const json& body = nullptr,
+                  std::map<std::string, std::string> headers = {}) {
+    if (token_ && !headers.count("Authorization") && !headers.count("X-Ray-Authorization"))
+      headers["Authorization"] = "Bearer " + *token_;
+    return test::http(method, head_->url() + path, body.is_null() ? "" : body.dump(), headers);
+  }
+  json get(const std::string& path) { return call("GET", path).json(); }
+  std::string submit(json body) {
+    auto r = call("POST", "/api/jobs/", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json().value("job_id", "");
+  }
+  void register_node(const std::string& id, double cpu, json reports = json::array()) {
+    auto r = call("POST", "/api/cluster/nodes",
+                  {{"node_id", id},
+                   {"hostname", "host-" + id},
+                   {"address", "10.0.0." + id.substr(1)},
+                   {"resources", {{"cpu", cpu}, {"gpu", 0}, {"memory_bytes", 1 << 30}}},
+                   {"jobs", reports}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json()["heartbeat_interval_ms"], 100);
+  }
+  json heartbeat(const std::string& id, json reports = json::array()) {
+    auto r = call("POST", api::node_heartbeat_path(id),
+                  {{"usage", {{"cpu_used", 0.5}, {"memory_used_bytes", 1000}}}, {"jobs", reports}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json();
+  }
+  static json report(const std::string& job, const std::string& state) {
+    return {{"job_id", job},          {"state", state},
+            {"restart_count", 0},     {"exit_code", nullptr},
+            {"failed_rank", nullptr}, {"message", ""},
+            {"error_type", ""},       {"last_lines", json::array()}};
+  }
+  std::string status_of(const std::string& job) {
+    return get("/api/jobs/" + job).value("status", "?");
+  }
+  json node_in_status(const std::string& id) {
+    json st = get("/api/cluster/status");
+    for (const auto& n : st["nodes"])
+      if (n["node_id"] == id) return n;
+    return nullptr;
+  }
+
+  test::TempDir dir_;
+  std::optional<std::string> token_;
+  std::unique_ptr<Head> head_;
+};
+
+TEST_F(HeadTest, TokenIsRequiredAndAcceptedInEitherHeader) {
+  start(options("s3cret-token"));
+  auto r = test::http("GET", head_->url() + "/api/jobs/");
+  EXPECT_EQ(r.status, 401);
+  EXPECT_TRUE(r.json().contains("error"));
+  EXPECT_EQ(call("GET", "/api/jobs/", nullptr, {{"Authorization", "Bearer nope"}}).status, 403);
+  EXPECT_EQ(
+      call("GET", "/api/jobs/", nullptr, {{"X-Ray-Authorization", "Bearer s3cret-token"}}).status,
+      200);
+  // The token never shows in a listing.
+  std::string id = submit({{"entrypoint", "echo s3cret-token"},
+                           {"runtime_env", {{"env_vars", {{"T", "s3cret-token"}, {"U", "u"}}}}}});
+  auto listing = call("GET", "/api/jobs/");
+  EXPECT_EQ(listing.body.find("s3cret-token"), std::string::npos) << listing.body;
+  EXPECT_EQ(listing.json()[0]["runtime_env"]["env_vars"]["T"], "<redacted>");
+  EXPECT_EQ(listing.json()[0]["runtime_env"]["env_vars"]["U"], "u");
+  // The WebSocket tail is behind the token too.
+  EXPECT_EQ(test::websocket_read_all("ws://127.0.0.1:" + std::to_string(head_->port()) +
+                                     api::job_logs_tail_path(id)),
+            "<refused 401>\n");
+}
+
+TEST_F(HeadTest, TokenlessHeadRefusesBrowsersAndForeignHosts) {
+  start(options());
+  EXPECT_EQ(call("GET", "/api/version").json()["version"], "2");
+  auto r =
+      call("POST", "/api/jobs/", {{"entrypoint", "true"}}, {{"Origin", "http://evil.example"}});
+  EXPECT_EQ(r.status, 403) << r.body;
+  EXPECT_EQ(call("GET", "/api/jobs/", nullptr, {{"Host", "evil.example"}}).status, 403);
+  EXPECT_EQ(call("GET", "/api/jobs/").status, 200);
+}
+
+TEST_F(HeadTest, NonLoopbackBindWithoutTokenIsRefused) {
+  HeadOptions o = options();
+  o.bind_address = "0.0.0.0";
+  try {
+    Head head(o);
+    FAIL() << "a public head without a token was created";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("--bind"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--token-file"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
+  start(options());
+  auto expect_400 = [&](const json& body, const std::vector<std::string>& words) {
+    auto r = call("POST", "/api/jobs/", body);
+    EXPECT_EQ(r.status, 400) << body.dump() << " -> " << r.body;
+    std::string err = r.json().value("error", "");
+    for (const auto& w : words) EXPECT_NE(err.find(w), std::string::npos) << w << " in " << err;
+  };
+  expect_400(json::object(), {"entrypoint"});
+  expect_400({{"entrypoint", 5}}, {"entrypoint", "string"});
+  expect_400({{"entrypoint", "x"}, {"bogus", 1}}, {"bogus"});
+  expect_400({{"entrypoint", "x"}, {"runtime_env", {{"pip", json::array()}, {"working_dir", "."}}}},
+             {"pip", "working_dir"});
+  expect_400({{"entrypoint", "x"}, {"metadata", {{"a", 1}}}}, {"metadata.a"});
+  expect_400({{"entrypoint", "x"}, {"entrypoint_num_cpus", "2"}}, {"entrypoint_num_cpus"});
+  expect_400({{"entrypoint", "x"}, {"trainyard", {{"nodes", "3:1"}}}}, {"trainyard.nodes"});
+  expect_400({{"entrypoint", "x"}, {"trainyard", {{"gpus", 1}}}}, {"trainyard.gpus"});
+  auto bad = test::http("POST", head_->url() + "/api/jobs/", "{not json");
+  EXPECT_EQ(bad.status, 400);
+
+  std::string generated = submit({{"entrypoint", "true"}});
+  EXPECT_EQ(generated.rfind("raysubmit_", 0), 0u);
+  EXPECT_EQ(generated.size(), 26u);
+  EXPECT_EQ(submit({{"entrypoint", "sleep 100"}, {"submission_id", "s1"}}), "s1");
+  auto dup = call("POST", "/api/jobs/", {{"entrypoint", "true"}, {"submission_id", "s1"}});
+  EXPECT_EQ(dup.status, 409);
+  auto missing = call("GET", "/api/jobs/nope");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_NE(missing.json().value("error", "").find("nope"), std::string::npos);
+  json details = get("/api/jobs/s1");
+  EXPECT_EQ(details["type"], "SUBMISSION");
+  EXPECT_EQ(details["status"], "PENDING");
+  EXPECT_EQ(details["entrypoint"], "sleep 100");
+  EXPECT_TRUE(details["end_time"].is_null());
+  EXPECT_EQ(details["trainyard"]["nodes"], "1");
+  EXPECT_EQ(get("/api/jobs/").size(), 2u);
+  auto del = call("DELETE", "/api/jobs/s1");
+  EXPECT_EQ(del.status, 400);
+  EXPECT_NE(del.json().value("error", "").find("PENDING"), std::string::npos);
+  EXPECT_EQ(call("POST", "/api/jobs/s1/stop").json()["stopped"], true);
+  EXPECT_EQ(status_of("s1"), "STOPPED");
+  EXPECT_EQ(call("POST", "/api/jobs/s1/stop").json()["stopped"], false);
+  EXPECT_EQ(call("DELETE", "/api/jobs/s1").json()["deleted"], true);
+  EXPECT_EQ(call("GET", "/api/jobs/s1").status, 404);
+  EXPECT_EQ(call("GET", "/api/nothing").status, 404);
+}
+
+TEST_F(HeadTest, SimulatedWorkerRunsAJobToSuccess) {
+  start(options());
+  register_node("n1", 4);
+  std::string id = submit({{"entrypoint", "python train.py"},
+                           {"runtime_env", {{"env_vars", {{"A", "1"}}}}},
+                           {"trainyard", {{"nodes", "1"}, {"nproc_per_node", 2}}}});
+  json hb;
+  ASSERT_TRUE(eventually([&] {
+    hb = heartbeat("n1");
+    return !hb["assignments"].empty();
+  }));
+  EXPECT_EQ(hb["registered"], true);
+  json a = hb["assignments"][0];
+  EXPECT_EQ(a["job_id"], id);
+  EXPECT_EQ(a["entrypoint"], "python train.py");
+  EXPECT_EQ(a["env"]["A"], "1");
+  EXPECT_EQ(a["nproc_per_node"], 2);
+  EXPECT_EQ(a["min_nodes"], 1);
+  EXPECT_EQ(a["max_nodes"], 1);
+  EXPECT_EQ(node_in_status("n1")["usage"]["cpu_used"], 2.0);
+
+  hb = heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_TRUE(hb["assignments"].empty());  // acknowledged by the report
+  EXPECT_TRUE(hb["stop"].empty());
+  EXPECT_EQ(status_of(id), "RUNNING");
+
+  json logs = {{"node_id", "n1"},
+               {"first_seq", 0},
+               {"lines", {{{"rank", 0}, {"text", "hello"}}, {{"rank", 1}, {"text", "world"}}}}};
+  EXPECT_EQ(call("POST", api::worker_logs_path(id), logs).json()["next_seq"], 2);
+  EXPECT_EQ(call("POST", api::worker_logs_path(id), logs).json()["next_seq"], 2);  // a resend
+  EXPECT_EQ(get(api::job_logs_path(id))["logs"], "[n1:0] hello\n[n1:1] world\n");
+  EXPECT_EQ(call("POST", api::worker_logs_path("nope"), logs).status, 404);
+
+  heartbeat("n1", json::array({report(id, "succeeded")}));
+  json details = get("/api/jobs/" + id);
+  EXPECT_EQ(details["status"], "SUCCEEDED");
+  EXPECT_EQ(details["driver_exit_code"], 0);
+  EXPECT_FALSE(details["end_time"].is_null());
+  EXPECT_EQ(details["trainyard"]["assigned_nodes"], json::array({"n1"}));
+  EXPECT_EQ(node_in_status("n1")["usage"]["cpu_used"], 0.0);
+}
+
+TEST_F(HeadTest, AFailedRankFailsTheJobAndStopsTheOtherNodes) {
+  start(options());
+  register_node("n1", 2);
+  register_node("n2", 2);
+  std::string id = submit({{"entrypoint", "false"}, {"trainyard", {{"nodes", "2"}}}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  ASSERT_FALSE(heartbeat("n2")["assignments"].empty());
+  heartbeat("n1", json::array({report(id, "running")}));
+  heartbeat("n2", json::array({report(id, "running")}));
+  json failed = report(id, "failed");
+  failed["exit_code"] = 3;
+  failed["failed_rank"] = 1;
+  failed["message"] = "rank 1 exited with code 3";
+  failed["error_type"] = "RANK_FAILED";
+  failed["last_lines"] = {"Traceback", "ValueError: boom"};
+  heartbeat("n1", json::array({failed}));
+  json d = get("/api/jobs/" + id);
+  EXPECT_EQ(d["status"], "FAILED");
+  EXPECT_EQ(d["message"], "rank 1 exited with code 3");
+  EXPECT_EQ(d["error_type"], "RANK_FAILED");
+  EXPECT_EQ(d["driver_exit_code"], 3);
+  EXPECT_EQ(d["trainyard"]["failed_rank"], 1);
+  EXPECT_EQ(d["trainyard"]["failed_node"], "n1");
+  EXPECT_EQ(d["trainyard"]["last_lines"], json::array({"Traceback", "ValueError: boom"}));
+  EXPECT_EQ(heartbeat("n2", json::array({report(id, "running")}))["stop"], json::array({id}));
+}
+
+TEST_F(HeadTest, GangJobWaitsForEnoughNodesAndShowsItsDemand) {
+  start(options());
+  register_node("n1", 4);
+  register_node("n2", 4);
+  std::string id = submit({{"entrypoint", "x"},
+                           {"entrypoint_num_cpus", 2},
+                           {"trainyard", {{"nodes", "3"}, {"nproc_per_node", 2}}}});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a few scheduling ticks
+  EXPECT_EQ(status_of(id), "PENDING");
+  EXPECT_TRUE(heartbeat("n1")["assignments"].empty());
+  json st = get("/api/cluster/status");
+  ASSERT_EQ(st["demands"].size(), 1u);
+  EXPECT_EQ(st["demands"][0]["job_id"], id);
+  EXPECT_EQ(st["demands"][0]["cpu"], 4.0);
+  EXPECT_EQ(st["demands"][0]["nodes"], 3);
+  EXPECT_EQ(st["jobs"]["PENDING"], 1);
+  EXPECT_EQ(st["jobs"]["RUNNING"], 0);
+  EXPECT_FALSE(get("/api/jobs/" + id)["trainyard"]["demand"].is_null());
+  // An elastic job that fits on the two nodes goes first, so the gang job still waits.
+  std::string small = submit({{"entrypoint", "y"}, {"trainyard", {{"nodes", "1:2"}}}});
+  ASSERT_TRUE(eventually(
+      [&] { return get("/api/jobs/" + small)["trainyard"]["assigned_nodes"].size() == 2; }));
+  heartbeat("n1", json::array({report(small, "succeeded")}));
+  heartbeat("n2", json::array({report(small, "succeeded")}));
+  EXPECT_EQ(status_of(small), "SUCCEEDED");
+  register_node("n3", 4);
+  ASSERT_TRUE(eventually(
+      [&] { return get("/api/jobs/" + id)["trainyard"]["assigned_nodes"].size() == 3; }));
+  EXPECT_TRUE(get("/api/cluster/status")["demands"].empty());
+  for (const char* n : {"n1", "n2", "n3"}) EXPECT_EQ(heartbeat(n)["assignments"].size(), 1u);
+}
+
+HeadOptions short_lived(HeadOptions o) {
+  o.suspect_after = std::chrono::milliseconds(400);
+  o.dead_after = std::chrono::milliseconds(1500);
+  return o;
+}
+
+TEST_F(HeadTest, SilentNodeGoesSuspectThenDeadAndFailsItsJob) {
+  start(short_lived(options()));
+  register_node("n1", 2);
+  std::string id = submit({{"entrypoint", "x"}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  ASSERT_TRUE(eventually([&] { return node_in_status("n1")["state"] == "suspect"; }));
+  ASSERT_TRUE(eventually([&] { return node_in_status("n1")["state"] == "dead"; }));
+  json st = get("/api/cluster/status");
+  EXPECT_EQ(node_in_status("n1")["reason"], "heartbeat timeout");
+  ASSERT_EQ(st["failures"].size(), 1u);
+  EXPECT_EQ(st["failures"][0]["node_id"], "n1");
+  EXPECT_EQ(st["failures"][0]["reason"], "heartbeat timeout");
+  json d = get("/api/jobs/" + id);
+  EXPECT_EQ(d["status"], "FAILED");
+  EXPECT_EQ(d["message"], "node n1 died (heartbeat timeout)");
+  EXPECT_EQ(d["trainyard"]["failed_node"], "n1");
+  // The dead node is told to register again.
+  EXPECT_EQ(heartbeat("n1")["registered"], false);
+}
+
+TEST_F(HeadTest, ElasticJobGrowsOntoANewNodeAndOutlivesLosingOne) {
+  start(short_lived(options()));
+  register_node("n1", 1);
+  std::string id = submit({{"entrypoint", "x"}, {"trainyard", {{"nodes", "1:2"}}}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_EQ(status_of(id), "RUNNING");
+  register_node("n2", 1);
+  ASSERT_TRUE(eventually([&] {
+    heartbeat("n1", json::array({report(id, "running")}));
+    return !heartbeat("n2")["assignments"].empty();
+  }));
+  EXPECT_EQ(get("/api/jobs/" + id)["trainyard"]["assigned_nodes"], json::array({"n1", "n2"}));
+  heartbeat("n2", json::array({report(id, "running")}));
+  // n2 goes silent; n1 keeps beating. One node is still the job's minimum: it keeps running.
+  ASSERT_TRUE(eventually([&] {
+    heartbeat("n1", json::array({report(id, "running")}));
+    return node_in_status("n2")["state"] == "dead";
+  }));
+  EXPECT_EQ(status_of(id), "RUNNING");
+  EXPECT_EQ(get("/api/jobs/" + id)["trainyard"]["assigned_nodes"], json::array({"n1"}));
+  heartbeat("n1", json::array({report(id, "succeeded")}));
+  EXPECT_EQ(status_of(id), "SUCCEEDED");
+}
+
+TEST_F(HeadTest, PlacedJobWhoseNodeDiesBeforeStartingIsPlacedAgain) {
+  start(short_lived(options()));
+  register_node("n1", 1);
+  register_node("n2", 1);
+  std::string id = submit({{"entrypoint", "x"}, {"trainyard", {{"nodes", "2"}}}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  // n2 never beats: it dies; the job, not started yet, goes back to the queue.
+  ASSERT_TRUE(eventually([&] {
+    heartbeat("n1");
+    return node_in_status("n2")["state"] == "dead";
+  }));
+  json d = get("/api/jobs/" + id);
+  EXPECT_EQ(d["status"], "PENDING");
+  EXPECT_TRUE(d["trainyard"]["assigned_nodes"].empty());
+  EXPECT_TRUE(heartbeat("n1")["assignments"].empty());
+  register_node("n3", 1);
+  ASSERT_TRUE(eventually([&] {
+    return get("/api/jobs/" + id)["trainyard"]["assigned_nodes"] == json::array({"n1", "n3"});
+  }));
+}
+
+TEST_F(HeadTest, StoppingARunningJobTellsItsNodes) {
+  start(options());
+  register_node("n1", 1);
+  std::string id = submit({{"entrypoint", "sleep 100"}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_EQ(call("POST", api::job_stop_path(id)).json()["stopped"], true);
+  EXPECT_EQ(status_of(id), "STOPPED");
+  json hb = heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_EQ(hb["stop"], json::array({id}));
+  EXPECT_TRUE(hb["assignments"].empty());
+  // Its ranks hold the CPU until the node reports them stopped.
+  std::string next = submit({{"entrypoint", "true"}});
+  EXPECT_TRUE(get("/api/jobs/" + next)["trainyard"]["assigned_nodes"].empty());
+  EXPECT_TRUE(heartbeat("n1", json::array({report(id, "stopped")}))["stop"].empty());
+  EXPECT_EQ(status_of(id), "STOPPED");
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+}
+
+TEST_F(HeadTest, WorkerRestartedWithoutItsJobFailsIt) {
+  start(options());
+  register_node("n1", 2);
+  std::string id = submit({{"entrypoint", "x"}});
+  std::string other = submit({{"entrypoint", "y"}});
+  ASSERT_TRUE(eventually([&] { return heartbeat("n1")["assignments"].size() == 2; }));
+  heartbeat("n1", json::array({report(id, "running"), report(other, "running")}));
+  register_node("n1", 2, json::array({report(other, "running")}));  // lost `id`
+  EXPECT_EQ(status_of(id), "FAILED");
+  EXPECT_EQ(get("/api/jobs/" + id)["message"], "node n1 restarted without the job");
+  EXPECT_EQ(status_of(other), "RUNNING");
+}
+
+TEST_F(HeadTest, LeavingNodeIsNotAFailure) {
+  start(options());
+  register_node("n1", 2);
+  auto r = call("POST", api::node_leave_path("n1"), {{"reason", "drained"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(node_in_status("n1")["state"], "drained");
+  EXPECT_TRUE(get("/api/cluster/status")["failures"].empty());
+}
+
+TEST_F(HeadTest, RestartKeepsJobsLogsRendezvousAndNodesComeBackPending) {
+  start(short_lived(options()));
+  register_node("n1", 1);
+  register_node("n2", 1);
+  std::string id = submit({{"entrypoint", "x"}, {"trainyard", {{"nodes", "1"}}}});
+  std::string other = submit({{"entrypoint", "y"}, {"trainyard", {{"nodes", "1"}}}});
+  ASSERT_TRUE(eventually([&] {
+    return get("/api/jobs/" + id)["trainyard"]["assigned_nodes"] == json::array({"n1"}) &&
+           get("/api/jobs/" + other)["trainyard"]["assigned_nodes"] == json::array({"n2"});
+  }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  heartbeat("n2", json::array({report(other, "running")}));
+  call("POST", api::worker_logs_path(id),
+       {{"node_id", "n1"}, {"first_seq", 0}, {"lines", {{{"rank", 0}, {"text", "before"}}}}});
+  auto w = call("POST", api::rdzv_path(id), {{"state", "round-1"}, {"token", nullptr}}).json();
+  ASSERT_EQ(w["written"], true);
+
+  restart();
+  EXPECT_EQ(status_of(id), "RUNNING");
+  EXPECT_EQ(get(api::job_logs_path(id))["logs"], "[n1:0] before\n");
+  EXPECT_EQ(get(api::rdzv_path(id))["state"], "round-1");
+  EXPECT_EQ(get(api::rdzv_path(id))["token"], w["token"]);
+  EXPECT_EQ(node_in_status("n1")["state"], "pending");
+  EXPECT_EQ(heartbeat("n1")["registered"], false);
+  // n1 registers again with its report; n2 never comes back.
+  register_node("n1", 1, json::array({report(id, "running")}));
+  EXPECT_EQ(node_in_status("n1")["state"], "alive");
+  ASSERT_TRUE(eventually([&] {
+    heartbeat("n1", json::array({report(id, "running")}));  // n1 stays alive meanwhile
+    return node_in_status("n2")["state"] == "dead";
+  }));
+  EXPECT_EQ(node_in_status("n2")["reason"], "heartbeat timeout");
+  EXPECT_EQ(get("/api/jobs/" + other)["message"], "node n2 died (heartbeat timeout)");
+  EXPECT_EQ(status_of(other), "FAILED");
+  heartbeat("n1", json::array({report(id, "succeeded")}));
+  EXPECT_EQ(status_of(id), "SUCCEEDED");
+}
+
+TEST_F(HeadTest, RendezvousCompareAndSetOverHttp) {
+  start(options());
+  EXPECT_EQ(call("GET", api::rdzv_path("run")).status, 404);
+  json a = call("POST", api::rdzv_path("run"), {{"state", "s1"}, {"token", nullptr}}).json();
+  EXPECT_EQ(a["written"], true);
+  json b = call("POST", api::rdzv_path("run"), {{"state", "s2"}, {"token", nullptr}}).json();
+  EXPECT_EQ(b["written"], false);
+  EXPECT_EQ(b["state"], "s1");
+  json c = call("POST", api::rdzv_path("run"), {{"state", "s2"}, {"token", a["token"]}}).json();
+  EXPECT_EQ(c["written"], true);
+  json d = call("POST", api::rdzv_path("run"), {{"state", "s3"}, {"token", a["token"]}}).json();
+  EXPECT_EQ(d["written"], false);
+  EXPECT_EQ(d["state"], "s2");
+  EXPECT_EQ(d["token"], c["token"]);
+  EXPECT_EQ(call("POST", api::rdzv_path("run"), {{"token", nullptr}}).status, 400);
+}
+
+TEST_F(HeadTest, LogTailSendsOldAndNewLinesAndClosesAtTheEnd) {
+  start(options());
+  register_node("n1", 2);
+  std::string id = submit({{"entrypoint", "x"}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  call("POST", api::worker_logs_path(id),
+       {{"node_id", "n1"}, {"first_seq", 0}, {"lines", {{{"rank", 0}, {"text", "old"}}}}});
+  auto tail = std::async(std::launch::async, [&] {
+    return test::websocket_read_all("ws://127.0.0.1:" + std::to_string(head_->port()) +
+                                    api::job_logs_tail_path(id));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the client connects
+  call("POST", api::worker_logs_path(id),
+       {{"node_id", "n1"}, {"first_seq", 1}, {"lines", {{{"rank", 0}, {"text", "new"}}}}});
+  EXPECT_EQ(tail.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "the tail closed while the job runs: " << tail.get();
+  heartbeat("n1", json::array({report(id, "succeeded")}));
+  ASSERT_EQ(tail.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(tail.get(), "[n1:0] old\n[n1:0] new\n<closed>\n");
+}
+
+}  // namespace
+}  // namespace trainyard::cluster
