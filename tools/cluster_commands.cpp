@@ -95,7 +95,8 @@ std::size_t print_new_logs(cluster::HeadClient& client,
       end = end == std::string::npos ? fresh.size() : end + 1;
       const std::string line = fresh.substr(start, end - start);
       const std::size_t close = line.find("] ");
-      if (close != std::string::npos && line.compare(close - tag.size() + 2, tag.size(), tag) == 0) {
+      if (close != std::string::npos &&
+          line.compare(close - tag.size() + 2, tag.size(), tag) == 0) {
         std::fwrite(line.data(), 1, line.size(), stdout);
       }
       start = end;
@@ -164,10 +165,10 @@ void add_status(CLI::App& app, int& exit_code) {
   c->callback([f, verbose, as_json, &exit_code] {
     auto client = make_client(*f);
     const json snapshot = client.get(cluster::api::kStatusPath);
-    const std::string text =
-        *as_json ? snapshot.dump(2) + "\n"
-                 : cluster::format_status(snapshot.get<cluster::ClusterSnapshot>(),
-                                          {.verbose = *verbose});
+    const std::string text = *as_json
+                                 ? snapshot.dump(2) + "\n"
+                                 : cluster::format_status(snapshot.get<cluster::ClusterSnapshot>(),
+                                                          {.verbose = *verbose});
     std::fwrite(text.data(), 1, text.size(), stdout);
     exit_code = 0;
   });
@@ -189,9 +190,11 @@ void add_submit(CLI::App& app, int& exit_code) {
   };
   auto f = std::make_shared<Flags>();
   auto* c = app.add_subcommand(
-      "submit", "Run a command on the cluster's nodes under the elastic agent, like `ray job submit`");
+      "submit",
+      "Run a command on the cluster's nodes under the elastic agent, like `ray job submit`");
   add_client_flags(*c, f->client);
-  c->add_option("--nodes", f->nodes, "Nodes: N, or MIN:MAX for an elastic job")->capture_default_str();
+  c->add_option("--nodes", f->nodes, "Nodes: N, or MIN:MAX for an elastic job")
+      ->capture_default_str();
   c->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node, "Ranks on each node")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
@@ -231,14 +234,15 @@ void add_submit(CLI::App& app, int& exit_code) {
     auto client = make_client(f->client);
     const json answer = client.post(cluster::api::kJobsPath, body);
     const std::string id = answer.at("submission_id");
-    std::printf("------------------------------------------\n"
-                "Job '%s' submitted successfully\n"
-                "------------------------------------------\n\n"
-                "Next steps\n"
-                "  Query the logs of the job:\n    trainyard logs %s\n"
-                "  Query the status of the job:\n    trainyard jobs\n"
-                "  Request the job to be stopped:\n    trainyard stop %s\n\n",
-                id.c_str(), id.c_str(), id.c_str());
+    std::printf(
+        "------------------------------------------\n"
+        "Job '%s' submitted successfully\n"
+        "------------------------------------------\n\n"
+        "Next steps\n"
+        "  Query the logs of the job:\n    trainyard logs %s\n"
+        "  Query the status of the job:\n    trainyard jobs\n"
+        "  Request the job to be stopped:\n    trainyard stop %s\n\n",
+        id.c_str(), id.c_str(), id.c_str());
     if (f->no_wait) {
       exit_code = 0;
       return;
@@ -263,8 +267,8 @@ void add_jobs(CLI::App& app, int& exit_code) {
     if (*as_json) {
       std::printf("%s\n", jobs.dump(2).c_str());
     } else {
-      std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", "JOB ID", "STATUS", "NODES", "START",
-                  "END", "ENTRYPOINT");
+      std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", "JOB ID", "STATUS", "NODES", "START", "END",
+                  "ENTRYPOINT");
       for (const json& j : jobs) {
         const json ext = j.value("trainyard", json::object());
         std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", text_of(j, "job_id").c_str(),

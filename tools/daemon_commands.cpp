@@ -4,8 +4,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <future>
 #include <cstdio>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,8 +76,9 @@ void add_head(CLI::App& app, int& exit_code) {
     ResourceFlags resources;
   };
   auto f = std::make_shared<Flags>();
-  auto* c = app.add_subcommand("head", "Serve the cluster: the Jobs API, the job store, the "
-                                       "scheduler; also runs ranks unless --num-cpus 0");
+  auto* c = app.add_subcommand("head",
+                               "Serve the cluster: the Jobs API, the job store, the "
+                               "scheduler; also runs ranks unless --num-cpus 0");
   c->add_option("--bind", f->bind,
                 "The address to listen on; anything but loopback needs --token-file")
       ->capture_default_str();
@@ -119,12 +120,12 @@ void add_head(CLI::App& app, int& exit_code) {
     std::unique_ptr<cluster::Worker> worker;
     if (!f->resources.num_cpus || *f->resources.num_cpus > 0) {
       const bool any = f->bind == "0.0.0.0" || f->bind == "::";
-      cluster::WorkerOptions w{.head = (any ? std::string("127.0.0.1") : f->bind) + ":" +
-                                       std::to_string(head.port()),
-                               .token = token,
-                               .state_dir = f->state_dir + "/node",
-                               .resources = overrides(f->resources),
-                               .heartbeat_interval = *interval};
+      cluster::WorkerOptions w{
+          .head = (any ? std::string("127.0.0.1") : f->bind) + ":" + std::to_string(head.port()),
+          .token = token,
+          .state_dir = f->state_dir + "/node",
+          .resources = overrides(f->resources),
+          .heartbeat_interval = *interval};
       // Other nodes must reach this one's ranks at a real address.
       if (any) w.address = first_interface_address();
       worker = std::make_unique<cluster::Worker>(std::move(w));

@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include "tools/cluster_commands.h"
+#include "tools/daemon_commands.h"
 #include "tools/export_command.h"
 #include "tools/generate_command.h"
 #include "tools/plan_command.h"
@@ -22,6 +24,8 @@ int main(int argc, char** argv) {
   trainyard::cli::add_export_command(app, exit_code);
   trainyard::cli::add_plan_command(app, exit_code);
   trainyard::cli::add_tokenize_command(app, exit_code);
+  trainyard::cli::add_daemon_commands(app, exit_code);
+  trainyard::cli::add_cluster_commands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -175,10 +175,11 @@ std::shared_ptr<elastic::Rendezvous> make_rendezvous(const RunFlags& f,
   elastic::apply_rendezvous_conf(f.rdzv_conf, r);
   const bool etcd = f.rdzv_backend == "etcd";
   const int port = endpoint.port.value_or(etcd ? 2379 : 29400);
-  r.local_addr = !f.local_addr.empty() ? f.local_addr : route_address(endpoint.host, port,
-                                                {.what = "the rendezvous host",
-                                                 .host_flag = "--rdzv-endpoint",
-                                                 .local_flag = "--local-addr"});
+  r.local_addr = !f.local_addr.empty() ? f.local_addr
+                                       : route_address(endpoint.host, port,
+                                                       {.what = "the rendezvous host",
+                                                        .host_flag = "--rdzv-endpoint",
+                                                        .local_flag = "--local-addr"});
   const std::string key = "/trainyard/rdzv/" + run_id + "/state";
   // Reaching the backend at start is bounded by the join timeout (and a minute at most); each
   // later request by a few seconds, so that the agent's monitor never stalls long: outages are

@@ -111,8 +111,8 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-std::optional<net::HttpResponse> check_request(const net::HttpRequest& request,
-                                               const std::optional<std::string>& token) {
+std::optional<net::ServerResponse> check_request(const net::ServerRequest& request,
+                                                 const std::optional<std::string>& token) {
   if (token) {
     std::optional<std::string> given;
     for (std::string_view name : {api::kAuthorizationHeader, api::kRayAuthorizationHeader}) {
@@ -122,24 +122,24 @@ std::optional<net::HttpResponse> check_request(const net::HttpRequest& request,
       if (given && constant_time_equal(*given, *token)) return std::nullopt;
     }
     if (!given) {
-      return net::HttpResponse::json_error(
+      return net::ServerResponse::json_error(
           401,
           "This head requires a token: send 'Authorization: Bearer <token>' (or "
           "X-Ray-Authorization). Hint: pass --token-file or set TRAINYARD_TOKEN.");
     }
-    return net::HttpResponse::json_error(403, "The token sent is not this head's token.");
+    return net::ServerResponse::json_error(403, "The token sent is not this head's token.");
   }
   // Tokenless: the head listens on loopback only; keep browsers' pages out.
   std::string host = request.header("Host");
   if (!host.empty() && !is_loopback_address(host_of(host))) {
-    return net::HttpResponse::json_error(
+    return net::ServerResponse::json_error(
         403, "Refused a request for host '" + host_of(host) +
                  "': a head without a token answers only requests for a loopback host.");
   }
   const std::string& m = request.method;
   if ((m == "POST" || m == "PUT" || m == "DELETE" || m == "PATCH") &&
       !request.header("Origin").empty()) {
-    return net::HttpResponse::json_error(
+    return net::ServerResponse::json_error(
         403, "Refused a " + m +
                  " from a browser page (an Origin header): a head without a token accepts "
                  "changes only from non-browser clients. Hint: give the head a --token-file.");

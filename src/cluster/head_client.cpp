@@ -37,15 +37,22 @@ HeadClient::HeadClient(HeadClientOptions options)
 
 HeadClient::~HeadClient() = default;
 
-json HeadClient::get(std::string_view path) { return call("GET", path, nullptr, true); }
+json HeadClient::get(std::string_view path) {
+  return call("GET", path, nullptr, true);
+}
 
 json HeadClient::post(std::string_view path, const json& body, bool idempotent) {
   return call("POST", path, &body, idempotent);
 }
 
-json HeadClient::del(std::string_view path) { return call("DELETE", path, nullptr, false); }
+json HeadClient::del(std::string_view path) {
+  return call("DELETE", path, nullptr, false);
+}
 
-json HeadClient::call(const char* method, std::string_view path, const json* body, bool idempotent) {
+json HeadClient::call(const char* method,
+                      std::string_view path,
+                      const json* body,
+                      bool idempotent) {
   net::HttpRequest request{.method = method, .url = base_ + std::string(path)};
   if (body != nullptr) {
     request.body = body->dump();
@@ -63,8 +70,8 @@ json HeadClient::call(const char* method, std::string_view path, const json* bod
     // Retries that ended on an answer (a 5xx) report the answer; the others could not reach it.
     if (!e.last_response()) {
       throw NetworkError(detail::concat(
-        "Cannot reach the trainyard head at ", base_, ": ", e.what(),
-        " HINT: is `trainyard head` running there? Pass --address or set ", kAddressEnv, "."));
+          "Cannot reach the trainyard head at ", base_, ": ", e.what(),
+          " HINT: is `trainyard head` running there? Pass --address or set ", kAddressEnv, "."));
     }
     r = *e.last_response();
   }
@@ -77,8 +84,9 @@ json HeadClient::call(const char* method, std::string_view path, const json* bod
       throw Error(detail::concat("The head at ", base_, " wants a token for ", what,
                                  " (HTTP 401). HINT: pass --token-file or set ", kTokenEnv, "."));
     case 403:
-      throw Error(detail::concat("The head at ", base_, " refused ", what, " (HTTP 403: ",
-                                 message_of(r.body), "). HINT: the token does not match the "
+      throw Error(detail::concat("The head at ", base_, " refused ", what,
+                                 " (HTTP 403: ", message_of(r.body),
+                                 "). HINT: the token does not match the "
                                  "head's --token-file."));
     case 404:
       throw NotFoundError(message_of(r.body));

@@ -45,24 +45,24 @@ inline std::string iso8601(double unix_seconds) {
   return buf;
 }
 
-inline net::HttpResponse json_response(const nlohmann::json& body, int status = 200) {
-  net::HttpResponse res;
+inline net::ServerResponse json_response(const nlohmann::json& body, int status = 200) {
+  net::ServerResponse res;
   res.status = status;
   res.body = body.dump();
   return res;
 }
 
-inline nlohmann::json parse_body(const net::HttpRequest& req) {
+inline nlohmann::json parse_body(const net::ServerRequest& req) {
   if (req.body.empty()) return json::object();
   json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw net::HttpError(400, "The request body is not valid JSON.");
+  if (j.is_discarded()) throw net::HttpStatusError(400, "The request body is not valid JSON.");
   return j;
 }
 
 inline std::string required_string(const nlohmann::json& body, const char* field) {
   auto it = body.find(field);
   if (it == body.end() || !it->is_string() || it->get<std::string>().empty()) {
-    throw net::HttpError(
+    throw net::HttpStatusError(
         400, std::string("The field '") + field + "' is missing or is not a non-empty string.");
   }
   return it->get<std::string>();

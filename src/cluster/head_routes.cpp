@@ -17,9 +17,9 @@ using namespace head_detail;
 
 void Head::Impl::add_routes() {
   net::HttpServer& s = *server;
-  s.set_hook([this](const net::HttpRequest& req) { return check_request(req, o.token); });
+  s.set_hook([this](const net::ServerRequest& req) { return check_request(req, o.token); });
 
-  s.route("GET", std::string(api::kVersionPath), [](const net::HttpRequest&) {
+  s.route("GET", std::string(api::kVersionPath), [](const net::ServerRequest&) {
     return json_response({{"version", "2"},
                           {"ray_version", "2.9.0"},
                           {"ray_commit", "trainyard"},
@@ -27,18 +27,18 @@ void Head::Impl::add_routes() {
   });
 
   // --- Ray Jobs API ------------------------------------------------------------------------------
-  s.route("POST", std::string(api::kJobsPath), [this](const net::HttpRequest& req) {
+  s.route("POST", std::string(api::kJobsPath), [this](const net::ServerRequest& req) {
     JobRecord job;
     try {
       job = job_from_submission(parse_body(req));
     } catch (const InvalidArgumentError& e) {
-      throw net::HttpError(400, e.what());
+      throw net::HttpStatusError(400, e.what());
     }
     std::lock_guard<std::mutex> lock(mu);
     if (jobs.count(job.job_id) || !store->insert_job(job)) {
-      throw net::HttpError(409, "A job with submission_id '" + job.submission_id +
-                                    "' already exists. Hint: give another submission_id, or "
-                                    "none for a new one.");
+      throw net::HttpStatusError(409, "A job with submission_id '" + job.submission_id +
+                                          "' already exists. Hint: give another submission_id, or "
+                                          "none for a new one.");
     }
     store->append_event(job.job_id, "submitted", job.entrypoint);
     log->info("job {} submitted: nodes {} x {} rank(s)", job.job_id, job.nodes, job.nproc_per_node);
@@ -47,25 +47,26 @@ void Head::Impl::add_routes() {
     return json_response({{f::kJobId, job.job_id}, {f::kSubmissionId, job.submission_id}});
   });
 
-  s.route("GET", std::string(api::kJobsPath), [this](const net::HttpRequest&) {
+  s.route("GET", std::string(api::kJobsPath), [this](const net::ServerRequest&) {
     std::lock_guard<std::mutex> lock(mu);
     json out = json::array();
     for (JobRecord* j : jobs_in_order()) out.push_back(job_json(*j));
     return json_response(out);
   });
 
-  s.route("GET", std::string(api::kJobPattern), [this](const net::HttpRequest& req) {
+  s.route("GET", std::string(api::kJobPattern), [this](const net::ServerRequest& req) {
     std::lock_guard<std::mutex> lock(mu);
     return json_response(job_json(find_job(req.params.at("id"))));
   });
 
-  s.route("DELETE", std::string(api::kJobPattern), [this](const net::HttpRequest& req) {
+  s.route("DELETE", std::string(api::kJobPattern), [this](const net::ServerRequest& req) {
     std::lock_guard<std::mutex> lock(mu);
     JobRecord& j = find_job(req.params.at("id"));
     if (!api::is_terminal_status(j.status)) {
-      throw net::HttpError(400, "Job '" + j.job_id + "' is " + j.status +
-                                    ": only a finished job (STOPPED, SUCCEEDED or FAILED) can "
-                                    "be deleted. Hint: stop it first.");
+      throw net::HttpStatusError(400,
+                                 "Job '" + j.job_id + "' is " + j.status +
+                                     ": only a finished job (STOPPED, SUCCEEDED or FAILED) can "
+                                     "be deleted. Hint: stop it first.");
     }
     std::string id = j.job_id;
     store->delete_job(id);
@@ -73,7 +74,7 @@ void Head::Impl::add_routes() {
     return json_response({{f::kDeleted, true}});
   });
 
-  s.route("POST", std::string(api::kJobStopPattern), [this](const net::HttpRequest& req) {
+  s.route("POST", std::string(api::kJobStopPattern), [this](const net::ServerRequest& req) {
     bool stopped = false;
     std::string id;
     {
@@ -91,7 +92,7 @@ void Head::Impl::add_routes() {
     return json_response({{f::kStopped, stopped}});
   });
 
-  s.route("GET", std::string(api::kJobLogsPattern), [this](const net::HttpRequest& req) {
+  s.route("GET", std::string(api::kJobLogsPattern), [this](const net::ServerRequest& req) {
     std::string id;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -126,7 +127,7 @@ void Head::Impl::add_routes() {
               });
 
   // --- worker protocol ---------------------------------------------------------------------------
-  s.route("POST", std::string(api::kNodesPath), [this](const net::HttpRequest& req) {
+  s.route("POST", std::string(api::kNodesPath), [this](const net::ServerRequest& req) {
     json body = parse_body(req);
     std::string id = required_string(body, f::kNodeId);
     std::lock_guard<std::mutex> lock(mu);
@@ -153,7 +154,7 @@ void Head::Impl::add_routes() {
     return json_response({{f::kHeartbeatIntervalMs, o.heartbeat_interval.count()}});
   });
 
-  s.route("POST", std::string(api::kNodeHeartbeatPattern), [this](const net::HttpRequest& req) {
+  s.route("POST", std::string(api::kNodeHeartbeatPattern), [this](const net::ServerRequest& req) {
     json body = parse_body(req);
     std::string id = req.params.at("node");
     json out = {
@@ -200,17 +201,17 @@ void Head::Impl::add_routes() {
     return json_response(out);
   });
 
-  s.route("POST", std::string(api::kNodeLeavePattern), [this](const net::HttpRequest& req) {
+  s.route("POST", std::string(api::kNodeLeavePattern), [this](const net::ServerRequest& req) {
     json body = parse_body(req);
     std::string id = req.params.at("node");
     std::string reason = body.value(f::kReason, std::string(api::kNodeExited));
     if (reason != api::kNodeExited && reason != api::kNodeDrained) {
-      throw net::HttpError(
+      throw net::HttpStatusError(
           400, "The field 'reason' must be \"exited\" or \"drained\"; got \"" + reason + "\".");
     }
     std::lock_guard<std::mutex> lock(mu);
     auto it = nodes.find(id);
-    if (it == nodes.end()) throw net::HttpError(404, "Node '" + id + "' is not registered.");
+    if (it == nodes.end()) throw net::HttpStatusError(404, "Node '" + id + "' is not registered.");
     NodeRecord& n = it->second;
     n.state = reason;
     n.reason = reason;
@@ -221,22 +222,23 @@ void Head::Impl::add_routes() {
     return json_response(json::object());
   });
 
-  s.route("POST", std::string(api::kWorkerLogsPattern), [this](const net::HttpRequest& req) {
+  s.route("POST", std::string(api::kWorkerLogsPattern), [this](const net::ServerRequest& req) {
     json body = parse_body(req);
     std::string id = req.params.at("id");
     std::string node = required_string(body, f::kNodeId);
     auto fs = body.find(f::kFirstSeq);
     if (fs == body.end() || !fs->is_number_integer() || fs->get<int64_t>() < 0) {
-      throw net::HttpError(400, "The field 'first_seq' must be a non-negative integer.");
+      throw net::HttpStatusError(400, "The field 'first_seq' must be a non-negative integer.");
     }
     auto ls = body.find(f::kLines);
     if (ls == body.end() || !ls->is_array()) {
-      throw net::HttpError(400, "The field 'lines' must be an array of {rank, text}.");
+      throw net::HttpStatusError(400, "The field 'lines' must be an array of {rank, text}.");
     }
     std::vector<JobStore::RankText> lines;
     for (const auto& l : *ls) {
       if (!l.is_object() || !l.contains(f::kText) || !(*l.find(f::kText)).is_string()) {
-        throw net::HttpError(400, "Every entry of 'lines' must be {\"rank\": int, \"text\": str}.");
+        throw net::HttpStatusError(
+            400, "Every entry of 'lines' must be {\"rank\": int, \"text\": str}.");
       }
       lines.push_back({l.value(f::kRank, 0), l[f::kText].get<std::string>()});
     }
@@ -249,28 +251,29 @@ void Head::Impl::add_routes() {
     return json_response({{f::kNextSeq, next}});
   });
 
-  s.route("GET", std::string(api::kStatusPath), [this](const net::HttpRequest&) {
+  s.route("GET", std::string(api::kStatusPath), [this](const net::ServerRequest&) {
     std::lock_guard<std::mutex> lock(mu);
     return json_response(status_snapshot());
   });
 
   // --- rendezvous --------------------------------------------------------------------------------
-  s.route("GET", std::string(api::kRdzvPattern), [this](const net::HttpRequest& req) {
+  s.route("GET", std::string(api::kRdzvPattern), [this](const net::ServerRequest& req) {
     std::string run_id = req.params.at("run_id");
     auto st = store->get_rdzv(run_id);
-    if (!st) throw net::HttpError(404, "No rendezvous state for run '" + run_id + "'.");
+    if (!st) throw net::HttpStatusError(404, "No rendezvous state for run '" + run_id + "'.");
     return json_response({{f::kState, st->state}, {f::kToken, st->token}});
   });
 
-  s.route("POST", std::string(api::kRdzvPattern), [this](const net::HttpRequest& req) {
+  s.route("POST", std::string(api::kRdzvPattern), [this](const net::ServerRequest& req) {
     json body = parse_body(req);
     auto st = body.find(f::kState);
     if (st == body.end() || !st->is_string()) {
-      throw net::HttpError(400, "The field 'state' must be a string.");
+      throw net::HttpStatusError(400, "The field 'state' must be a string.");
     }
     std::optional<std::string> token;
     if (auto t = body.find(f::kToken); t != body.end() && !t->is_null()) {
-      if (!t->is_string()) throw net::HttpError(400, "The field 'token' must be a string or null.");
+      if (!t->is_string())
+        throw net::HttpStatusError(400, "The field 'token' must be a string or null.");
       token = t->get<std::string>();
     }
     RdzvState r = store->set_rdzv(req.params.at("run_id"), st->get<std::string>(), token);

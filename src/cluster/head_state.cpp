@@ -329,7 +329,7 @@ json Head::Impl::job_json(const JobRecord& j) const {
 JobRecord& Head::Impl::find_job(const std::string& id) {
   auto it = jobs.find(id);
   if (it == jobs.end()) {
-    throw net::HttpError(404, "Job '" + id + "' does not exist.");
+    throw net::HttpStatusError(404, "Job '" + id + "' does not exist.");
   }
   return it->second;
 }

@@ -25,10 +25,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -61,8 +61,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr std::size_t kMaxLinesPerPost = 2'000;
-constexpr milliseconds kShipInterval{250};      // how often spooled lines are sent
-constexpr milliseconds kWarnEvery{10'000};      // a failing head is logged at most this often
+constexpr milliseconds kShipInterval{250};  // how often spooled lines are sent
+constexpr milliseconds kWarnEvery{10'000};  // a failing head is logged at most this often
 constexpr const char* kAssignmentFile = "assignment.json";
 constexpr const char* kReportFile = "report.json";
 constexpr const char* kOutputFile = "output.log";
@@ -127,8 +127,8 @@ class LogSpool {
       if (b == std::string::npos) continue;  // a line cut by a crash mid-write
       const std::int64_t seq = std::stoll(row.substr(0, a));
       next_ = std::max(next_, seq + 1);
-      if (seq >= shipped_) pending_.push_back({seq, std::stoi(row.substr(a + 1, b - a - 1)),
-                                               row.substr(b + 1)});
+      if (seq >= shipped_)
+        pending_.push_back({seq, std::stoi(row.substr(a + 1, b - a - 1)), row.substr(b + 1)});
     }
     next_ = std::max(next_, shipped_);
     file_ = std::fopen((dir_ / kOutputFile).c_str(), "a");
@@ -187,8 +187,8 @@ struct Job {
   std::unique_ptr<elastic::Agent> agent;  // null once finished (or when it never started)
 
   mutable std::mutex mu;
-  json report;                    // guarded by mu: the JobReport the next heartbeat sends
-  bool final = false;             // guarded by mu: report is the final one
+  json report;                      // guarded by mu: the JobReport the next heartbeat sends
+  bool final = false;               // guarded by mu: report is the final one
   bool final_acknowledged = false;  // a heartbeat carrying the final report was answered
   bool stop_requested = false;
 };
@@ -199,7 +199,7 @@ struct Worker::Impl {
   explicit Impl(WorkerOptions o) : options(std::move(o)) {}
 
   WorkerOptions options;
-  std::string base;     // the head's base URL
+  std::string base;  // the head's base URL
   std::string node_id;
   NodeResources resources;
   std::string address;  // advertised
@@ -247,8 +247,8 @@ void Worker::Impl::start() {
   base = net::base_url(options.head, kDefaultHeadPort, "--head");
   std::error_code ec;
   fs::create_directories(fs::path(options.state_dir) / "jobs", ec);
-  TY_CHECK_T(Error, !ec, "Could not create the worker's state directory ", options.state_dir,
-             ": ", ec.message(), ". HINT: pass a writable --state-dir.");
+  TY_CHECK_T(Error, !ec, "Could not create the worker's state directory ", options.state_dir, ": ",
+             ec.message(), ". HINT: pass a writable --state-dir.");
   const fs::path id_file = fs::path(options.state_dir) / "node_id";
   if (auto id = read_file(id_file); id && !id->empty()) {
     node_id = *id;
@@ -317,9 +317,9 @@ void Worker::Impl::run() {
         // The route to the head is asked again on every attempt: the head may come back at
         // another address behind the same name.
         if (options.address.empty()) {
-          address = route_address(net::url_host(base), net::url_port(base),
-                                  {.what = "the head", .host_flag = "--head",
-                                   .local_flag = "--address"});
+          address =
+              route_address(net::url_host(base), net::url_port(base),
+                            {.what = "the head", .host_flag = "--head", .local_flag = "--address"});
         } else {
           address = options.address;
         }
@@ -328,9 +328,10 @@ void Worker::Impl::run() {
           heartbeat_interval = milliseconds(answer["heartbeat_interval_ms"].get<std::int64_t>());
         }
         registered = true;
-        log->info("Registered with the head at {} as node {} ({} CPU, {} GPU, {} bytes of memory; "
-                  "reachable at {}).",
-                  base, node_id, resources.cpu, resources.gpu, resources.memory_bytes, address);
+        log->info(
+            "Registered with the head at {} as node {} ({} CPU, {} GPU, {} bytes of memory; "
+            "reachable at {}).",
+            base, node_id, resources.cpu, resources.gpu, resources.memory_bytes, address);
         backoff = options.connect_backoff;
         attempts = 0;
         for (auto& [id, job] : jobs) {
@@ -339,8 +340,10 @@ void Worker::Impl::run() {
         }
         next_heartbeat = Clock::now();
       } catch (const InvalidArgumentError& e) {
-        warn_rate_limited(detail::concat("The head at ", base, " refused this node's "
-                                         "registration: ", e.what()));
+        warn_rate_limited(detail::concat("The head at ", base,
+                                         " refused this node's "
+                                         "registration: ",
+                                         e.what()));
       } catch (const Error& e) {
         ++attempts;
         warn_rate_limited(detail::concat("Waiting for the head at ", base, " (attempt ", attempts,
@@ -368,8 +371,10 @@ void Worker::Impl::run() {
         handle_answer(answer);
         backoff = options.connect_backoff;
       } catch (const Error& e) {
-        warn_rate_limited(detail::concat("A heartbeat to the head at ", base, " failed (the jobs "
-                                         "here keep running): ", e.what()));
+        warn_rate_limited(detail::concat("A heartbeat to the head at ", base,
+                                         " failed (the jobs "
+                                         "here keep running): ",
+                                         e.what()));
       }
       next_heartbeat = Clock::now() + heartbeat_interval;
     }
@@ -397,8 +402,10 @@ void Worker::Impl::run() {
 
 void Worker::Impl::handle_answer(const json& answer) {
   if (!answer.value("registered", true)) {
-    log->warn("The head at {} does not know node {} (it restarted, or took this node for dead); "
-              "registering again.", base, node_id);
+    log->warn(
+        "The head at {} does not know node {} (it restarted, or took this node for dead); "
+        "registering again.",
+        base, node_id);
     registered = false;
     return;
   }
@@ -427,8 +434,8 @@ void Worker::Impl::start_job(const json& a) {
   fs::create_directories(job->dir);
   write_file_atomically(job->dir / kAssignmentFile, a.dump());
   job->spool = std::make_unique<LogSpool>(job->dir);
-  job->report = {{"job_id", job->id}, {"state", "running"}, {"restart_count", 0},
-                 {"ranks", json::array()}};
+  job->report = {
+      {"job_id", job->id}, {"state", "running"}, {"restart_count", 0}, {"ranks", json::array()}};
   Job* raw = job.get();
   try {
     const int nproc = a.value("nproc_per_node", 1);
@@ -440,15 +447,18 @@ void Worker::Impl::start_job(const json& a) {
     r.local_addr = address;
     r.local_world_size = nproc;
     r.backend_timeout = options.head_outage_timeout;
-    auto backend = elastic::make_head_backend(
-        {.head = base, .run_id = job->id, .token = options.token});
+    auto backend =
+        elastic::make_head_backend({.head = base, .run_id = job->id, .token = options.token});
     elastic::LaunchOptions o;
     o.command = {"/bin/sh", "-c", a.at("entrypoint").get<std::string>()};
     o.nproc_per_node = nproc;
     o.run_id = job->id;
     o.max_restarts = a.value("max_restarts", 0);
     o.rendezvous = std::make_shared<elastic::Rendezvous>(std::move(backend), r);
-    for (const auto& [k, v] : a.value("env", json::object()).items()) {
+    const json env = a.value("env", json::object());  // kept: items() refers to it
+    for (const auto& [k, v] : env.items()) {
+      TY_CHECK_T(InvalidArgumentError, v.is_string(), "runtime_env.env_vars.", k,
+                 " is not a string.");
       o.extra_env.emplace_back(k, v.get<std::string>());
     }
     o.extra_env.emplace_back("TRAINYARD_JOB_ID", job->id);
@@ -479,11 +489,11 @@ void Worker::Impl::start_job(const json& a) {
     log->error("Could not start job {}: {}", job->id, e.what());
     job->agent.reset();
     std::lock_guard<std::mutex> lock(job->mu);
-    job->report = {{"job_id", job->id},
-                   {"state", "failed"},
-                   {"error_type", "JOB_ENTRYPOINT_COMMAND_START_ERROR"},
-                   {"message", detail::concat("Node ", node_id, " could not start the job: ",
-                                              e.what())}};
+    job->report = {
+        {"job_id", job->id},
+        {"state", "failed"},
+        {"error_type", "JOB_ENTRYPOINT_COMMAND_START_ERROR"},
+        {"message", detail::concat("Node ", node_id, " could not start the job: ", e.what())}};
     job->final = true;
     write_file_atomically(job->dir / kReportFile, job->report.dump());
   }
@@ -578,8 +588,8 @@ void Worker::Impl::ship_logs(bool all) {
         // The job was deleted on the head: its lines have nowhere to go.
         job->spool->shipped(lines.back().seq + 1);
       } catch (const Error& e) {
-        warn_rate_limited(detail::concat("Could not ship job ", id, "'s logs to the head at ",
-                                         base, " (they stay spooled): ", e.what()));
+        warn_rate_limited(detail::concat("Could not ship job ", id, "'s logs to the head at ", base,
+                                         " (they stay spooled): ", e.what()));
         return;
       }
     } while (all);
@@ -627,7 +637,9 @@ Worker::~Worker() {
   }
 }
 
-void Worker::start() { impl_->start(); }
+void Worker::start() {
+  impl_->start();
+}
 
 void Worker::stop(const std::string& reason) {
   {
@@ -640,8 +652,14 @@ void Worker::stop(const std::string& reason) {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-const std::string& Worker::node_id() const { return impl_->node_id; }
-bool Worker::registered() const { return impl_->registered; }
-int Worker::running_jobs() const { return impl_->running; }
+const std::string& Worker::node_id() const {
+  return impl_->node_id;
+}
+bool Worker::registered() const {
+  return impl_->registered;
+}
+int Worker::running_jobs() const {
+  return impl_->running;
+}
 
 }  // namespace trainyard::cluster

@@ -1,9 +1,9 @@
 #include "trainyard/comm/address.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -197,7 +197,8 @@ std::string route_address(const std::string& host, int port, const RouteNames& n
     addr = first_interface_address();
     TY_CHECK_T(NetworkError, !addr.empty(), "This host reaches ", names.what, " '", host,
                "' only through loopback and has no other address for the other nodes. HINT: "
-               "pass ", names.local_flag, " with this node's address.");
+               "pass ",
+               names.local_flag, " with this node's address.");
   }
   return addr;
 }

@@ -107,12 +107,11 @@ class HeadBackend final : public RendezvousBackend {
 std::unique_ptr<RendezvousBackend> make_head_backend(HeadBackendOptions options) {
   TY_CHECK_T(InvalidArgumentError, !options.run_id.empty(),
              "HeadBackendOptions.run_id is empty; the head keeps one state per job id.");
-  TY_CHECK_T(InvalidArgumentError,
-             options.run_id.find_first_of("/?# ") == std::string::npos,
+  TY_CHECK_T(InvalidArgumentError, options.run_id.find_first_of("/?# ") == std::string::npos,
              "HeadBackendOptions.run_id '", options.run_id,
              "' holds a character that cannot be part of a URL path ('/', '?', '#' or a space).");
-  TY_CHECK_T(InvalidArgumentError, options.max_attempts >= 1,
-             "HeadBackendOptions.max_attempts is ", options.max_attempts, "; it must be >= 1.");
+  TY_CHECK_T(InvalidArgumentError, options.max_attempts >= 1, "HeadBackendOptions.max_attempts is ",
+             options.max_attempts, "; it must be >= 1.");
   return std::make_unique<HeadBackend>(std::move(options));
 }
 

@@ -31,8 +31,9 @@ std::string base_url(const std::string& address, int default_port, const std::st
   std::string e = address;
   while (!e.empty() && (e.back() == '/' || e.back() == ' ')) e.pop_back();
   while (!e.empty() && e.front() == ' ') e.erase(0, 1);
-  TY_CHECK_T(InvalidArgumentError, !e.empty(), what,
-             " is empty. HINT: give the head's address as HOST:PORT, e.g. head.trainyard.local:8265.");
+  TY_CHECK_T(
+      InvalidArgumentError, !e.empty(), what,
+      " is empty. HINT: give the head's address as HOST:PORT, e.g. head.trainyard.local:8265.");
   const std::size_t scheme_end = e.find("://");
   if (scheme_end == std::string::npos) {
     e.insert(0, "http://");
@@ -52,10 +53,10 @@ std::string base_url(const std::string& address, int default_port, const std::st
     const std::string_view digits = a.substr(colon + 1);
     int port = 0;
     const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-    TY_CHECK_T(InvalidArgumentError,
-               ec == std::errc() && end == digits.data() + digits.size() && port >= 1 &&
-                   port <= 65535,
-               what, " '", address, "' has the port '", digits, "'; expected 1..65535.");
+    TY_CHECK_T(
+        InvalidArgumentError,
+        ec == std::errc() && end == digits.data() + digits.size() && port >= 1 && port <= 65535,
+        what, " '", address, "' has the port '", digits, "'; expected 1..65535.");
   }
   return e;
 }

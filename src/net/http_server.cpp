@@ -2,12 +2,16 @@
 
 #include <arpa/inet.h>
 #include <civetweb.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -29,6 +33,26 @@
 // civetweb's threads wait in poll() for up to 2 s (its SOCKET_TIMEOUT_QUANTUM) before they see
 // the stop flag, so mg_stop() takes about 2 s once a request has been served. While it runs, a
 // helper thread connects to the listening port a few times, which wakes the poll at once.
+
+// Note [civetweb's thread stacks]
+// Debian builds civetweb with a fixed thread stack of 100 KiB (USE_STACK_SIZE), passed to
+// pthread_attr_setstacksize for every thread it starts. glibc places a thread's static TLS inside
+// its stack, and a process that has loaded LibTorch, OpenBLAS and glog needs more static TLS than
+// that: pthread_create then fails with EINVAL and mg_start reports "Cannot create first worker
+// thread" (the `trainyard` binary did; the LibTorch-free test binaries did not). This definition
+// takes the place of glibc's for the whole process (the executable's symbol comes first for
+// libcivetweb.so) and raises a stack size below kMinThreadStackBytes to it; larger sizes pass
+// through unchanged.
+namespace {
+constexpr std::size_t kMinThreadStackBytes = 2 << 20;
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, std::size_t size) {
+  using Fn = int (*)(pthread_attr_t*, std::size_t);
+  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  if (real == nullptr) return EINVAL;
+  return real(attr, std::max(size, kMinThreadStackBytes));
+}
 
 namespace trainyard::net {
 namespace {
@@ -95,9 +119,9 @@ std::map<std::string, std::string> parse_query(const char* qs) {
   return out;
 }
 
-HttpRequest request_from(const mg_connection* conn) {
+ServerRequest request_from(const mg_connection* conn) {
   const mg_request_info* ri = mg_get_request_info(conn);
-  HttpRequest req;
+  ServerRequest req;
   req.method = ri->request_method ? ri->request_method : "";
   req.path = ri->local_uri ? ri->local_uri : "/";
   req.query = parse_query(ri->query_string);
@@ -109,7 +133,7 @@ HttpRequest request_from(const mg_connection* conn) {
   return req;
 }
 
-void send_response(mg_connection* conn, const HttpResponse& res) {
+void send_response(mg_connection* conn, const ServerResponse& res) {
   mg_response_header_start(conn, res.status);
   mg_response_header_add(conn, "Content-Type", res.content_type.c_str(), -1);
   std::string length = std::to_string(res.body.size());
@@ -126,7 +150,7 @@ void send_response(mg_connection* conn, const HttpResponse& res) {
 
 // The answer to a refused WebSocket upgrade, written raw: civetweb's response-header functions
 // do not write on a connection that is inside the WebSocket handshake.
-void send_raw_response(mg_connection* conn, const HttpResponse& res) {
+void send_raw_response(mg_connection* conn, const ServerResponse& res) {
   const char* reason = mg_get_response_code_text(conn, res.status);
   std::string head = "HTTP/1.1 " + std::to_string(res.status) + " " + (reason ? reason : "") +
                      "\r\nContent-Type: " + res.content_type +
@@ -142,13 +166,13 @@ bool CaseInsensitiveLess::operator()(const std::string& a, const std::string& b)
   return strcasecmp(a.c_str(), b.c_str()) < 0;
 }
 
-std::string HttpRequest::header(const std::string& name) const {
+std::string ServerRequest::header(const std::string& name) const {
   auto it = headers.find(name);
   return it == headers.end() ? std::string() : it->second;
 }
 
-HttpResponse HttpResponse::json_error(int status, const std::string& message) {
-  HttpResponse res;
+ServerResponse ServerResponse::json_error(int status, const std::string& message) {
+  ServerResponse res;
   res.status = status;
   res.body = nlohmann::json{{"error", message}}.dump();
   return res;
@@ -158,7 +182,7 @@ namespace {
 
 class CivetWebSocket : public WebSocketConnection {
  public:
-  CivetWebSocket(mg_connection* conn, HttpRequest request)
+  CivetWebSocket(mg_connection* conn, ServerRequest request)
       : conn_(conn), request_(std::move(request)) {}
 
   bool send_text(const std::string& text) override {
@@ -193,7 +217,7 @@ class CivetWebSocket : public WebSocketConnection {
     callback();
   }
 
-  const HttpRequest& request() const override { return request_; }
+  const ServerRequest& request() const override { return request_; }
 
   // civetweb's close handler: after this the connection pointer is never used.
   void mark_closed() {
@@ -219,7 +243,7 @@ class CivetWebSocket : public WebSocketConnection {
   bool closed_ = false;
   bool close_sent_ = false;
   std::vector<std::function<void()>> callbacks_;
-  HttpRequest request_;
+  ServerRequest request_;
 };
 
 }  // namespace
@@ -248,7 +272,7 @@ struct HttpServer::Impl {
   std::mutex ws_mu;
   std::unordered_map<const mg_connection*, PendingWs> sockets;  // open WebSockets
 
-  HttpResponse dispatch(HttpRequest& req) {
+  ServerResponse dispatch(ServerRequest& req) {
     std::vector<std::string> segments = split_path(req.path);
     bool path_known = false;
     for (const Route& r : routes) {
@@ -260,22 +284,22 @@ struct HttpServer::Impl {
       return r.handler(req);
     }
     if (path_known) {
-      return HttpResponse::json_error(
+      return ServerResponse::json_error(
           405, "Method " + req.method + " is not allowed on " + req.path + ".");
     }
-    return HttpResponse::json_error(404, "No such path: " + req.path + ".");
+    return ServerResponse::json_error(404, "No such path: " + req.path + ".");
   }
 
   static int on_request(mg_connection* conn, void* data) {
     auto* self = static_cast<Impl*>(data);
-    HttpRequest req = request_from(conn);
-    HttpResponse res;
+    ServerRequest req = request_from(conn);
+    ServerResponse res;
     try {
       const mg_request_info* ri = mg_get_request_info(conn);
       if (ri->content_length > kMaxBodyBytes) {
-        throw HttpError(413, "The request body of " + std::to_string(ri->content_length) +
-                                 " bytes is larger than the limit of " +
-                                 std::to_string(kMaxBodyBytes) + " bytes.");
+        throw HttpStatusError(413, "The request body of " + std::to_string(ri->content_length) +
+                                       " bytes is larger than the limit of " +
+                                       std::to_string(kMaxBodyBytes) + " bytes.");
       }
       char buf[16384];
       for (;;) {
@@ -283,20 +307,20 @@ struct HttpServer::Impl {
         if (n <= 0) break;
         req.body.append(buf, static_cast<size_t>(n));
         if (static_cast<long long>(req.body.size()) > kMaxBodyBytes) {
-          throw HttpError(413, "The request body is larger than the limit of " +
-                                   std::to_string(kMaxBodyBytes) + " bytes.");
+          throw HttpStatusError(413, "The request body is larger than the limit of " +
+                                         std::to_string(kMaxBodyBytes) + " bytes.");
         }
       }
-      std::optional<HttpResponse> stop;
+      std::optional<ServerResponse> stop;
       if (self->hook) stop = self->hook(req);
       res = stop ? std::move(*stop) : self->dispatch(req);
-    } catch (const HttpError& e) {
-      res = HttpResponse::json_error(e.status(), e.what());
+    } catch (const HttpStatusError& e) {
+      res = ServerResponse::json_error(e.status(), e.what());
     } catch (const std::exception& e) {
       logger("http")->warn("{} {} failed: {}", req.method, req.path, e.what());
-      res = HttpResponse::json_error(500, e.what());
+      res = ServerResponse::json_error(500, e.what());
     } catch (...) {
-      res = HttpResponse::json_error(500, "internal error");
+      res = ServerResponse::json_error(500, "internal error");
     }
     send_response(conn, res);
     return res.status;
@@ -304,7 +328,7 @@ struct HttpServer::Impl {
 
   static int on_ws_connect(const mg_connection* conn, void* data) {
     auto* self = static_cast<Impl*>(data);
-    HttpRequest req = request_from(conn);
+    ServerRequest req = request_from(conn);
     auto* mconn = const_cast<mg_connection*>(conn);
     try {
       if (self->hook) {
@@ -324,9 +348,9 @@ struct HttpServer::Impl {
         return 0;
       }
       send_raw_response(
-          mconn, HttpResponse::json_error(404, "No WebSocket endpoint at " + req.path + "."));
+          mconn, ServerResponse::json_error(404, "No WebSocket endpoint at " + req.path + "."));
     } catch (const std::exception& e) {
-      send_raw_response(mconn, HttpResponse::json_error(500, e.what()));
+      send_raw_response(mconn, ServerResponse::json_error(500, e.what()));
     }
     return 1;
   }

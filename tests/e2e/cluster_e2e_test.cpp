@@ -39,9 +39,9 @@ TEST(ClusterE2E, HeadAndTwoWorkersInNamespacesTrainFashionMnistOnTwoNodes) {
   const auto in_head_ns = [&](std::vector<std::string> args, std::chrono::seconds timeout) {
     std::vector<std::string> argv = hosts.in(0, {TRAINYARD_CLI_PATH});
     argv.insert(argv.end(), args.begin(), args.end());
-    return run_program(argv,
-                       {{"TRAINYARD_ADDRESS", "http://" + head}, {"TRAINYARD_TOKEN", cluster.token()}},
-                       timeout);
+    return run_program(
+        argv, {{"TRAINYARD_ADDRESS", "http://" + head}, {"TRAINYARD_TOKEN", cluster.token()}},
+        timeout);
   };
   ASSERT_TRUE(ClusterFixture::eventually(
       [&] {
@@ -59,14 +59,33 @@ TEST(ClusterE2E, HeadAndTwoWorkersInNamespacesTrainFashionMnistOnTwoNodes) {
   EXPECT_TRUE(contains(status.out, hosts.addr(2))) << status.out;
   EXPECT_TRUE(contains(status.out, " 0.0/4.0 CPU")) << status.out;
 
-  const auto r = in_head_ns(
-      {"submit", "--nodes", "2", "--nproc-per-node", "1", "--submission-id", "fmnist", "--",
-       TRAINYARD_CLI_PATH, "train", "fashion-mnist", "--epochs", "1", "--limit", "512",
-       "--batch-size", "32", "--threads", "1", "--storage", dir.str(), "--name", "cluster-run",
-       "--no-progress"},
-      110s);
-  ASSERT_EQ(r.status.exit_code, 0) << r.out << r.err << cluster.log_of("head")
-                                   << cluster.log_of("w1") << cluster.log_of("w2");
+  const auto r = in_head_ns({"submit",
+                             "--nodes",
+                             "2",
+                             "--nproc-per-node",
+                             "1",
+                             "--submission-id",
+                             "fmnist",
+                             "--",
+                             TRAINYARD_CLI_PATH,
+                             "train",
+                             "fashion-mnist",
+                             "--epochs",
+                             "1",
+                             "--limit",
+                             "512",
+                             "--batch-size",
+                             "32",
+                             "--threads",
+                             "1",
+                             "--storage",
+                             dir.str(),
+                             "--name",
+                             "cluster-run",
+                             "--no-progress"},
+                            110s);
+  ASSERT_EQ(r.status.exit_code, 0)
+      << r.out << r.err << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
   EXPECT_TRUE(contains(r.out, "Job 'fmnist' succeeded")) << r.out;
   // Every rank's epoch line, prefixed with the node that ran it and the rank.
   for (const std::string& w : {"w1", "w2"}) {

@@ -23,10 +23,10 @@
 #include "netns_hosts.h"
 
 namespace {
+using trainyard::mptest::Hosts;
 using trainyard::mptest::read_file;
 using trainyard::mptest::run_program;
 using trainyard::mptest::TempDir;
-using trainyard::mptest::Hosts;
 using namespace std::chrono_literals;
 
 bool contains(const std::string& text, const std::string& part) {

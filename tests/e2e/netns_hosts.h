@@ -91,7 +91,8 @@ class Hosts {
     int n = 0;
     for (int pid : pids(i)) {
       const auto environ = read_file("/proc/" + std::to_string(pid) + "/environ");
-      if (environ.starts_with("RANK=") || environ.find(std::string("\0RANK=", 6)) != std::string::npos) {
+      if (environ.starts_with("RANK=") ||
+          environ.find(std::string("\0RANK=", 6)) != std::string::npos) {
         n += kill(pid, sig) == 0 ? 1 : 0;
       }
     }

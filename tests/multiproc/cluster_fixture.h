@@ -47,10 +47,18 @@ class ClusterFixture {
   // `trainyard head` on this fixture's port, its output in dir/head.log (appended across
   // restarts). `prefix` runs it elsewhere (e.g. {"ip", "netns", "exec", "ns0"}).
   void start_head(std::vector<std::string> extra = {}, std::vector<std::string> prefix = {}) {
-    std::vector<std::string> argv = {cli_,          "head",         "--port",
-                                     std::to_string(port_), "--token-file", token_file_.string(),
-                                     "--state-dir", (dir_ / "head").string(),
-                                     "--heartbeat-interval", kHeartbeat, "--dead-after", kDeadAfter};
+    std::vector<std::string> argv = {cli_,
+                                     "head",
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--token-file",
+                                     token_file_.string(),
+                                     "--state-dir",
+                                     (dir_ / "head").string(),
+                                     "--heartbeat-interval",
+                                     kHeartbeat,
+                                     "--dead-after",
+                                     kDeadAfter};
     argv.insert(argv.end(), extra.begin(), extra.end());
     head_ = spawn("head", prefix, argv);
   }
@@ -60,10 +68,11 @@ class ClusterFixture {
                     std::vector<std::string> extra = {},
                     std::vector<std::string> prefix = {},
                     const std::string& head = "") {
-    std::vector<std::string> argv = {cli_, "worker", "--head",
-                                     head.empty() ? "127.0.0.1:" + std::to_string(port_) : head,
-                                     "--token-file", token_file_.string(),
-                                     "--state-dir", (dir_ / name).string()};
+    std::vector<std::string> argv = {
+        cli_,           "worker",
+        "--head",       head.empty() ? "127.0.0.1:" + std::to_string(port_) : head,
+        "--token-file", token_file_.string(),
+        "--state-dir",  (dir_ / name).string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     workers_[name] = spawn(name, prefix, argv);
   }
@@ -144,11 +153,11 @@ class ClusterFixture {
     for (const auto& a : prefix) command += " '" + a + "'";
     for (const auto& a : argv) command += " '" + a + "'";
     command += " >>'" + (dir_ / (name + ".log")).string() + "' 2>&1";
-    return std::make_unique<elastic::Subprocess>(elastic::SubprocessOptions{
-        .argv = {"/bin/sh", "-c", command},
-        .stdout_mode = elastic::OutputMode::kInherit,
-        .stderr_mode = elastic::OutputMode::kInherit,
-        .destructor_term_timeout = std::chrono::seconds(15)});
+    return std::make_unique<elastic::Subprocess>(
+        elastic::SubprocessOptions{.argv = {"/bin/sh", "-c", command},
+                                   .stdout_mode = elastic::OutputMode::kInherit,
+                                   .stderr_mode = elastic::OutputMode::kInherit,
+                                   .destructor_term_timeout = std::chrono::seconds(15)});
   }
 
   std::string cli_;

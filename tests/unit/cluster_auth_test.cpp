@@ -58,8 +58,8 @@ TEST(ClusterAuthTest, ConstantTimeEqual) {
   EXPECT_FALSE(constant_time_equal("", "a"));
 }
 
-net::HttpRequest request(const std::string& method, net::Headers headers) {
-  net::HttpRequest r;
+net::ServerRequest request(const std::string& method, net::ServerHeaders headers) {
+  net::ServerRequest r;
   r.method = method;
   r.path = "/api/jobs/";
   r.headers = std::move(headers);

@@ -20,8 +20,8 @@ std::string base(const HttpServer& s) {
 
 TEST(HttpServerTest, RoutesParamsQueryHeadersAndBody) {
   HttpServer server(HttpServerOptions{});
-  server.route("POST", "/items/{id}/notes", [](const HttpRequest& req) {
-    HttpResponse res;
+  server.route("POST", "/items/{id}/notes", [](const ServerRequest& req) {
+    ServerResponse res;
     res.body = nlohmann::json{{"id", req.params.at("id")},
                               {"q", req.query.count("q") ? req.query.at("q") : ""},
                               {"hdr", req.header("x-custom-thing")},
@@ -46,8 +46,8 @@ TEST(HttpServerTest, RoutesParamsQueryHeadersAndBody) {
 
 TEST(HttpServerTest, LargeBodyWithExpectContinue) {
   HttpServer server(HttpServerOptions{});
-  server.route("POST", "/size", [](const HttpRequest& req) {
-    HttpResponse res;
+  server.route("POST", "/size", [](const ServerRequest& req) {
+    ServerResponse res;
     res.body = std::to_string(req.body.size());
     return res;
   });
@@ -60,11 +60,12 @@ TEST(HttpServerTest, LargeBodyWithExpectContinue) {
 
 TEST(HttpServerTest, UnknownPathWrongMethodAndHandlerErrorsAreJson) {
   HttpServer server(HttpServerOptions{});
-  server.route("GET", "/boom", [](const HttpRequest&) -> HttpResponse {
+  server.route("GET", "/boom", [](const ServerRequest&) -> ServerResponse {
     throw std::runtime_error("database on fire");
   });
-  server.route("GET", "/teapot",
-               [](const HttpRequest&) -> HttpResponse { throw HttpError(418, "short and stout"); });
+  server.route("GET", "/teapot", [](const ServerRequest&) -> ServerResponse {
+    throw HttpStatusError(418, "short and stout");
+  });
   server.start();
   auto r = http("GET", base(server) + "/nope");
   EXPECT_EQ(r.status, 404);
@@ -82,12 +83,12 @@ TEST(HttpServerTest, UnknownPathWrongMethodAndHandlerErrorsAreJson) {
 TEST(HttpServerTest, HookRunsBeforeEveryHandler) {
   HttpServer server(HttpServerOptions{});
   std::atomic<int> handled{0};
-  server.route("GET", "/x", [&](const HttpRequest&) {
+  server.route("GET", "/x", [&](const ServerRequest&) {
     ++handled;
-    return HttpResponse{};
+    return ServerResponse{};
   });
-  server.set_hook([](const HttpRequest& req) -> std::optional<HttpResponse> {
-    if (req.header("authorization") != "let me in") return HttpResponse::json_error(401, "no");
+  server.set_hook([](const ServerRequest& req) -> std::optional<ServerResponse> {
+    if (req.header("authorization") != "let me in") return ServerResponse::json_error(401, "no");
     return std::nullopt;
   });
   server.start();
@@ -154,7 +155,7 @@ TEST(HttpServerTest, WebSocketLearnsTheClientWentAway) {
 
 TEST(HttpServerTest, StopAfterServingIsQuick) {
   HttpServer server(HttpServerOptions{});
-  server.route("GET", "/x", [](const HttpRequest&) { return HttpResponse{}; });
+  server.route("GET", "/x", [](const ServerRequest&) { return ServerResponse{}; });
   server.start();
   EXPECT_EQ(http("GET", base(server) + "/x").status, 200);
   auto t0 = std::chrono::steady_clock::now();

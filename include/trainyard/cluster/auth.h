@@ -31,7 +31,7 @@ bool constant_time_equal(const std::string& a, const std::string& b);
 // with a token, 401 without credentials and 403 with a wrong token; without one, 403 for a
 // POST/PUT/DELETE carrying an Origin header (a browser) or a Host header that is not loopback
 // (DNS rebinding). Thread-safe (reads only).
-std::optional<net::HttpResponse> check_request(const net::HttpRequest& request,
-                                               const std::optional<std::string>& token);
+std::optional<net::ServerResponse> check_request(const net::ServerRequest& request,
+                                                 const std::optional<std::string>& token);
 
 }  // namespace trainyard::cluster

@@ -25,7 +25,7 @@ bool is_local_address(const std::string& host);
 // 10.0.0.1:29500 (MASTER_ADDR:MASTER_PORT)". Thread-safe.
 // What route_address() names in its messages.
 struct RouteNames {
-  std::string what = "the rendezvous host";  // the host being routed to, e.g. "the head"
+  std::string what = "the rendezvous host";   // the host being routed to, e.g. "the head"
   std::string host_flag = "--rdzv-endpoint";  // the flag that gave the host
   std::string local_flag = "--local-addr";    // the flag that overrides the answer
 };

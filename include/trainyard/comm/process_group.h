@@ -84,8 +84,8 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
 
 // Waits for a collective like work->wait() (rethrowing its error), calling trainyard::heartbeat()
 // about every second while it waits, so that the launcher's hang watchdog sees a rank waiting for
-// a slow peer as alive (Note [Hang watchdog] in src/elastic/rank_monitor.cpp). Blocks; the work's own
-// timeout still bounds it. Thread-safe as Work::wait is.
+// a slow peer as alive (Note [Hang watchdog] in src/elastic/rank_monitor.cpp). Blocks; the work's
+// own timeout still bounds it. Thread-safe as Work::wait is.
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work);
 
 // wait_work, with a failure rethrown as NetworkError naming `who` ("DistributedDataParallel"),

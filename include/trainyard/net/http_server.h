@@ -1,7 +1,7 @@
 // A small HTTP and WebSocket server over civetweb's C API (Note [civetweb] in http_server.cpp):
 // routes by method and path pattern ("/api/jobs/{id}/logs"), a hook run before every handler (for
 // authentication), WebSocket endpoints whose connection can be written from any thread, and JSON
-// errors: a handler's exception becomes 500 {"error": ...} (HttpError its own status) and an
+// errors: a handler's exception becomes 500 {"error": ...} (HttpStatusError its own status) and an
 // unknown path 404 {"error": ...}.
 #pragma once
 
@@ -20,14 +20,14 @@ namespace trainyard::net {
 struct CaseInsensitiveLess {
   bool operator()(const std::string& a, const std::string& b) const;
 };
-using Headers = std::map<std::string, std::string, CaseInsensitiveLess>;
+using ServerHeaders = std::map<std::string, std::string, CaseInsensitiveLess>;
 
-struct HttpRequest {
+struct ServerRequest {
   std::string method;                         // "GET", "POST", ...
   std::string path;                           // URL-decoded, without the query
   std::map<std::string, std::string> params;  // from the route's {name} segments
   std::map<std::string, std::string> query;   // URL-decoded ?a=b&c=d
-  Headers headers;
+  ServerHeaders headers;
   std::string body;            // empty for a WebSocket upgrade
   std::string remote_address;  // the peer's IP address
 
@@ -35,21 +35,22 @@ struct HttpRequest {
   std::string header(const std::string& name) const;
 };
 
-struct HttpResponse {
+struct ServerResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
-  Headers headers;  // extra headers; Content-Type and Content-Length are written from the fields
+  ServerHeaders
+      headers;  // extra headers; Content-Type and Content-Length are written from the fields
 
   // A response whose body is {"error": message}.
-  static HttpResponse json_error(int status, const std::string& message);
+  static ServerResponse json_error(int status, const std::string& message);
 };
 
 // Thrown by a handler to answer with a status other than 500; the message becomes
 // {"error": message}.
-class HttpError : public Error {
+class HttpStatusError : public Error {
  public:
-  HttpError(int status, const std::string& message) : Error(message), status_(status) {}
+  HttpStatusError(int status, const std::string& message) : Error(message), status_(status) {}
   int status() const { return status_; }
 
  private:
@@ -70,15 +71,15 @@ class WebSocketConnection {
   // Called once, on a server thread, when the connection is gone (client or close()). A callback
   // set after that runs at once on the caller's thread.
   virtual void on_closed(std::function<void()> callback) = 0;
-  virtual const HttpRequest& request() const = 0;
+  virtual const ServerRequest& request() const = 0;
 };
 
-using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
+using HttpHandler = std::function<ServerResponse(const ServerRequest&)>;
 // Runs on a server thread after the handshake; it may keep the connection and return at once.
 using WebSocketHandler = std::function<void(std::shared_ptr<WebSocketConnection>)>;
 // Runs before every handler (WebSocket upgrades included, without a body); a response stops the
 // request there and is sent instead.
-using HttpHook = std::function<std::optional<HttpResponse>(const HttpRequest&)>;
+using HttpHook = std::function<std::optional<ServerResponse>(const ServerRequest&)>;
 
 struct HttpServerOptions {
   static constexpr int kDefaultThreads = 16;
