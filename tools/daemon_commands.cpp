@@ -101,9 +101,12 @@ void add_head(CLI::App& app, int& exit_code) {
     TY_CHECK_T(InvalidArgumentError, interval.has_value(), "--heartbeat-interval '",
                f->heartbeat_interval, "' is not a number of seconds in [0.05, 3600].");
     const auto dead_after = parse_seconds(f->dead_after, 0.1, 86400);
-    TY_CHECK_T(InvalidArgumentError, dead_after.has_value() && *dead_after > *interval,
+    // A node is suspect after three missed heartbeats and dead later than that.
+    TY_CHECK_T(InvalidArgumentError, dead_after.has_value() && *dead_after > 3 * *interval,
                "--dead-after '", f->dead_after,
-               "' must be a number of seconds longer than --heartbeat-interval.");
+               "' must be a number of seconds longer than three --heartbeat-interval (",
+               3 * interval->count() / 1000.0, " s): a node is suspect after three missed "
+               "heartbeats, dead after --dead-after.");
     const std::optional<std::string> token = cluster::resolve_token(f->token_file);
     SignalWait signals;
     cluster::Head head({.bind_address = f->bind,

@@ -55,7 +55,8 @@ json HeadClient::call(const char* method,
                       bool idempotent) {
   net::HttpRequest request{.method = method, .url = base_ + std::string(path)};
   if (body != nullptr) {
-    request.body = body->dump();
+    // A rank may print bytes that are not UTF-8: they travel as U+FFFD rather than failing.
+    request.body = body->dump(-1, ' ', false, json::error_handler_t::replace);
     request.headers.emplace_back("Content-Type", "application/json");
   }
   if (options_.token) request.headers.emplace_back("Authorization", "Bearer " + *options_.token);

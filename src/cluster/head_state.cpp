@@ -199,6 +199,11 @@ void Head::Impl::apply_report(const std::string& node_id, const json& r) {
       j.driver_exit_code = 0;
       set_terminal(j, api::kSucceeded, "Job finished successfully.");
     }
+  } else if (state == api::kReportFailed && r.value(f::kErrorType, "") == "NODE_RESTARTED") {
+    // The node's worker restarted and its ranks died with it: a lost node, as a dead one is
+    // (an elastic job goes on without it), not a failure of the job's program.
+    drop_node(j, node_id, r.value(f::kMessage, "restarted"));
+    return;
   } else if (state == api::kReportFailed) {
     std::string msg = r.value(f::kMessage, "");
     auto code = r.find(f::kExitCode);
@@ -207,7 +212,7 @@ void Head::Impl::apply_report(const std::string& node_id, const json& r) {
     if (rank != r.end() && rank->is_number_integer()) j.failed_rank = rank->get<int>();
     j.failed_node = node_id;
     j.error_type = r.value(f::kErrorType, "");
-    if (j.error_type.empty()) j.error_type = "ENTRYPOINT_FAILED";
+    if (j.error_type.empty()) j.error_type = "JOB_ENTRYPOINT_COMMAND_ERROR";
     j.last_lines.clear();
     if (auto ll = r.find(f::kLastLines); ll != r.end() && ll->is_array()) {
       for (const auto& l : *ll) {

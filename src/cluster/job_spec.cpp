@@ -125,11 +125,13 @@ JobRecord job_from_submission(const json& body) {
     if (it == body.end() || it->is_null()) continue;
     if (!it->is_string()) wrong_type(id_field, "a string", *it);
     std::string id = it->get<std::string>();
-    if (id.empty() || id.size() > 128 ||
+    // Ids become folder names on the workers and parts of URL paths: no leading '.'.
+    if (id.empty() || id.size() > 128 || id.front() == '.' ||
         id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
             std::string::npos) {
       throw InvalidArgumentError(std::string("The field '") + id_field + "' must be 1 to 128 " +
-                                 "letters, digits, '_', '.' or '-'; got \"" + id + "\".");
+                                 "letters, digits, '_', '.' or '-', not starting with '.'; got \"" +
+                                 id + "\".");
     }
     if (job.submission_id.empty()) job.submission_id = id;
   }
@@ -223,7 +225,7 @@ json job_details(const JobRecord& job, const std::optional<std::string>& token) 
   json runtime_env = job.runtime_env;
   if (token && runtime_env.contains(f::kEnvVars)) {
     for (auto& [k, v] : runtime_env[f::kEnvVars].items()) {
-      if (v.is_string() && v.get<std::string>() == *token) v = "<redacted>";
+      if (v.is_string()) v = redact(v.get<std::string>(), token);
     }
   }
   json ty = {{f::kNodes, job.nodes},

@@ -378,7 +378,9 @@ bool JobStore::delete_job(const std::string& job_id) {
     existed = sqlite3_changes(impl_->db) > 0;
   }
   for (const char* sql :
-       {"DELETE FROM job_events WHERE job_id = ?", "DELETE FROM log_lines WHERE job_id = ?"}) {
+       {"DELETE FROM job_events WHERE job_id = ?", "DELETE FROM log_lines WHERE job_id = ?",
+        // The rendezvous of a job is keyed by its id: a new job reusing the id starts afresh.
+        "DELETE FROM rdzv WHERE run_id = ?"}) {
     Impl::Stmt s(*impl_, sql);
     s.bind(1, job_id).step();
   }

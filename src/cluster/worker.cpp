@@ -61,6 +61,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr std::size_t kMaxLinesPerPost = 2'000;
+constexpr std::size_t kMaxBytesPerPost = 4 << 20;  // well under the head's 64 MiB body limit
 constexpr milliseconds kShipInterval{250};  // how often spooled lines are sent
 constexpr milliseconds kWarnEvery{10'000};  // a failing head is logged at most this often
 constexpr const char* kAssignmentFile = "assignment.json";
@@ -88,6 +89,12 @@ std::optional<std::string> read_file(const fs::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// JSON text of `j`, with bytes that are not UTF-8 (a rank may print anything) replaced by U+FFFD
+// instead of failing.
+std::string lossy_dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string random_hex(int chars) {
@@ -187,9 +194,11 @@ struct Job {
   std::unique_ptr<elastic::Agent> agent;  // null once finished (or when it never started)
 
   mutable std::mutex mu;
-  json report;                      // guarded by mu: the JobReport the next heartbeat sends
-  bool final = false;               // guarded by mu: report is the final one
-  bool final_acknowledged = false;  // a heartbeat carrying the final report was answered
+  json report;  // guarded by mu: the running JobReport (ranks, restarts)
+  // guarded by mu: the report written when the agent ended. It goes out only once every line the
+  // ranks printed is stored on the head, so that a job that ended there has its whole log.
+  std::optional<json> final_report;
+  bool final_acknowledged = false;  // a registration or heartbeat carrying it was answered
   bool stop_requested = false;
 };
 
@@ -208,6 +217,7 @@ struct Worker::Impl {
   std::mutex mu;
   std::condition_variable wake;
   bool stopping = false;  // guarded by mu
+  bool started = false;   // guarded by mu
   std::string leave_reason = "exited";
   std::atomic<bool> registered{false};
   std::atomic<int> running{0};
@@ -229,13 +239,19 @@ struct Worker::Impl {
   }
   void warn_rate_limited(const std::string& what);
 
-  json registration();
-  json heartbeat_body();
+  // Every job's report: the final one where it is due (its lines all shipped), else the running
+  // one. `finals` gets the jobs whose final report is in it.
+  json job_reports(std::vector<Job*>& finals);
+  void acknowledge(const std::vector<Job*>& finals);
+  json registration(std::vector<Job*>& finals);
+  json heartbeat_body(std::vector<Job*>& finals);
+  void loop_once(milliseconds& backoff, int& attempts, Clock::time_point& next_heartbeat);
   void handle_answer(const json& answer);
   void start_job(const json& assignment);
   void recover_jobs();
   void poll_jobs();
-  void ship_logs(bool all);
+  // Sends spooled lines, a batch per job (every batch when `all`), until `deadline`.
+  void ship_logs(bool all, Clock::time_point deadline = Clock::time_point::max());
   void finish_job(Job& job, const elastic::LaunchResult& result);
   void drain(const std::string& reason);
 };
@@ -278,12 +294,29 @@ void Worker::Impl::warn_rate_limited(const std::string& what) {
   log->warn("{}", what);
 }
 
-json Worker::Impl::registration() {
-  json jobs_json = json::array();
+json Worker::Impl::job_reports(std::vector<Job*>& finals) {
+  json out = json::array();
   for (auto& [id, job] : jobs) {
     std::lock_guard<std::mutex> lock(job->mu);
-    jobs_json.push_back(job->report);
+    if (job->final_report && job->spool->empty()) {
+      out.push_back(*job->final_report);
+      finals.push_back(job.get());
+    } else {
+      out.push_back(job->report);
+    }
   }
+  return out;
+}
+
+void Worker::Impl::acknowledge(const std::vector<Job*>& finals) {
+  for (Job* job : finals) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->final_acknowledged = true;
+  }
+}
+
+json Worker::Impl::registration(std::vector<Job*>& finals) {
+  json jobs_json = job_reports(finals);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   return {{"node_id", node_id},
@@ -293,12 +326,8 @@ json Worker::Impl::registration() {
           {"jobs", jobs_json}};
 }
 
-json Worker::Impl::heartbeat_body() {
-  json jobs_json = json::array();
-  for (auto& [id, job] : jobs) {
-    std::lock_guard<std::mutex> lock(job->mu);
-    jobs_json.push_back(job->report);
-  }
+json Worker::Impl::heartbeat_body(std::vector<Job*>& finals) {
+  json jobs_json = job_reports(finals);
   const UsageSample u = usage.sample();
   return {{"usage",
            {{"cpu_used", u.cpu_used},
@@ -312,92 +341,93 @@ void Worker::Impl::run() {
   int attempts = 0;
   auto next_heartbeat = Clock::now();
   while (!is_stopping()) {
-    if (!registered) {
-      try {
-        // The route to the head is asked again on every attempt: the head may come back at
-        // another address behind the same name.
-        if (options.address.empty()) {
-          address =
-              route_address(net::url_host(base), net::url_port(base),
-                            {.what = "the head", .host_flag = "--head", .local_flag = "--address"});
-        } else {
-          address = options.address;
-        }
-        const json answer = client->post(api::kNodesPath, registration(), true);
-        if (answer.contains("heartbeat_interval_ms")) {
-          heartbeat_interval = milliseconds(answer["heartbeat_interval_ms"].get<std::int64_t>());
-        }
-        registered = true;
-        log->info(
-            "Registered with the head at {} as node {} ({} CPU, {} GPU, {} bytes of memory; "
-            "reachable at {}).",
-            base, node_id, resources.cpu, resources.gpu, resources.memory_bytes, address);
-        backoff = options.connect_backoff;
-        attempts = 0;
-        for (auto& [id, job] : jobs) {
-          std::lock_guard<std::mutex> lock(job->mu);
-          if (job->final) job->final_acknowledged = true;  // the registration carried it
-        }
-        next_heartbeat = Clock::now();
-      } catch (const InvalidArgumentError& e) {
-        warn_rate_limited(detail::concat("The head at ", base,
-                                         " refused this node's "
-                                         "registration: ",
-                                         e.what()));
-      } catch (const Error& e) {
-        ++attempts;
-        warn_rate_limited(detail::concat("Waiting for the head at ", base, " (attempt ", attempts,
-                                         "): ", e.what()));
-      }
-      if (!registered) {
-        if (!wait_for(jittered(backoff))) break;
-        backoff = std::min(backoff * 2, options.connect_backoff_max);
-        continue;
-      }
+    try {
+      loop_once(backoff, attempts, next_heartbeat);
+    } catch (const std::exception& e) {
+      // Not an answer from the head (those are handled inside): a full disk, a malformed answer.
+      // The daemon and its jobs stay up; the next round tries again.
+      log->error("The worker's loop failed (it goes on): {}", e.what());
+      if (!wait_for(options.connect_backoff)) break;
     }
-    poll_jobs();
-    if (Clock::now() >= next_heartbeat) {
-      try {
-        std::vector<Job*> finals;
-        for (auto& [id, job] : jobs) {
-          std::lock_guard<std::mutex> lock(job->mu);
-          if (job->final) finals.push_back(job.get());
-        }
-        const json answer = client->post(api::node_heartbeat_path(node_id), heartbeat_body(), true);
-        for (Job* job : finals) {
-          std::lock_guard<std::mutex> lock(job->mu);
-          job->final_acknowledged = true;
-        }
-        handle_answer(answer);
-        backoff = options.connect_backoff;
-      } catch (const Error& e) {
-        warn_rate_limited(detail::concat("A heartbeat to the head at ", base,
-                                         " failed (the jobs "
-                                         "here keep running): ",
-                                         e.what()));
-      }
-      next_heartbeat = Clock::now() + heartbeat_interval;
-    }
-    ship_logs(false);
-    // Jobs whose final report the head has and whose lines it has stored leave the worker.
-    for (auto it = jobs.begin(); it != jobs.end();) {
-      Job& job = *it->second;
-      bool done = false;
-      {
-        std::lock_guard<std::mutex> lock(job.mu);
-        done = job.final && job.final_acknowledged && job.spool->empty();
-      }
-      if (done) {
-        std::error_code ec;
-        fs::remove_all(job.dir, ec);
-        it = jobs.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (!wait_for(std::min(kShipInterval, heartbeat_interval))) break;
   }
   drain(leave_reason);
+}
+
+void Worker::Impl::loop_once(milliseconds& backoff,
+                             int& attempts,
+                             Clock::time_point& next_heartbeat) {
+  if (!registered) {
+    try {
+      // The route to the head is asked again on every attempt: the head may come back at
+      // another address behind the same name.
+      address = !options.address.empty()
+                    ? options.address
+                    : route_address(net::url_host(base), net::url_port(base),
+                                    {.what = "the head", .host_flag = "--head",
+                                     .local_flag = "--address"});
+      std::vector<Job*> finals;
+      const json answer = client->post(api::kNodesPath, registration(finals), true);
+      acknowledge(finals);
+      if (answer.contains("heartbeat_interval_ms")) {
+        heartbeat_interval = milliseconds(answer["heartbeat_interval_ms"].get<std::int64_t>());
+      }
+      registered = true;
+      log->info(
+          "Registered with the head at {} as node {} ({} CPU, {} GPU, {} bytes of memory; "
+          "reachable at {}).",
+          base, node_id, resources.cpu, resources.gpu, resources.memory_bytes, address);
+      backoff = options.connect_backoff;
+      attempts = 0;
+      next_heartbeat = Clock::now();
+    } catch (const InvalidArgumentError& e) {
+      warn_rate_limited(
+          detail::concat("The head at ", base, " refused this node's registration: ", e.what()));
+    } catch (const Error& e) {
+      ++attempts;
+      warn_rate_limited(detail::concat("Waiting for the head at ", base, " (attempt ", attempts,
+                                       "): ", e.what()));
+    }
+    if (!registered) {
+      wait_for(jittered(backoff));
+      backoff = std::min(backoff * 2, options.connect_backoff_max);
+      return;
+    }
+  }
+  poll_jobs();
+  // Lines first: a final report is due only once its job's lines are all stored.
+  ship_logs(false);
+  if (Clock::now() >= next_heartbeat) {
+    try {
+      std::vector<Job*> finals;
+      const json answer = client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals),
+                                       true);
+      // A head that does not know this node (restarted) applied nothing: the registration that
+      // follows carries the final reports again.
+      if (answer.value("registered", true)) acknowledge(finals);
+      handle_answer(answer);
+    } catch (const Error& e) {
+      warn_rate_limited(detail::concat("A heartbeat to the head at ", base,
+                                       " failed (the jobs here keep running): ", e.what()));
+    }
+    next_heartbeat = Clock::now() + heartbeat_interval;
+  }
+  // Jobs whose final report the head has (and so every line) leave the worker.
+  for (auto it = jobs.begin(); it != jobs.end();) {
+    Job& job = *it->second;
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      done = job.final_report && job.final_acknowledged;
+    }
+    if (done) {
+      std::error_code ec;
+      fs::remove_all(job.dir, ec);
+      it = jobs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  wait_for(std::min(kShipInterval, heartbeat_interval));
 }
 
 void Worker::Impl::handle_answer(const json& answer) {
@@ -429,6 +459,12 @@ void Worker::Impl::handle_answer(const json& answer) {
 void Worker::Impl::start_job(const json& a) {
   auto job = std::make_unique<Job>();
   job->id = a.at("job_id");
+  // The id names a folder under state_dir/jobs: nothing that could step out of it.
+  TY_CHECK_T(InvalidArgumentError,
+             !job->id.empty() && job->id.front() != '.' &&
+                 job->id.find_first_of("/\\") == std::string::npos,
+             "The head assigned a job with the id '", job->id,
+             "', which cannot name a folder; the job is not run here.");
   job->assignment = a;
   job->dir = fs::path(options.state_dir) / "jobs" / job->id;
   fs::create_directories(job->dir);
@@ -447,6 +483,8 @@ void Worker::Impl::start_job(const json& a) {
     r.local_addr = address;
     r.local_world_size = nproc;
     r.backend_timeout = options.head_outage_timeout;
+    // The nodes of a job notice a lost one within three heartbeat intervals, as the head does.
+    r.keep_alive_interval = heartbeat_interval;
     auto backend =
         elastic::make_head_backend({.head = base, .run_id = job->id, .token = options.token});
     elastic::LaunchOptions o;
@@ -454,6 +492,7 @@ void Worker::Impl::start_job(const json& a) {
     o.nproc_per_node = nproc;
     o.run_id = job->id;
     o.max_restarts = a.value("max_restarts", 0);
+    o.term_timeout = options.stop_timeout;
     o.rendezvous = std::make_shared<elastic::Rendezvous>(std::move(backend), r);
     const json env = a.value("env", json::object());  // kept: items() refers to it
     for (const auto& [k, v] : env.items()) {
@@ -489,13 +528,12 @@ void Worker::Impl::start_job(const json& a) {
     log->error("Could not start job {}: {}", job->id, e.what());
     job->agent.reset();
     std::lock_guard<std::mutex> lock(job->mu);
-    job->report = {
+    job->final_report = json{
         {"job_id", job->id},
         {"state", "failed"},
         {"error_type", "JOB_ENTRYPOINT_COMMAND_START_ERROR"},
         {"message", detail::concat("Node ", node_id, " could not start the job: ", e.what())}};
-    job->final = true;
-    write_file_atomically(job->dir / kReportFile, job->report.dump());
+    write_file_atomically(job->dir / kReportFile, lossy_dump(*job->final_report));
   }
   jobs.emplace(raw->id, std::move(job));
 }
@@ -518,7 +556,7 @@ void Worker::Impl::finish_job(Job& job, const elastic::LaunchResult& result) {
   job.agent.reset();
   running--;
   std::lock_guard<std::mutex> lock(job.mu);
-  json& r = job.report;
+  json r = job.report;
   r["restart_count"] = result.restart_count;
   if (result.succeeded) {
     r["state"] = "succeeded";
@@ -537,9 +575,9 @@ void Worker::Impl::finish_job(Job& job, const elastic::LaunchResult& result) {
       r["last_lines"] = e.last_lines;
     }
   }
-  job.final = true;
-  write_file_atomically(job.dir / kReportFile, r.dump());
+  write_file_atomically(job.dir / kReportFile, lossy_dump(r));
   log->info("Job {} ended here: {}.", job.id, r["state"].get<std::string>());
+  job.final_report = std::move(r);
 }
 
 void Worker::Impl::recover_jobs() {
@@ -553,29 +591,35 @@ void Worker::Impl::recover_jobs() {
     job->dir = entry.path();
     job->assignment = json::parse(*assignment, nullptr, false);
     job->spool = std::make_unique<LogSpool>(job->dir);
-    job->final = true;
-    if (auto report = read_file(entry.path() / kReportFile)) {
-      job->report = json::parse(*report, nullptr, false);
-    }
-    if (!job->report.is_object()) {
-      job->report = {{"job_id", job->id},
-                     {"state", "failed"},
-                     {"error_type", "NODE_RESTARTED"},
-                     {"message", detail::concat("The worker on node ", node_id,
-                                                " restarted while the job ran; its ranks on this "
-                                                "node were stopped with it.")}};
-      write_file_atomically(job->dir / kReportFile, job->report.dump());
+    json report;
+    if (auto text = read_file(entry.path() / kReportFile)) report = json::parse(*text, nullptr, false);
+    if (!report.is_object()) {
+      report = {{"job_id", job->id},
+                {"state", "failed"},
+                {"error_type", "NODE_RESTARTED"},
+                {"message", detail::concat("The worker on node ", node_id,
+                                           " restarted while the job ran; its ranks on this "
+                                           "node were stopped with it.")}};
+      write_file_atomically(job->dir / kReportFile, lossy_dump(report));
     }
     log->info("Recovered job {} from {} ({}).", job->id, job->dir.string(),
-              job->report.value("state", "?"));
+              report.value("state", "?"));
+    job->report = report;
+    job->final_report = std::move(report);
     jobs.emplace(job->id, std::move(job));
   }
 }
 
-void Worker::Impl::ship_logs(bool all) {
+void Worker::Impl::ship_logs(bool all, Clock::time_point deadline) {
   for (auto& [id, job] : jobs) {
-    do {
-      const auto lines = job->spool->take(kMaxLinesPerPost);
+    while (Clock::now() < deadline) {
+      auto lines = job->spool->take(kMaxLinesPerPost);
+      // Batches stay far below the head's body limit however long the lines are.
+      std::size_t bytes = 0, n = 0;
+      while (n < lines.size() && (n == 0 || bytes + lines[n].text.size() <= kMaxBytesPerPost)) {
+        bytes += lines[n++].text.size();
+      }
+      lines.resize(n);
       if (lines.empty()) break;
       json body_lines = json::array();
       for (const auto& l : lines) body_lines.push_back({{"rank", l.rank}, {"text", l.text}});
@@ -590,20 +634,22 @@ void Worker::Impl::ship_logs(bool all) {
       } catch (const Error& e) {
         warn_rate_limited(detail::concat("Could not ship job ", id, "'s logs to the head at ", base,
                                          " (they stay spooled): ", e.what()));
-        return;
+        break;  // the next job's lines may still go
       }
-    } while (all);
+      if (!all) break;
+    }
   }
 }
 
 void Worker::Impl::drain(const std::string& reason) {
-  // Stop every job's ranks and wait for them, bounded by their term_timeout.
+  // Stop every job's ranks and wait for them: SIGTERM, SIGKILL after the agents' term_timeout
+  // (stop_timeout). A job the head already asked to stop is not signalled twice (a second stop
+  // kills at once, cutting short a save on SIGTERM).
   for (auto& [id, job] : jobs) {
     if (!job->agent) continue;
-    {
-      std::lock_guard<std::mutex> lock(job->mu);
-      job->stop_requested = true;
-    }
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->stop_requested) continue;
+    job->stop_requested = true;
     job->agent->stop(SIGTERM);
   }
   for (auto& [id, job] : jobs) {
@@ -617,10 +663,12 @@ void Worker::Impl::drain(const std::string& reason) {
     finish_job(*job, result);
   }
   if (!registered) return;
-  // Hand over what is left: logs, final reports, then leave.
+  // Hand over what is left within stop_timeout: logs, final reports, then leave. What does not
+  // go stays spooled for the next start of this worker.
   try {
-    ship_logs(true);
-    client->post(api::node_heartbeat_path(node_id), heartbeat_body(), true);
+    ship_logs(true, Clock::now() + options.stop_timeout);
+    std::vector<Job*> finals;
+    client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals), true);
     client->post(api::node_leave_path(node_id), {{"reason", reason}}, true);
     log->info("Left the cluster ({}).", reason);
   } catch (const Error& e) {
@@ -638,18 +686,24 @@ Worker::~Worker() {
 }
 
 void Worker::start() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    TY_CHECK(!impl_->started, "Worker::start() was called twice.");
+    impl_->started = true;
+  }
   impl_->start();
 }
 
 void Worker::stop(const std::string& reason) {
+  std::thread thread;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->stopping && !impl_->thread.joinable()) return;
     impl_->stopping = true;
     impl_->leave_reason = reason;
+    thread = std::move(impl_->thread);  // exactly one caller joins it
   }
   impl_->wake.notify_all();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (thread.joinable()) thread.join();
 }
 
 const std::string& Worker::node_id() const {

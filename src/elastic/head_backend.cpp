@@ -70,6 +70,12 @@ class HeadBackend final : public RendezvousBackend {
                                  r.status, "): ", excerpt(r.body),
                                  " HINT: the worker's token does not match the head's."));
     }
+    if (r.status >= 500 || r.status == 408 || r.status == 429) {
+      // The head restarting, a proxy in front of it, a busy disk: an outage the rendezvous rides
+      // out (Note [Backend outages]), not the end of the job.
+      throw NetworkError(detail::concat(describe(), " answered the rendezvous ", method,
+                                        " with HTTP ", r.status, ": ", excerpt(r.body)));
+    }
     if (r.status != 200) {
       throw Error(detail::concat(describe(), " answered the rendezvous ", method, " with HTTP ",
                                  r.status, ": ", excerpt(r.body)));
