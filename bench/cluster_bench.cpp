@@ -65,9 +65,13 @@ HttpRequest request(const Head& head, std::string method, std::string path, std:
 }
 
 // One call that must answer 200; its body as JSON.
-json call(HttpClient& client, const Head& head, std::string method, std::string path,
+json call(HttpClient& client,
+          const Head& head,
+          std::string method,
+          std::string path,
           const json& body = nullptr) {
-  auto r = client.perform(request(head, std::move(method), path, body.is_null() ? "" : body.dump()));
+  auto r =
+      client.perform(request(head, std::move(method), path, body.is_null() ? "" : body.dump()));
   if (r.status != 200) throw trainyard::Error(path + ": " + r.describe());
   return json::parse(r.body);
 }
@@ -124,9 +128,10 @@ void hammer(const Head& head, const std::string& path, const Options& o) {
     }
   }
   std::sort(all.begin(), all.end());
-  std::printf("%-22s %7d %9zu %7ld %7d %10.0f %8.2f %8.2f %8.2f %9.2f\n", path.c_str(),
-              o.clients, all.size(), errs, starved, static_cast<double>(all.size()) / wall, percentile(all, 0.5),
-              percentile(all, 0.99), percentile(all, 0.999), all.empty() ? 0.0 : all.back());
+  std::printf("%-22s %7d %9zu %7ld %7d %10.0f %8.2f %8.2f %8.2f %9.2f\n", path.c_str(), o.clients,
+              all.size(), errs, starved, static_cast<double>(all.size()) / wall,
+              percentile(all, 0.5), percentile(all, 0.99), percentile(all, 0.999),
+              all.empty() ? 0.0 : all.back());
   std::fflush(stdout);
 }
 
@@ -141,9 +146,10 @@ void api_part(const Options& o, const fs::path& dir) {
           {f::kAddress, "127.0.0.1"},
           {f::kResources, {{f::kCpu, 4}, {f::kGpu, 0}, {f::kMemoryBytes, 16LL << 30}}}});
   }
-  for (int i = 0; i < o.jobs; ++i) call(client, head, "POST", "/api/jobs/", pending_job(i, o.nodes + 1));
+  for (int i = 0; i < o.jobs; ++i)
+    call(client, head, "POST", "/api/jobs/", pending_job(i, o.nodes + 1));
   std::atomic<bool> stop{false};
-  double heartbeat_max_s = 0;  // the longest heartbeat call, written by the thread below
+  double heartbeat_max_s = 0;   // the longest heartbeat call, written by the thread below
   std::thread heartbeats([&] {  // the fake nodes stay alive
     HttpClient hb;
     while (!stop.load()) {
@@ -153,14 +159,16 @@ void api_part(const Options& o, const fs::path& dir) {
              {{f::kUsage, json::object()}, {f::kJobs, json::array()}});
         heartbeat_max_s = std::max(heartbeat_max_s, seconds_since(t0));
       }
-      for (int i = 0; i < 20 && !stop.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 20 && !stop.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
   json status = call(client, head, "GET", std::string(api::kStatusPath));
-  std::printf("api: a head with %zu nodes (heartbeating every 2 s) and %d PENDING jobs; "
-              "%d clients for %.0f s per path; status body %zu B, jobs body %zu B\n",
-              status["nodes"].size(), o.jobs, o.clients, o.seconds, status.dump().size(),
-              call(client, head, "GET", "/api/jobs/").dump().size());
+  std::printf(
+      "api: a head with %zu nodes (heartbeating every 2 s) and %d PENDING jobs; "
+      "%d clients for %.0f s per path; status body %zu B, jobs body %zu B\n",
+      status["nodes"].size(), o.jobs, o.clients, o.seconds, status.dump().size(),
+      call(client, head, "GET", "/api/jobs/").dump().size());
   std::printf("%-22s %7s %9s %7s %7s %10s %8s %8s %8s %9s\n", "path", "clients", "requests",
               "errors", "starved", "req/s", "p50_ms", "p99_ms", "p999_ms", "max_ms");
   hammer(head, std::string(api::kStatusPath), o);
@@ -182,11 +190,13 @@ void restart_part(const Options& o, const fs::path& dir) {
     head.start();
     HttpClient client;
     auto t0 = Clock::now();
-    for (int i = 0; i < o.restart_jobs; ++i) call(client, head, "POST", "/api/jobs/", pending_job(i, 2));
+    for (int i = 0; i < o.restart_jobs; ++i)
+      call(client, head, "POST", "/api/jobs/", pending_job(i, 2));
     double fill = seconds_since(t0);
-    std::printf("restart: %d jobs POSTed one after another in %.2f s (%.0f submits/s); head.db %.1f MB\n",
-                o.restart_jobs, fill, o.restart_jobs / fill,
-                static_cast<double>(fs::file_size(ho.state_dir / "head.db")) / 1e6);
+    std::printf(
+        "restart: %d jobs POSTed one after another in %.2f s (%.0f submits/s); head.db %.1f MB\n",
+        o.restart_jobs, fill, o.restart_jobs / fill,
+        static_cast<double>(fs::file_size(ho.state_dir / "head.db")) / 1e6);
     head.stop();
   }
   std::printf("%-4s %10s %14s %12s\n", "run", "start_s", "first_list_s", "list_bytes");
@@ -206,7 +216,8 @@ void restart_part(const Options& o, const fs::path& dir) {
           break;
         }
       }
-      if (seconds_since(t0) > 60) throw trainyard::Error("the restarted head did not list every job in 60 s");
+      if (seconds_since(t0) > 60)
+        throw trainyard::Error("the restarted head did not list every job in 60 s");
     }
     std::printf("%-4d %10.3f %14.3f %12zu\n", r, started, seconds_since(t0), bytes);
     std::fflush(stdout);
@@ -228,15 +239,25 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--parts") o.parts = value();
-    else if (a == "--clients") o.clients = std::stoi(value());
-    else if (a == "--seconds") o.seconds = std::stod(value());
-    else if (a == "--nodes") o.nodes = std::stoi(value());
-    else if (a == "--jobs") o.jobs = std::stoi(value());
-    else if (a == "--restart-jobs") o.restart_jobs = std::stoi(value());
-    else if (a == "--restarts") o.restarts = std::stoi(value());
+    if (a == "--parts")
+      o.parts = value();
+    else if (a == "--clients")
+      o.clients = std::stoi(value());
+    else if (a == "--seconds")
+      o.seconds = std::stod(value());
+    else if (a == "--nodes")
+      o.nodes = std::stoi(value());
+    else if (a == "--jobs")
+      o.jobs = std::stoi(value());
+    else if (a == "--restart-jobs")
+      o.restart_jobs = std::stoi(value());
+    else if (a == "--restarts")
+      o.restarts = std::stoi(value());
     else {
-      std::fprintf(stderr, "cluster_bench: unknown argument '%s' (see the comment atop bench/cluster_bench.cpp)\n", a.c_str());
+      std::fprintf(
+          stderr,
+          "cluster_bench: unknown argument '%s' (see the comment atop bench/cluster_bench.cpp)\n",
+          a.c_str());
       return 2;
     }
   }
@@ -246,9 +267,12 @@ int main(int argc, char** argv) {
   try {
     std::istringstream parts(o.parts);
     for (std::string p; parts >> p;) {
-      if (p == "api") api_part(o, dir);
-      else if (p == "restart") restart_part(o, dir);
-      else throw trainyard::Error("unknown part '" + p + "' (api, restart)");
+      if (p == "api")
+        api_part(o, dir);
+      else if (p == "restart")
+        restart_part(o, dir);
+      else
+        throw trainyard::Error("unknown part '" + p + "' (api, restart)");
       std::printf("\n");
     }
   } catch (const std::exception& e) {

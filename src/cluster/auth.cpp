@@ -137,12 +137,16 @@ std::optional<net::ServerResponse> check_request(const net::ServerRequest& reque
                  "': a head without a token answers only requests for a loopback host.");
   }
   const std::string& m = request.method;
-  if ((m == "POST" || m == "PUT" || m == "DELETE" || m == "PATCH") &&
+  // A WebSocket handshake is a GET, but no same-origin rule keeps a page from reading what comes
+  // back on it (a job's logs): a browser's upgrade is refused like a browser's change.
+  const bool upgrade = !request.header("Upgrade").empty();
+  if ((m == "POST" || m == "PUT" || m == "DELETE" || m == "PATCH" || upgrade) &&
       !request.header("Origin").empty()) {
     return net::ServerResponse::json_error(
-        403, "Refused a " + m +
+        403, "Refused a " + (upgrade ? std::string("WebSocket") : m) +
                  " from a browser page (an Origin header): a head without a token accepts "
-                 "changes only from non-browser clients. Hint: give the head a --token-file.");
+                 "changes and log tails only from non-browser clients. Hint: give the head a "
+                 "--token-file.");
   }
   return std::nullopt;
 }

@@ -88,7 +88,7 @@ TEST(ClusterE2E, HeadAndTwoWorkersInNamespacesTrainFashionMnistOnTwoNodes) {
       << r.out << r.err << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
   EXPECT_TRUE(contains(r.out, "Job 'fmnist' succeeded")) << r.out;
   // Every rank's epoch line, prefixed with the node that ran it and the rank.
-  for (const std::string& w : {"w1", "w2"}) {
+  for (const std::string w : {"w1", "w2"}) {
     EXPECT_TRUE(contains(r.out, "[" + cluster.node_id(w).substr(0, 8) + ":")) << r.out;
   }
   EXPECT_TRUE(contains(r.out, "Process rank 0")) << r.out;

@@ -93,7 +93,7 @@ TEST_F(ClusterTest, TwoNodeJobSucceedsWithLogsPrefixedByNodeAndRank) {
   ASSERT_EQ(r.status.exit_code, 0) << r.out << r.err << cluster.log_of("head");
   EXPECT_TRUE(contains(r.out, "Job 'two-nodes' submitted successfully")) << r.out;
   EXPECT_TRUE(contains(r.out, "Job 'two-nodes' succeeded")) << r.out;
-  for (const std::string& name : {"w1", "w2"}) {
+  for (const std::string name : {"w1", "w2"}) {
     const std::string id = cluster.node_id(name);
     const bool has_line = contains(r.out, id.substr(0, 8) + ":0] hello from rank 0 of 2") ||
                           contains(r.out, id.substr(0, 8) + ":1] hello from rank 1 of 2");
@@ -218,6 +218,16 @@ TEST_F(ClusterTest, RayJobSubmissionClientCallsWork) {
                   {{"TRAINYARD_TOKEN", cluster.token()}}, 50s);
   EXPECT_EQ(r.status.exit_code, 0) << r.out << r.err << cluster.log_of("head");
   EXPECT_TRUE(contains(r.out, "all Ray client calls answered")) << r.out;
+}
+
+TEST_F(ClusterTest, OutputThatIsNotUtf8ReachesTheLogsWithReplacementCharacters) {
+  cluster.start_head({"--num-cpus", "1"});
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 1; }, 20s));
+  const RunOutput r = cluster.cli({"submit", "--submission-id", "latin1", "--", "sh", "-c",
+                                   "printf 'caf\\351 au lait\\n'; printf '\\377\\376\\n' >&2"},
+                                  30s);
+  ASSERT_EQ(r.status.exit_code, 0) << r.out << r.err << cluster.log_of("head");
+  EXPECT_TRUE(contains(r.out, "caf\xEF\xBF\xBD au lait")) << r.out;
 }
 
 TEST_F(ClusterTest, TheTokenIsCheckedOnEveryCall) {

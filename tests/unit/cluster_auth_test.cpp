@@ -87,6 +87,12 @@ TEST(ClusterAuthTest, TokenlessLoopbackRefusesBrowsersAndForeignHosts) {
   auto r = check_request(request("POST", {{"Origin", "http://evil.example"}}), std::nullopt);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403);
+  // A page's WebSocket to the log tail: no same-origin rule protects what it reads.
+  r = check_request(
+      request("GET", {{"Upgrade", "websocket"}, {"Origin", "http://evil.example"}}), std::nullopt);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 403);
+  EXPECT_NE(r->body.find("WebSocket"), std::string::npos);
   r = check_request(request("GET", {{"Host", "evil.example:8265"}}), std::nullopt);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403);
