@@ -3,7 +3,9 @@
 #
 #   submit  the seconds from just before `trainyard submit --no-wait --nodes 2` to each rank's
 #           start, on a head with --num-cpus 0 and 2 workers; every rank's entrypoint writes
-#           `date +%s.%N` to a file first. Also the seconds `submit` itself took.
+#           `date +%s.%N` to a file first; each submit waits a random 0-2 s first (a random
+#           phase against the heartbeats that bring workers their assignments). Also the
+#           seconds `submit` itself took.
 #   dead    the seconds from `kill -9` of a worker (its process group: the worker and nothing
 #           else, it runs no job) until GET /api/cluster/status calls its node "suspect" and
 #           "dead", polled every 50 ms with curl, at each --heartbeat-interval/--dead-after pair.
