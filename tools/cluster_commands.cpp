@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -75,40 +76,44 @@ std::pair<std::string, std::string> key_value(const std::string& text, const cha
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
-// Prints what a job's log gained since `printed` characters; returns the new count. Lines of
-// other ranks are left out when rank >= 0 (lines carry a "[node:rank] " prefix).
-std::size_t print_new_logs(cluster::HeadClient& client,
-                           const std::string& id,
-                           std::size_t printed,
-                           int rank) {
-  const json answer = client.get(cluster::api::job_logs_path(id));
-  const std::string logs = answer.value("logs", "");
-  if (logs.size() <= printed) return printed;
-  const std::string fresh = logs.substr(printed);
-  if (rank < 0) {
-    std::fwrite(fresh.data(), 1, fresh.size(), stdout);
-  } else {
-    const std::string tag = ":" + std::to_string(rank) + "] ";
-    std::size_t start = 0;
-    while (start < fresh.size()) {
-      std::size_t end = fresh.find('\n', start);
-      end = end == std::string::npos ? fresh.size() : end + 1;
-      const std::string line = fresh.substr(start, end - start);
-      const std::size_t close = line.find("] ");
-      if (close != std::string::npos &&
-          line.compare(close - tag.size() + 2, tag.size(), tag) == 0) {
-        std::fwrite(line.data(), 1, line.size(), stdout);
+// Prints the job's log lines after line `after` (all of them for 0) and returns the number of the
+// last line printed; pages through GET /logs?after=N. Lines of other ranks are left out when
+// rank >= 0 (lines carry a "[node:rank] " prefix).
+std::int64_t print_new_logs(cluster::HeadClient& client,
+                            const std::string& id,
+                            std::int64_t after,
+                            int rank) {
+  const std::string tag = ":" + std::to_string(rank) + "] ";
+  for (;;) {
+    const json answer =
+        client.get(cluster::api::job_logs_path(id) + "?after=" + std::to_string(after));
+    const std::string logs = answer.value("logs", "");
+    const std::int64_t next = answer.value("next", after);
+    if (rank < 0) {
+      std::fwrite(logs.data(), 1, logs.size(), stdout);
+    } else {
+      std::size_t start = 0;
+      while (start < logs.size()) {
+        std::size_t end = logs.find('\n', start);
+        end = end == std::string::npos ? logs.size() : end + 1;
+        const std::string_view line(logs.data() + start, end - start);
+        const std::size_t close = line.find("] ");
+        if (close != std::string_view::npos && close + 2 >= tag.size() &&
+            line.substr(close + 2 - tag.size(), tag.size()) == tag) {
+          std::fwrite(line.data(), 1, line.size(), stdout);
+        }
+        start = end;
       }
-      start = end;
     }
+    std::fflush(stdout);
+    if (next == after) return after;  // nothing more for now
+    after = next;
   }
-  std::fflush(stdout);
-  return logs.size();
 }
 
 // Follows a job's logs until it ends; returns its final details.
 json follow(cluster::HeadClient& client, const std::string& id, int rank) {
-  std::size_t printed = 0;
+  std::int64_t printed = 0;
   for (;;) {
     const json job = client.get(cluster::api::job_path(id));
     printed = print_new_logs(client, id, printed, rank);

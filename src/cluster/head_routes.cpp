@@ -15,6 +15,10 @@ using nlohmann::json;
 namespace f = api::field;
 using namespace head_detail;
 
+namespace {
+constexpr std::int64_t kLogPageLines = 10'000;  // per GET of /logs?after=N
+}  // namespace
+
 void Head::Impl::add_routes() {
   net::HttpServer& s = *server;
   s.set_hook([this](const net::ServerRequest& req) { return check_request(req, o.token); });
@@ -98,11 +102,30 @@ void Head::Impl::add_routes() {
       std::lock_guard<std::mutex> lock(mu);
       id = find_job(req.params.at("id")).job_id;
     }
-    std::string text;
-    for (const LogLine& l : store->read_logs(id)) {
-      text += log_line_prefix(l.node_id, l.rank) + l.text + "\n";
+    // Ray's answer is the whole log. `?after=N` (trainyard's, for followers such as
+    // `trainyard logs -f`) pages instead: the lines after line N, at most kLogPageLines, and
+    // "next", the N to ask for next.
+    const auto after = req.query.find("after");
+    std::int64_t from = 0;
+    std::int64_t limit = INT64_MAX;
+    if (after != req.query.end()) {
+      try {
+        from = std::stoll(after->second);
+      } catch (const std::exception&) {
+        throw net::HttpStatusError(400, "The query 'after' must be a line number; got '" +
+                                            after->second + "'.");
+      }
+      limit = kLogPageLines;
     }
-    return json_response({{f::kLogs, text}});
+    std::string text;
+    std::int64_t next = from;
+    for (const LogLine& l : store->read_logs(id, from, limit)) {
+      text += log_line_prefix(l.node_id, l.rank) + l.text + "\n";
+      next = l.order;
+    }
+    json out = {{f::kLogs, text}};
+    if (after != req.query.end()) out["next"] = next;
+    return json_response(out);
   });
 
   s.websocket(std::string(api::kJobLogsTailPattern),

@@ -8,12 +8,11 @@
 #include "trainyard/error.h"
 
 // Note [Store durability]
-// The database runs in WAL mode. Every state transition (a node's state, a job's status, an
-// assignment, a rendezvous write) commits with synchronous=FULL, so a transition the head has
-// answered survives a power cut. Log lines are many and can be resent by the worker (they are
-// idempotent by (job, node, seq)), so their batches commit with synchronous=NORMAL: a crash may
-// lose the last batches, which the worker then sends again. SQLite allows switching the level
-// between transactions on one connection.
+// The database runs in WAL mode, and every transaction commits with synchronous=FULL: a state
+// transition (a node's state, a job's status, an assignment, a rendezvous write) or a batch of log
+// lines that the head has answered survives a power cut. Log lines need it as much as states do:
+// the worker forgets a batch once the head has stored it (Note [Worker and head]), so no one could
+// send it again. Batches are up to 2,000 lines or 4 MiB, one fsync each.
 
 namespace trainyard::cluster {
 namespace {
@@ -411,12 +410,7 @@ int64_t JobStore::append_logs(const std::string& job_id,
                               int64_t first_seq,
                               const std::vector<RankText>& lines) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  // See Note [Store durability]: log lines commit with synchronous=NORMAL.
-  impl_->exec("PRAGMA synchronous=NORMAL", "set synchronous=NORMAL");
-  struct RestoreFull {
-    Impl& impl;
-    ~RestoreFull() { sqlite3_exec(impl.db, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr); }
-  } restore{*impl_};
+  // Committed with synchronous=FULL, as everything: see Note [Store durability].
   Impl::Transaction tx(*impl_);
   int64_t order = 0;
   {
