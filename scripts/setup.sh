@@ -14,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   dataset-fashion-mnist fortunes                   # data sets
   python3-torch python3-torchvision                # the Python peer for comparisons
+  python3-requests python3-aiohttp                 # Ray's Jobs client calls replayed in the cluster tests
   etcd-server etcd-client                          # etcd for the etcd rendezvous tests
   iproute2 procps
 )
