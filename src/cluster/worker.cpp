@@ -26,6 +26,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +39,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -62,8 +65,8 @@ using std::chrono::milliseconds;
 
 constexpr std::size_t kMaxLinesPerPost = 2'000;
 constexpr std::size_t kMaxBytesPerPost = 4 << 20;  // well under the head's 64 MiB body limit
-constexpr milliseconds kShipInterval{250};  // how often spooled lines are sent
-constexpr milliseconds kWarnEvery{10'000};  // a failing head is logged at most this often
+constexpr milliseconds kShipInterval{250};         // how often spooled lines are sent
+constexpr milliseconds kWarnEvery{10'000};         // a failing head is logged at most this often
 constexpr const char* kAssignmentFile = "assignment.json";
 constexpr const char* kReportFile = "report.json";
 constexpr const char* kOutputFile = "output.log";
@@ -89,6 +92,18 @@ std::optional<std::string> read_file(const fs::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A whole decimal number (surrounding whitespace allowed), or nullopt.
+std::optional<std::int64_t> parse_int(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return value;
 }
 
 // JSON text of `j`, with bytes that are not UTF-8 (a rank may print anything) replaced by U+FFFD
@@ -124,22 +139,37 @@ class LogSpool {
   };
 
   explicit LogSpool(fs::path dir) : dir_(std::move(dir)) {
-    if (auto shipped = read_file(dir_ / kShippedFile)) shipped_ = std::stoll(*shipped);
-    // Lines from an earlier run of the worker: "<seq>\t<rank>\t<text>".
-    std::ifstream in(dir_ / kOutputFile);
-    std::string row;
-    while (std::getline(in, row)) {
+    // What a crash can leave: a `shipped` file that is empty or cut (then every spooled line goes
+    // again; the head stores each number once), and a last row without its newline (cut off
+    // here, so that the next row starts on a line of its own).
+    if (auto shipped = read_file(dir_ / kShippedFile)) shipped_ = parse_int(*shipped).value_or(0);
+    const fs::path output = dir_ / kOutputFile;
+    std::string text = read_file(output).value_or("");
+    if (!text.empty() && text.back() != '\n') {
+      text.resize(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+      std::error_code ec;
+      fs::resize_file(output, text.size(), ec);
+    }
+    // Rows from an earlier run of the worker: "<seq>\t<rank>\t<text>".
+    std::size_t start = 0;
+    while (start < text.size()) {
+      const std::size_t end = text.find('\n', start);
+      const std::string_view row(text.data() + start, end - start);
+      start = end + 1;
       const std::size_t a = row.find('\t');
-      const std::size_t b = a == std::string::npos ? a : row.find('\t', a + 1);
-      if (b == std::string::npos) continue;  // a line cut by a crash mid-write
-      const std::int64_t seq = std::stoll(row.substr(0, a));
-      next_ = std::max(next_, seq + 1);
-      if (seq >= shipped_)
-        pending_.push_back({seq, std::stoi(row.substr(a + 1, b - a - 1)), row.substr(b + 1)});
+      const std::size_t b = a == std::string_view::npos ? a : row.find('\t', a + 1);
+      if (b == std::string_view::npos) continue;
+      const auto seq = parse_int(row.substr(0, a));
+      const auto rank = parse_int(row.substr(a + 1, b - a - 1));
+      if (!seq || !rank) continue;
+      next_ = std::max(next_, *seq + 1);
+      if (*seq >= shipped_) {
+        pending_.push_back({*seq, static_cast<int>(*rank), std::string(row.substr(b + 1))});
+      }
     }
     next_ = std::max(next_, shipped_);
-    file_ = std::fopen((dir_ / kOutputFile).c_str(), "a");
-    TY_CHECK_T(Error, file_ != nullptr, "Could not open ", (dir_ / kOutputFile).string(),
+    file_ = std::fopen(output.c_str(), "a");
+    TY_CHECK_T(Error, file_ != nullptr, "Could not open ", output.string(),
                " for appending. HINT: check the worker's --state-dir.");
   }
   ~LogSpool() {
@@ -362,9 +392,9 @@ void Worker::Impl::loop_once(milliseconds& backoff,
       // another address behind the same name.
       address = !options.address.empty()
                     ? options.address
-                    : route_address(net::url_host(base), net::url_port(base),
-                                    {.what = "the head", .host_flag = "--head",
-                                     .local_flag = "--address"});
+                    : route_address(
+                          net::url_host(base), net::url_port(base),
+                          {.what = "the head", .host_flag = "--head", .local_flag = "--address"});
       std::vector<Job*> finals;
       const json answer = client->post(api::kNodesPath, registration(finals), true);
       acknowledge(finals);
@@ -399,8 +429,8 @@ void Worker::Impl::loop_once(milliseconds& backoff,
   if (Clock::now() >= next_heartbeat) {
     try {
       std::vector<Job*> finals;
-      const json answer = client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals),
-                                       true);
+      const json answer =
+          client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals), true);
       // A head that does not know this node (restarted) applied nothing: the registration that
       // follows carries the final reports again.
       if (answer.value("registered", true)) acknowledge(finals);
@@ -528,11 +558,11 @@ void Worker::Impl::start_job(const json& a) {
     log->error("Could not start job {}: {}", job->id, e.what());
     job->agent.reset();
     std::lock_guard<std::mutex> lock(job->mu);
-    job->final_report = json{
-        {"job_id", job->id},
-        {"state", "failed"},
-        {"error_type", "JOB_ENTRYPOINT_COMMAND_START_ERROR"},
-        {"message", detail::concat("Node ", node_id, " could not start the job: ", e.what())}};
+    job->final_report =
+        json{{"job_id", job->id},
+             {"state", "failed"},
+             {"error_type", "JOB_ENTRYPOINT_COMMAND_START_ERROR"},
+             {"message", detail::concat("Node ", node_id, " could not start the job: ", e.what())}};
     write_file_atomically(job->dir / kReportFile, lossy_dump(*job->final_report));
   }
   jobs.emplace(raw->id, std::move(job));
@@ -592,7 +622,8 @@ void Worker::Impl::recover_jobs() {
     job->assignment = json::parse(*assignment, nullptr, false);
     job->spool = std::make_unique<LogSpool>(job->dir);
     json report;
-    if (auto text = read_file(entry.path() / kReportFile)) report = json::parse(*text, nullptr, false);
+    if (auto text = read_file(entry.path() / kReportFile))
+      report = json::parse(*text, nullptr, false);
     if (!report.is_object()) {
       report = {{"job_id", job->id},
                 {"state", "failed"},
