@@ -17,6 +17,7 @@ packages=(
   python3-requests python3-aiohttp                 # Ray's Jobs client calls replayed in the cluster tests
   etcd-server etcd-client                          # etcd for the etcd rendezvous tests
   iproute2 procps
+  curl jq                                          # bench/cluster.sh talks to the head
 )
 # Node.js and npm run s3rver. A nodejs package that bundles npm (NodeSource's) provides and
 # conflicts with Debian's npm, so Debian's pair is asked for only when there is no npm at all.
