@@ -15,6 +15,7 @@
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head_client.h"
 #include "trainyard/cluster/status_report.h"
+#include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
 
 namespace trainyard::cli {
@@ -47,25 +48,6 @@ cluster::HeadClient make_client(const ClientFlags& f) {
 
 bool terminal(const std::string& status) {
   return status == "SUCCEEDED" || status == "FAILED" || status == "STOPPED";
-}
-
-// A command line as one string a POSIX shell splits back into the same words.
-std::string shell_join(const std::vector<std::string>& words) {
-  std::string out;
-  for (const std::string& w : words) {
-    if (!out.empty()) out += ' ';
-    const bool plain = !w.empty() && w.find_first_not_of(
-                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                         "0123456789-_./=:,+@%") == std::string::npos;
-    if (plain) {
-      out += w;
-      continue;
-    }
-    out += '\'';
-    for (char c : w) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    out += '\'';
-  }
-  return out;
 }
 
 // "KEY=VALUE" split at the first '='; the flag is named in the error.
@@ -226,7 +208,7 @@ void add_submit(CLI::App& app, int& exit_code) {
       const auto [k, v] = key_value(kv, "--metadata");
       metadata[k] = v;
     }
-    json body = {{"entrypoint", shell_join(f->command)},
+    json body = {{"entrypoint", elastic::shell_quote(f->command)},
                  {"runtime_env", {{"env_vars", env}}},
                  {"metadata", metadata},
                  {"trainyard",

@@ -80,6 +80,10 @@ void Head::start() {
     std::lock_guard<std::mutex> lock(m.tick_mu);
     m.stopping = false;
   }
+  {
+    std::lock_guard<std::mutex> lock(m.tails_mu);
+    m.stopping_tails = false;
+  }
   m.ticker = std::thread([&m] {
     std::unique_lock<std::mutex> lock(m.tick_mu);
     while (!m.stopping) {
@@ -90,6 +94,22 @@ void Head::start() {
         m.tick();
       } catch (const std::exception& e) {
         m.log->error("the head's tick failed: {}", e.what());
+      }
+      lock.lock();
+    }
+  });
+  m.tail_pumper = std::thread([&m] {
+    std::unique_lock<std::mutex> lock(m.tails_mu);
+    while (!m.stopping_tails) {
+      m.tails_cv.wait_for(lock, m.o.tick_interval,
+                          [&m] { return m.tails_wanted || m.stopping_tails; });
+      if (m.stopping_tails) break;
+      m.tails_wanted = false;
+      lock.unlock();
+      try {
+        m.pump_tails("");
+      } catch (const std::exception& e) {
+        m.log->error("pumping the log tails failed: {}", e.what());
       }
       lock.lock();
     }
@@ -106,6 +126,12 @@ void Head::stop() {
   }
   m.tick_cv.notify_all();
   if (m.ticker.joinable()) m.ticker.join();
+  {
+    std::lock_guard<std::mutex> lock(m.tails_mu);
+    m.stopping_tails = true;
+  }
+  m.tails_cv.notify_all();
+  if (m.tail_pumper.joinable()) m.tail_pumper.join();
   if (m.server) {
     m.server->stop();
     m.server.reset();

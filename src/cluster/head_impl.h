@@ -109,6 +109,15 @@ struct Head::Impl {
   std::map<std::string, JobRecord> jobs;
   std::mutex tails_mu;
   std::vector<std::shared_ptr<Tail>> tails;
+  // Note [Tails on their own thread]
+  // A WebSocket write blocks while its client does not read (civetweb's write timeout). Log
+  // tails are therefore pumped only on `tail_pumper`, woken by wake_tails() (new lines, a job's
+  // end) and every tick_interval: a stalled follower delays other followers, never the tick (node
+  // deaths, scheduling) or a worker's heartbeat. Guarded by tails_mu: tails_wanted.
+  std::thread tail_pumper;
+  std::condition_variable tails_cv;
+  bool tails_wanted = false;
+  bool stopping_tails = false;
   std::thread ticker;
   std::mutex tick_mu;
   std::condition_variable tick_cv;
@@ -151,6 +160,7 @@ struct Head::Impl {
   // Sends a tail the lines it has not sent; closes it once the job is over. Not under `mu`.
   void pump(const std::shared_ptr<Tail>& t);
   void pump_tails(const std::string& job_id);
+  void wake_tails();  // see Note [Tails on their own thread]
   void tick();
   json job_json(const JobRecord& j) const;
   JobRecord& find_job(const std::string& id);

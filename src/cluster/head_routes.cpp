@@ -92,7 +92,7 @@ void Head::Impl::add_routes() {
         stopped = true;
       }
     }
-    if (stopped) pump_tails(id);
+    if (stopped) wake_tails();
     return json_response({{f::kStopped, stopped}});
   });
 
@@ -112,8 +112,8 @@ void Head::Impl::add_routes() {
       try {
         from = std::stoll(after->second);
       } catch (const std::exception&) {
-        throw net::HttpStatusError(400, "The query 'after' must be a line number; got '" +
-                                            after->second + "'.");
+        throw net::HttpStatusError(
+            400, "The query 'after' must be a line number; got '" + after->second + "'.");
       }
       limit = kLogPageLines;
     }
@@ -220,7 +220,7 @@ void Head::Impl::add_routes() {
         }
       }
     }
-    pump_tails("");  // a job may have ended
+    wake_tails();  // a job may have ended
     return json_response(out);
   });
 
@@ -270,7 +270,7 @@ void Head::Impl::add_routes() {
       find_job(id);
     }
     int64_t next = store->append_logs(id, node, fs->get<int64_t>(), lines);
-    pump_tails(id);
+    wake_tails();
     return json_response({{f::kNextSeq, next}});
   });
 

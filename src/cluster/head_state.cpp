@@ -318,13 +318,21 @@ void Head::Impl::pump_tails(const std::string& job_id) {
   }
 }
 
+void Head::Impl::wake_tails() {
+  {
+    std::lock_guard<std::mutex> lock(tails_mu);
+    tails_wanted = true;
+  }
+  tails_cv.notify_all();
+}
+
 void Head::Impl::tick() {
   {
     std::lock_guard<std::mutex> lock(mu);
     tick_nodes();
     schedule();
   }
-  pump_tails("");
+  wake_tails();  // a job may have ended
 }
 
 json Head::Impl::job_json(const JobRecord& j) const {

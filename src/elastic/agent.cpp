@@ -130,24 +130,6 @@ std::uint16_t pick_free_port(const std::string& addr) {
                                     "':", failures, " HINT: pass --master-port explicitly."));
 }
 
-std::string shell_quote(const std::vector<std::string>& args) {
-  std::string out;
-  for (const auto& a : args) {
-    if (!out.empty()) out += ' ';
-    bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
-      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,+@%", c);
-    });
-    if (plain) {
-      out += a;
-      continue;
-    }
-    out += '\'';
-    for (char c : a) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    out += '\'';
-  }
-  return out;
-}
-
 // Hands event to LaunchOptions::on_event, stamped with the time.
 void emit(const LaunchOptions& options, AgentEvent event) {
   if (!options.on_event) return;

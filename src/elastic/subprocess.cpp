@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -400,6 +401,24 @@ std::optional<ExitStatus> Subprocess::terminate(std::chrono::milliseconds grace)
              grace.count());
   send_signal(SIGKILL);
   return wait_for(kKillWait);
+}
+
+std::string shell_quote(const std::vector<std::string>& args) {
+  std::string out;
+  for (const auto& a : args) {
+    if (!out.empty()) out += ' ';
+    bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,+@%", c);
+    });
+    if (plain) {
+      out += a;
+      continue;
+    }
+    out += '\'';
+    for (char c : a) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    out += '\'';
+  }
+  return out;
 }
 
 }  // namespace trainyard::elastic

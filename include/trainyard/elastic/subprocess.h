@@ -47,6 +47,10 @@ struct ExitStatus {
   static ExitStatus from_wait_status(int status);
 };
 
+// A command line as one string that a POSIX shell splits back into the same words: plain words as
+// they are, others in single quotes. For messages and for `sh -c`.
+std::string shell_quote(const std::vector<std::string>& args);
+
 // "SIGKILL" for 9; "signal 77" for a number without a name.
 std::string signal_name(int signal);
 
