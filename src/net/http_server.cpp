@@ -302,6 +302,14 @@ struct HttpServer::Impl {
     ServerRequest req = request_from(conn);
     ServerResponse res;
     try {
+      // The hook (authentication) judges the headers before the body is read, so that a client
+      // without the token cannot make the server read and hold up to kMaxBodyBytes.
+      if (self->hook) {
+        if (auto stop = self->hook(req)) {
+          send_response(conn, *stop);
+          return stop->status;
+        }
+      }
       const mg_request_info* ri = mg_get_request_info(conn);
       if (ri->content_length > kMaxBodyBytes) {
         throw HttpStatusError(413, "The request body of " + std::to_string(ri->content_length) +
@@ -318,9 +326,7 @@ struct HttpServer::Impl {
                                          std::to_string(kMaxBodyBytes) + " bytes.");
         }
       }
-      std::optional<ServerResponse> stop;
-      if (self->hook) stop = self->hook(req);
-      res = stop ? std::move(*stop) : self->dispatch(req);
+      res = self->dispatch(req);
     } catch (const HttpStatusError& e) {
       res = ServerResponse::json_error(e.status(), e.what());
     } catch (const std::exception& e) {
@@ -440,22 +446,13 @@ void HttpServer::start() {
   std::string ports = address + ":" + std::to_string(o.port);
   std::string threads = std::to_string(o.threads);
   std::string timeout = std::to_string(o.request_timeout.count());
-  const char* config[] = {"listening_ports",
-                          ports.c_str(),
-                          "num_threads",
-                          threads.c_str(),
-                          "request_timeout_ms",
-                          timeout.c_str(),
+  const char* config[] = {"listening_ports", ports.c_str(), "num_threads", threads.c_str(),
+                          "request_timeout_ms", timeout.c_str(),
                           // Note [No keep-alive]
-                          "enable_keep_alive",
-                          "no",
+                          "enable_keep_alive", "no",
                           // A response's headers and body go out as two writes: without this
                           // the body waits for the client's delayed ACK (~40 ms per answer).
-                          "tcp_nodelay",
-                          "1",
-                          "websocket_timeout_ms",
-                          "3600000",
-                          nullptr};
+                          "tcp_nodelay", "1", "websocket_timeout_ms", "3600000", nullptr};
   mg_callbacks callbacks{};
   callbacks.log_message = &Impl::on_log;
   mg_init_data init{};

@@ -77,8 +77,9 @@ class WebSocketConnection {
 using HttpHandler = std::function<ServerResponse(const ServerRequest&)>;
 // Runs on a server thread after the handshake; it may keep the connection and return at once.
 using WebSocketHandler = std::function<void(std::shared_ptr<WebSocketConnection>)>;
-// Runs before every handler (WebSocket upgrades included, without a body); a response stops the
-// request there and is sent instead.
+// Runs before every handler (WebSocket upgrades included) on the request's line and headers: the
+// body is not read yet, so that a refused client costs no memory. A response stops the request
+// there and is sent instead.
 using HttpHook = std::function<std::optional<ServerResponse>(const ServerRequest&)>;
 
 struct HttpServerOptions {
