@@ -196,7 +196,11 @@ TEST(MultiNode, FsdpJobThatLosesANodeReshardsItsCheckpointOntoTheSurvivors) {
                                       (dir.path() / "run").string()})) {
       cmd += "'" + a + "' ";
     }
-    const auto log = (dir.path() / ("n" + std::to_string(i) + ".log")).string();
+    // Appended piece by piece: g++ 12 warns falsely (-Wstringop-overflow) on "n" + to_string(i).
+    std::string name = "n";
+    name += std::to_string(i);
+    name += ".log";
+    const auto log = (dir.path() / name).string();
     return trainyard::elastic::Subprocess(trainyard::elastic::SubprocessOptions{
         .argv = {"/bin/sh", "-c", cmd + "> " + log + " 2>&1"}});
   };
