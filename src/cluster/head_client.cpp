@@ -12,12 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::size_t kExcerptChars = 400;
-
-std::string excerpt(const std::string& body) {
-  return body.size() <= kExcerptChars ? body : body.substr(0, kExcerptChars) + "...";
-}
-
 // The head's own message from an error answer ({"error": "..."}), or the body.
 std::string message_of(const std::string& body) {
   try {
@@ -25,7 +19,7 @@ std::string message_of(const std::string& body) {
     if (j.is_object() && j.contains("error") && j["error"].is_string()) return j["error"];
   } catch (const json::exception&) {
   }
-  return excerpt(body);
+  return net::excerpt(body);
 }
 
 }  // namespace
@@ -103,7 +97,7 @@ json HeadClient::call(const char* method,
     return json::parse(r.body);
   } catch (const json::exception&) {
     throw Error(detail::concat("The head at ", base_, " answered ", what,
-                               " with a body that is not JSON: ", excerpt(r.body)));
+                               " with a body that is not JSON: ", net::excerpt(r.body)));
   }
 }
 

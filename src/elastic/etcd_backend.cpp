@@ -22,8 +22,7 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kExcerptChars = 300;  // of an answer's body, quoted in errors
-constexpr milliseconds kBackoff{50};        // after the first failure; doubled after each
+constexpr milliseconds kBackoff{50};  // after the first failure; doubled after each
 constexpr milliseconds kMaxBackoff{1'000};
 
 // Note [etcd JSON gateway]
@@ -80,10 +79,6 @@ std::string normalize_endpoint(std::string e) {
   const std::size_t bracket = e.rfind(']');  // an IPv6 address: "[::1]:2379"
   if (colon < host || (bracket != std::string::npos && colon < bracket)) e += ":2379";
   return e;
-}
-
-std::string excerpt(const std::string& body) {
-  return body.size() <= kExcerptChars ? body : body.substr(0, kExcerptChars) + "...";
 }
 
 class EtcdBackend final : public RendezvousBackend {
@@ -151,7 +146,7 @@ class EtcdBackend final : public RendezvousBackend {
     } catch (const json::exception& e) {
       throw Error(detail::concat(describe(), " answered POST ", path,
                                  " with JSON trainyard cannot read (", e.what(),
-                                 "): ", excerpt(answer.dump())));
+                                 "): ", net::excerpt(answer.dump())));
     }
   }
 
@@ -205,7 +200,7 @@ class EtcdBackend final : public RendezvousBackend {
       return json::parse(r.body);
     } catch (const json::exception& e) {
       throw Error(detail::concat(describe(), " answered POST ", path,
-                                 " with a body that is not JSON: ", excerpt(r.body)));
+                                 " with a body that is not JSON: ", net::excerpt(r.body)));
     }
   }
 

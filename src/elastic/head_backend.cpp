@@ -14,7 +14,6 @@ namespace {
 using nlohmann::json;
 
 constexpr int kHeadDefaultPort = 8265;
-constexpr std::size_t kExcerptChars = 300;
 
 class HeadBackend final : public RendezvousBackend {
  public:
@@ -67,24 +66,24 @@ class HeadBackend final : public RendezvousBackend {
   json parse(const net::HttpResponse& r, const char* method) const {
     if (r.status == 401 || r.status == 403) {
       throw Error(detail::concat(describe(), " refused the rendezvous ", method, " (HTTP ",
-                                 r.status, "): ", excerpt(r.body),
+                                 r.status, "): ", net::excerpt(r.body),
                                  " HINT: the worker's token does not match the head's."));
     }
     if (r.status >= 500 || r.status == 408 || r.status == 429) {
       // The head restarting, a proxy in front of it, a busy disk: an outage the rendezvous rides
       // out (Note [Backend outages]), not the end of the job.
       throw NetworkError(detail::concat(describe(), " answered the rendezvous ", method,
-                                        " with HTTP ", r.status, ": ", excerpt(r.body)));
+                                        " with HTTP ", r.status, ": ", net::excerpt(r.body)));
     }
     if (r.status != 200) {
       throw Error(detail::concat(describe(), " answered the rendezvous ", method, " with HTTP ",
-                                 r.status, ": ", excerpt(r.body)));
+                                 r.status, ": ", net::excerpt(r.body)));
     }
     try {
       return json::parse(r.body);
     } catch (const json::exception&) {
       throw Error(detail::concat(describe(), " answered the rendezvous ", method,
-                                 " with a body that is not JSON: ", excerpt(r.body)));
+                                 " with a body that is not JSON: ", net::excerpt(r.body)));
     }
   }
 
@@ -95,12 +94,8 @@ class HeadBackend final : public RendezvousBackend {
     } catch (const json::exception& e) {
       throw Error(detail::concat(describe(), " answered the rendezvous ", method,
                                  " with JSON trainyard cannot read (", e.what(),
-                                 "): ", excerpt(answer.dump())));
+                                 "): ", net::excerpt(answer.dump())));
     }
-  }
-
-  static std::string excerpt(const std::string& body) {
-    return body.size() <= kExcerptChars ? body : body.substr(0, kExcerptChars) + "...";
   }
 
   HeadBackendOptions options_;

@@ -20,7 +20,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kExcerptChars = 300;              // of an answer's body, in messages
 constexpr std::uint64_t kMaxReserveBytes = 5ull << 30;  // S3's largest PUT, and so GET
 constexpr std::chrono::seconds kRetryWarnEvery{5};      // the default on_retry's warnings
 
@@ -182,10 +181,12 @@ std::optional<std::string> HttpResponse::header(std::string_view name) const {
 std::string HttpResponse::describe() const {
   const std::string_view text = trim(body);
   if (text.empty()) return detail::concat("HTTP ", status, " with an empty body.");
-  return sentence(detail::concat("HTTP ", status, ": ",
-                                 text.size() <= kExcerptChars
-                                     ? std::string(text)
-                                     : std::string(text.substr(0, kExcerptChars)) + "..."));
+  return sentence(detail::concat("HTTP ", status, ": ", excerpt(text)));
+}
+
+std::string excerpt(std::string_view body) {
+  return body.size() <= kExcerptChars ? std::string(body)
+                                      : std::string(body.substr(0, kExcerptChars)) + "...";
 }
 
 void AttemptLog::add(int attempt, std::string what) {

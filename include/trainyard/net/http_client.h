@@ -107,6 +107,10 @@ struct AttemptLog {
   std::string list() const;
 };
 
+// At most the first kExcerptChars characters of an answer's body (then "..."), for messages.
+inline constexpr std::size_t kExcerptChars = 300;
+std::string excerpt(std::string_view body);
+
 // A request that got no usable answer: perform()'s transport failure, or send() gave up. The
 // message names the method, the URL, the attempts and the time; the parts are here for callers
 // that word their own message (S3, etcd).
