@@ -25,6 +25,12 @@ inline constexpr std::string_view kWorkerLogsPattern = "/api/cluster/jobs/{id}/l
 inline constexpr std::string_view kStatusPath = "/api/cluster/status";
 inline constexpr std::string_view kRdzvPattern = "/api/cluster/rdzv/{run_id}";  // GET, POST
 
+// --- observability (docs/METRICS.md) -----------------------------------------------------------
+inline constexpr std::string_view kMetricsPath = "/metrics";  // Prometheus text format
+// Recent history for the dashboard, from the head's ring buffers: GET [?job=ID]
+inline constexpr std::string_view kMetricsHistoryPath = "/api/cluster/metrics/history";
+inline constexpr std::string_view kDashboardPath = "/dashboard";  // the page (no data in it)
+
 // Concrete paths for clients (ids are used as they are: job and node ids are URL-safe).
 inline std::string job_path(const std::string& id) {
   return "/api/jobs/" + id;
@@ -133,6 +139,7 @@ inline constexpr const char* kLines = "lines";
 inline constexpr const char* kRank = "rank";
 inline constexpr const char* kText = "text";
 inline constexpr const char* kNextSeq = "next_seq";
+inline constexpr const char* kMetrics = "metrics";  // heartbeat: a metrics::Snapshot's JSON
 // JobReport
 inline constexpr const char* kState = "state";
 inline constexpr const char* kRestartCount = "restart_count";

@@ -35,5 +35,8 @@ inline constexpr const char* kHeartbeatFileEnv = "TRAINYARD_HEARTBEAT_FILE";
 inline constexpr const char* kTtyEnv = "TRAINYARD_TTY";
 // The address the ranks' Gloo sockets bind to (set across nodes unless GLOO_SOCKET_IFNAME is).
 inline constexpr const char* kBindAddrEnv = "TRAINYARD_BIND_ADDR";
+// The folder a rank writes its metrics to, as rank_<RANK>.json (metrics/rank_files.h); unset
+// when nobody reads them.
+inline constexpr const char* kMetricsDirEnv = "TRAINYARD_METRICS_DIR";
 
 }  // namespace trainyard
