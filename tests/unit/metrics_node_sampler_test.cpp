@@ -81,7 +81,9 @@ std::string pid_stat(int pid,
     if (field == 15) v = stime;
     if (field == 22) v = start;
     if (field == 24) v = rss_pages;
-    line += " " + std::to_string(static_cast<long long>(v));
+    // Appended piece by piece: g++ 12 warns (-Wrestrict, falsely) on " " + std::to_string(...).
+    line += ' ';
+    line += std::to_string(static_cast<long long>(v));
   }
   return line + "\n";
 }
