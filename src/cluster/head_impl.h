@@ -18,6 +18,7 @@
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head.h"
 #include "trainyard/cluster/job_store.h"
+#include "trainyard/cluster/metrics_history.h"
 #include "trainyard/log.h"
 #include "trainyard/net/http_server.h"
 
@@ -107,6 +108,9 @@ struct Head::Impl {
   std::mutex mu;  // guards nodes and jobs; see Note [Head state]
   std::map<std::string, NodeRecord> nodes;
   std::map<std::string, JobRecord> jobs;
+  // Recent metrics per node and rank for the history API and the dashboard; thread-safe on its
+  // own (not under `mu`).
+  std::unique_ptr<MetricsHistory> history;
   std::mutex tails_mu;
   std::vector<std::shared_ptr<Tail>> tails;
   // Note [Tails on their own thread]
@@ -165,6 +169,12 @@ struct Head::Impl {
   json job_json(const JobRecord& j) const;
   JobRecord& find_job(const std::string& id);
   json status_snapshot();
+  // A heartbeat's metrics (field::kMetrics, a metrics::Snapshot's JSON) taken at `time`: into the
+  // history. A malformed snapshot is logged and dropped (the heartbeat still counts). Not under
+  // `mu`.
+  void record_metrics(const std::string& node_id, double time, const json& snapshot);
+  // The history API's answer (`mu` not held; takes it).
+  json metrics_history(const std::optional<std::string>& job);
   void add_routes();
 };
 
