@@ -238,9 +238,12 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
       std::chrono::seconds(10));
   ASSERT_TRUE(unhealthy) << page.dump(1);
   for (const auto& n : page["nodes"]) {
-    if (n["id"] == "node-b")
+    if (n["id"] == "node-b") {
       EXPECT_NE(n["badge"].get<std::string>().find("bad"), std::string::npos) << n;
-    if (n["id"] == "node-a") EXPECT_EQ(n["state"], "alive") << n;
+    }
+    if (n["id"] == "node-a") {
+      EXPECT_EQ(n["state"], "alive") << n;
+    }
   }
 
   const std::filesystem::path png =
