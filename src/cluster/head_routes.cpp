@@ -182,7 +182,9 @@ void Head::Impl::add_routes() {
     std::string id = req.params.at("node");
     json out = {
         {f::kRegistered, false}, {f::kAssignments, json::array()}, {f::kStop, json::array()}};
-    std::string touched;
+    // Parsed before taking mu: a large snapshot does not hold up the rest of the head.
+    std::shared_ptr<const metrics::Snapshot> snapshot = parse_node_metrics(id, body);
+    double time = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = nodes.find(id);
@@ -191,7 +193,13 @@ void Head::Impl::add_routes() {
         return json_response(out);
       }
       NodeRecord& n = it->second;
-      n.last_heartbeat_at = now_seconds();
+      n.last_heartbeat_at = time = now_seconds();
+      // Note [The head's metrics]: a heartbeat without (valid) metrics leaves the node without.
+      if (snapshot) {
+        node_metrics[id] = snapshot;
+      } else {
+        node_metrics.erase(id);
+      }
       if (auto u = body.find(f::kUsage); u != body.end() && u->is_object()) n.usage = *u;
       if (n.state == api::kNodeSuspect) {
         n.state = api::kNodeAlive;
@@ -220,6 +228,7 @@ void Head::Impl::add_routes() {
         }
       }
     }
+    if (snapshot) on_metrics(id, time, *snapshot);
     wake_tails();  // a job may have ended
     return json_response(out);
   });
@@ -278,6 +287,10 @@ void Head::Impl::add_routes() {
     std::lock_guard<std::mutex> lock(mu);
     return json_response(status_snapshot());
   });
+
+  // Prometheus' scrape target (Note [The head's metrics]); behind the token like every route.
+  s.route("GET", std::string(api::kMetricsPath),
+          [this](const net::ServerRequest&) { return metrics_response(); });
 
   // --- rendezvous --------------------------------------------------------------------------------
   s.route("GET", std::string(api::kRdzvPattern), [this](const net::ServerRequest& req) {
