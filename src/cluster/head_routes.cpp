@@ -187,8 +187,9 @@ void Head::Impl::add_routes() {
     std::string id = req.params.at("node");
     json out = {
         {f::kRegistered, false}, {f::kAssignments, json::array()}, {f::kStop, json::array()}};
-    json metrics;  // recorded once the node is known to be alive
-    double beat_at = 0;
+    // Parsed before taking mu: a large snapshot does not hold up the rest of the head.
+    std::shared_ptr<const metrics::Snapshot> snapshot = parse_node_metrics(id, body);
+    double time = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = nodes.find(id);
@@ -197,9 +198,13 @@ void Head::Impl::add_routes() {
         return json_response(out);
       }
       NodeRecord& n = it->second;
-      n.last_heartbeat_at = now_seconds();
-      beat_at = n.last_heartbeat_at;
-      if (auto m = body.find(f::kMetrics); m != body.end()) metrics = std::move(*m);
+      n.last_heartbeat_at = time = now_seconds();
+      // Note [The head's metrics]: a heartbeat without (valid) metrics leaves the node without.
+      if (snapshot) {
+        node_metrics[id] = snapshot;
+      } else {
+        node_metrics.erase(id);
+      }
       if (auto u = body.find(f::kUsage); u != body.end() && u->is_object()) n.usage = *u;
       if (n.state == api::kNodeSuspect) {
         n.state = api::kNodeAlive;
@@ -228,7 +233,7 @@ void Head::Impl::add_routes() {
         }
       }
     }
-    if (!metrics.is_null()) record_metrics(id, beat_at, metrics);
+    if (snapshot) on_metrics(id, time, *snapshot);
     wake_tails();  // a job may have ended
     return json_response(out);
   });
@@ -305,6 +310,10 @@ void Head::Impl::add_routes() {
     return *res;
   });
 
+  // Prometheus' scrape target (Note [The head's metrics]); behind the token like every route.
+  s.route("GET", std::string(api::kMetricsPath),
+          [this](const net::ServerRequest&) { return metrics_response(); });
+
   // --- rendezvous --------------------------------------------------------------------------------
   s.route("GET", std::string(api::kRdzvPattern), [this](const net::ServerRequest& req) {
     std::string run_id = req.params.at("run_id");
@@ -328,17 +337,6 @@ void Head::Impl::add_routes() {
     RdzvState r = store->set_rdzv(req.params.at("run_id"), st->get<std::string>(), token);
     return json_response({{f::kState, r.state}, {f::kToken, r.token}, {f::kWritten, r.written}});
   });
-}
-
-void Head::Impl::record_metrics(const std::string& node_id, double time, const json& snapshot) {
-  metrics::Snapshot s;
-  try {
-    metrics::from_json(snapshot, s);
-  } catch (const std::exception& e) {
-    log->warn("node {} sent metrics that are not a snapshot; dropped: {}", node_id, e.what());
-    return;
-  }
-  history->record(node_id, time, s);
 }
 
 json Head::Impl::metrics_history(const std::optional<std::string>& job) {
