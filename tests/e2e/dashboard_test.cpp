@@ -227,6 +227,28 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
   // The token left the address bar once read.
   EXPECT_EQ(browser.execute("return location.hash;"), "");
 
+  // The jobs table's logs view fetches the job's logs.
+  auto logged =
+      test::http("POST", head.url() + api::worker_logs_path(job),
+                 json{{"node_id", "node-a"},
+                      {"first_seq", 0},
+                      {"lines", json::array({json{{"rank", 0}, {"text", "step 10 loss 2.31"}}})}}
+                     .dump(),
+                 auth);
+  ASSERT_EQ(logged.status, 200) << logged.body;
+  browser.execute(
+      "document.querySelector('#jobs tr[data-job-id=\"' + arguments[0] +"
+      "'\"] td:last-child button').click();",
+      json::array({job}));
+  std::string logs;
+  EXPECT_TRUE(test::eventually(
+      [&] {
+        logs = browser.execute("return document.getElementById('logs-text').textContent;");
+        return logs.find("[node-a:0] step 10 loss 2.31") != std::string::npos;
+      },
+      std::chrono::seconds(5)))
+      << logs;
+
   // node-b stops beating: the page marks it unhealthy (suspect, then dead) with a red badge.
   b.stop();
   bool unhealthy = test::eventually(
