@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "tools/run_metrics.h"
 #include "tools/stop_signals.h"
 #include "trainyard/blas_core.h"
 #include "trainyard/comm/address.h"
@@ -59,6 +60,8 @@ struct RunFlags {
   std::string role = "default";
   bool no_prefix = false;
   std::string hang_timeout;  // seconds; empty: $TRAINYARD_HANG_TIMEOUT or the default
+  int metrics_port = -1;     // -1: no metrics endpoint; 0: a free port
+  std::string metrics_bind = "127.0.0.1";
   std::vector<std::string> command;
 };
 
@@ -410,6 +413,14 @@ void add_run_command(CLI::App& app, int& exit_code) {
                    "' (from the flag or PET_HANG_TIMEOUT). HINT: 0 turns the watchdog off.";
           },
           ""));
+  cmd->add_option("--metrics-port,--metrics_port", flags->metrics_port,
+                  "Serve this node's and its ranks' metrics for Prometheus at "
+                  "http://METRICS_BIND:PORT/metrics while the ranks run (0: a free port, printed)")
+      ->envname("PET_METRICS_PORT")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--metrics-bind,--metrics_bind", flags->metrics_bind,
+                  "Address the metrics endpoint listens on (0.0.0.0: every interface)")
+      ->capture_default_str();
   cmd->add_option("--role", flags->role, "Role name of the ranks (ROLE_NAME)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix,--no_prefix", flags->no_prefix,
@@ -420,6 +431,12 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->callback([flags, cmd, &exit_code] {
     elastic::LaunchOptions options = resolve(*flags, *cmd);
     set_blas_core_for_children();
+    std::unique_ptr<RunMetrics> metrics;
+    if (flags->metrics_port >= 0) {
+      metrics = std::make_unique<RunMetrics>(RunMetricsOptions{
+          .bind_address = flags->metrics_bind, .port = flags->metrics_port, .job = options.run_id});
+      metrics->attach(options);
+    }
     try {
       exit_code = launch_until_signalled(options).exit_code();
     } catch (const Error& e) {

@@ -162,8 +162,12 @@ RoundOutcome run_round(const LaunchOptions& options,
                            .master_addr = round.master_addr,
                            .master_port = round.master_port});
   // Declared before the ranks, so that the folder outlives them. See Note [Hang watchdog].
-  std::optional<HeartbeatDir> heartbeats;
-  if (options.hang_timeout.count() > 0) heartbeats.emplace();
+  std::optional<ScratchDir> heartbeats;
+  if (options.hang_timeout.count() > 0) {
+    heartbeats.emplace("heartbeat",
+                       "set TMPDIR to a writable folder, or turn the hang watchdog off with "
+                       "--hang-timeout 0.");
+  }
   std::vector<Rank> ranks;
   ranks.reserve(static_cast<std::size_t>(options.nproc_per_node));
   try {

@@ -85,35 +85,33 @@ std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& o
 
 }  // namespace
 
-HeartbeatDir::HeartbeatDir() {
+ScratchDir::ScratchDir(const std::string& name, const std::string& hint) {
   std::string base = "/dev/shm";
   if (::access(base.c_str(), W_OK | X_OK) != 0) {
     const char* tmp = std::getenv("TMPDIR");
     base = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
   }
-  std::string pattern = base + "/trainyard-heartbeat-XXXXXX";
+  std::string pattern = detail::concat(base, "/trainyard-", name, "-XXXXXX");
   if (::mkdtemp(pattern.data()) == nullptr) {
-    throw Error(detail::concat("Could not create a folder for the ranks' heartbeat files in ", base,
-                               ": ", std::strerror(errno),
-                               ". HINT: set TMPDIR to a writable folder, or turn the hang "
-                               "watchdog off with --hang-timeout 0."));
+    throw Error(detail::concat("Could not create a folder for the ranks' ", name, " files in ",
+                               base, ": ", std::strerror(errno), ". HINT: ", hint));
   }
   path_ = pattern;
 }
 
-HeartbeatDir::~HeartbeatDir() {
+ScratchDir::~ScratchDir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
 }
 
-std::string HeartbeatDir::file(int local_rank) const {
+std::string ScratchDir::file(int local_rank) const {
   return detail::concat(path_, "/rank_", local_rank);
 }
 
 Rank start_rank(const LaunchOptions& o,
                 const RoundSpec& round,
                 int local_rank,
-                const HeartbeatDir* heartbeat_dir,  // nullptr: the watchdog is off
+                const ScratchDir* heartbeat_dir,  // nullptr: the watchdog is off
                 OutputSink* out,
                 OutputSink* err) {
   const int rank = round.rank_offset + local_rank;
@@ -167,7 +165,7 @@ namespace {
 // Note [Hang watchdog]: a rank that stops making progress (SIGSTOP, a deadlock, a kernel or file
 // system that never returns) does not exit, so reaping alone never notices it, and its peers wait
 // in collectives until the collective timeout. So ranks report progress: the launcher creates one
-// heartbeat file per rank and round (HeartbeatDir, $TRAINYARD_HEARTBEAT_FILE) and the rank calls
+// heartbeat file per rank and round (a ScratchDir, $TRAINYARD_HEARTBEAT_FILE) and the rank calls
 // trainyard::heartbeat() (heartbeat.h), which stores the time into the mapped file, from
 //   - the training loop (each step, each evaluation batch, around checkpoint saves),
 //   - inside waits on peers: ShmProcessGroup's barrier slices and wait_work() around Gloo work,

@@ -30,16 +30,19 @@ struct Rank {
   std::chrono::milliseconds hang_silence{0};  // > 0: stopped by the watchdog
 };
 
-// A private folder for one round's heartbeat files (Note [Hang watchdog]), removed with it: in
-// /dev/shm when it is there (the files are written often; no disk behind them), else $TMPDIR.
-class HeartbeatDir {
+// A private folder of scratch files, removed with it: in /dev/shm when it is there (the files
+// are written often; no disk behind them), else $TMPDIR. One round's heartbeat files (Note [Hang
+// watchdog]), an agent's ranks' metrics files (AgentMetrics).
+class ScratchDir {
  public:
-  // Throws Error naming the folder and the fix.
-  HeartbeatDir();
-  ~HeartbeatDir();
-  HeartbeatDir(const HeartbeatDir&) = delete;
-  HeartbeatDir& operator=(const HeartbeatDir&) = delete;
+  // "<base>/trainyard-<name>-XXXXXX". Throws Error naming the folder, with `hint` for the fix.
+  ScratchDir(const std::string& name, const std::string& hint);
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
 
+  const std::string& path() const { return path_; }
+  // "<path>/rank_<local_rank>".
   std::string file(int local_rank) const;
 
  private:
@@ -53,7 +56,7 @@ class HeartbeatDir {
 Rank start_rank(const LaunchOptions& o,
                 const RoundSpec& round,
                 int local_rank,
-                const HeartbeatDir* heartbeat_dir,
+                const ScratchDir* heartbeat_dir,
                 OutputSink* out,
                 OutputSink* err);
 
