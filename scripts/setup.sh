@@ -18,6 +18,8 @@ packages=(
   etcd-server etcd-client                          # etcd for the etcd rendezvous tests
   iproute2 procps
   curl jq                                          # bench/cluster.sh talks to the head
+  libjs-chart.js                                   # Chart.js, embedded into the head's dashboard
+  chromium chromium-driver                         # the dashboard's browser test
 )
 # Node.js and npm run s3rver. A nodejs package that bundles npm (NodeSource's) provides and
 # conflicts with Debian's npm, so Debian's pair is asked for only when there is no npm at all.

@@ -30,6 +30,8 @@ void validate(const HeadOptions& o) {
            " ms) must be longer than suspect_after (", suspect.count(), " ms).");
   TY_CHECK(o.tick_interval.count() > 0, "HeadOptions.tick_interval must be positive; got ",
            o.tick_interval.count(), " ms.");
+  TY_CHECK(o.history_points >= 2, "HeadOptions.history_points must be at least 2; got ",
+           o.history_points, ".");
   TY_CHECK(o.http_threads >= 2, "HeadOptions.http_threads must be at least 2; got ", o.http_threads,
            ".");
   check_bind_policy(o.bind_address, o.token);
@@ -38,6 +40,10 @@ void validate(const HeadOptions& o) {
 Head::Head(HeadOptions options) : impl_(std::make_unique<Impl>()) {
   validate(options);
   impl_->o = std::move(options);
+  impl_->history = std::make_unique<MetricsHistory>(MetricsHistoryOptions{
+      .points = impl_->o.history_points,
+      .max_age_s = impl_->o.history_points *
+                   std::chrono::duration<double>(impl_->o.heartbeat_interval).count()});
   impl_->suspect_after =
       impl_->o.suspect_after.count() > 0 ? impl_->o.suspect_after : 3 * impl_->o.heartbeat_interval;
 }

@@ -18,7 +18,9 @@
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head.h"
 #include "trainyard/cluster/job_store.h"
+#include "trainyard/cluster/metrics_history.h"
 #include "trainyard/log.h"
+#include "trainyard/metrics/snapshot.h"
 #include "trainyard/net/http_server.h"
 
 namespace trainyard::cluster {
@@ -107,6 +109,9 @@ struct Head::Impl {
   std::mutex mu;  // guards nodes and jobs; see Note [Head state]
   std::map<std::string, NodeRecord> nodes;
   std::map<std::string, JobRecord> jobs;
+  // Recent metrics per node and rank for the history API and the dashboard; thread-safe on its
+  // own (not under `mu`).
+  std::unique_ptr<MetricsHistory> history;
   std::mutex tails_mu;
   std::vector<std::shared_ptr<Tail>> tails;
   // Note [Tails on their own thread]
@@ -118,6 +123,11 @@ struct Head::Impl {
   std::condition_variable tails_cv;
   bool tails_wanted = false;
   bool stopping_tails = false;
+  // Each node's latest metrics (a heartbeat's "metrics" field), in memory only: a restarted
+  // head has none until the next heartbeats. Guarded by mu; see Note [The head's metrics].
+  std::map<std::string, std::shared_ptr<const metrics::Snapshot>> node_metrics;
+  std::mutex metrics_warn_mu;
+  std::map<std::string, std::chrono::steady_clock::time_point> metrics_warned;  // by node
   std::thread ticker;
   std::mutex tick_mu;
   std::condition_variable tick_cv;
@@ -165,7 +175,22 @@ struct Head::Impl {
   json job_json(const JobRecord& j) const;
   JobRecord& find_job(const std::string& id);
   json status_snapshot();
+  // The history API's answer (`mu` not held; takes it).
+  json metrics_history(const std::optional<std::string>& job);
   void add_routes();
+
+  // --- metrics (head_metrics.cpp) ----------------------------------------------------------------
+  // The heartbeat's metrics field of node `node_id`: null when absent or malformed (a malformed
+  // one is logged, at most once a minute per node, and never fails the heartbeat). Not under mu.
+  std::shared_ptr<const metrics::Snapshot> parse_node_metrics(const std::string& node_id,
+                                                              const json& body);
+  // A heartbeat of an alive node brought `snapshot` (taken at `time`, seconds since the epoch):
+  // the one place where every node snapshot the head accepts passes, called after it replaced the
+  // node's latest. Not under mu. The history's ring buffers are fed here.
+  void on_metrics(const std::string& node_id, double time, const metrics::Snapshot& snapshot);
+  // GET /metrics: the cluster's families and every up node's latest snapshot, with node labels.
+  metrics::Snapshot cluster_metrics();
+  net::ServerResponse metrics_response();
 };
 
 }  // namespace trainyard::cluster

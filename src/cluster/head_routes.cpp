@@ -1,3 +1,4 @@
+#include "cluster/dashboard.h"
 #include "cluster/head_impl.h"
 #include "trainyard/cluster/auth.h"
 #include "trainyard/cluster/job_spec.h"
@@ -21,7 +22,11 @@ constexpr std::int64_t kLogPageLines = 10'000;  // per GET of /logs?after=N
 
 void Head::Impl::add_routes() {
   net::HttpServer& s = *server;
-  s.set_hook([this](const net::ServerRequest& req) { return check_request(req, o.token); });
+  s.set_hook([this](const net::ServerRequest& req) -> std::optional<net::ServerResponse> {
+    // The dashboard's files hold no data; its script sends the token on every call.
+    if (o.token && is_dashboard_request(req)) return std::nullopt;
+    return check_request(req, o.token);
+  });
 
   s.route("GET", std::string(api::kVersionPath), [](const net::ServerRequest&) {
     return json_response({{"version", "2"},
@@ -182,7 +187,9 @@ void Head::Impl::add_routes() {
     std::string id = req.params.at("node");
     json out = {
         {f::kRegistered, false}, {f::kAssignments, json::array()}, {f::kStop, json::array()}};
-    std::string touched;
+    // Parsed before taking mu: a large snapshot does not hold up the rest of the head.
+    std::shared_ptr<const metrics::Snapshot> snapshot = parse_node_metrics(id, body);
+    double time = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = nodes.find(id);
@@ -191,7 +198,13 @@ void Head::Impl::add_routes() {
         return json_response(out);
       }
       NodeRecord& n = it->second;
-      n.last_heartbeat_at = now_seconds();
+      n.last_heartbeat_at = time = now_seconds();
+      // Note [The head's metrics]: a heartbeat without (valid) metrics leaves the node without.
+      if (snapshot) {
+        node_metrics[id] = snapshot;
+      } else {
+        node_metrics.erase(id);
+      }
       if (auto u = body.find(f::kUsage); u != body.end() && u->is_object()) n.usage = *u;
       if (n.state == api::kNodeSuspect) {
         n.state = api::kNodeAlive;
@@ -220,6 +233,7 @@ void Head::Impl::add_routes() {
         }
       }
     }
+    if (snapshot) on_metrics(id, time, *snapshot);
     wake_tails();  // a job may have ended
     return json_response(out);
   });
@@ -279,6 +293,27 @@ void Head::Impl::add_routes() {
     return json_response(status_snapshot());
   });
 
+  // --- observability (docs/METRICS.md) ----------------------------------------------------------
+  s.route("GET", std::string(api::kMetricsHistoryPath), [this](const net::ServerRequest& req) {
+    std::optional<std::string> job;
+    if (auto q = req.query.find("job"); q != req.query.end()) job = q->second;
+    return json_response(metrics_history(job));
+  });
+
+  s.route("GET", std::string(api::kDashboardPath),
+          [](const net::ServerRequest&) { return *dashboard_response(""); });
+  s.route("GET", std::string(api::kDashboardPath) + "/{file}", [](const net::ServerRequest& req) {
+    auto res = dashboard_response(req.params.at("file"));
+    if (!res) {
+      throw net::HttpStatusError(404, "The dashboard has no file '" + req.params.at("file") + "'.");
+    }
+    return *res;
+  });
+
+  // Prometheus' scrape target (Note [The head's metrics]); behind the token like every route.
+  s.route("GET", std::string(api::kMetricsPath),
+          [this](const net::ServerRequest&) { return metrics_response(); });
+
   // --- rendezvous --------------------------------------------------------------------------------
   s.route("GET", std::string(api::kRdzvPattern), [this](const net::ServerRequest& req) {
     std::string run_id = req.params.at("run_id");
@@ -302,6 +337,25 @@ void Head::Impl::add_routes() {
     RdzvState r = store->set_rdzv(req.params.at("run_id"), st->get<std::string>(), token);
     return json_response({{f::kState, r.state}, {f::kToken, r.token}, {f::kWritten, r.written}});
   });
+}
+
+json Head::Impl::metrics_history(const std::optional<std::string>& job) {
+  std::vector<HistoryNodeInfo> node_info;
+  std::vector<HistoryJobInfo> job_info;
+  const double now = now_seconds();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (NodeRecord* n : nodes_in_order()) {
+      node_info.push_back(
+          {n->node_id, n->hostname, n->state, std::max(0.0, now - n->last_heartbeat_at)});
+    }
+    for (JobRecord* j : jobs_in_order()) job_info.push_back({j->job_id, j->status});
+    if (job && !jobs.count(*job) && !history->has_job(*job)) {
+      throw net::HttpStatusError(404, "Job '" + *job + "' does not exist.");
+    }
+  }
+  return history->json(node_info, job_info, job, now,
+                       std::chrono::duration<double>(o.heartbeat_interval).count());
 }
 
 }  // namespace trainyard::cluster

@@ -158,6 +158,7 @@ void Head::Impl::drop_node(JobRecord& j, const std::string& node_id, const std::
 }
 
 void Head::Impl::node_lost(const std::string& node_id, const std::string& why) {
+  node_metrics.erase(node_id);  // its series leave /metrics (Note [The head's metrics])
   for (JobRecord* j : jobs_in_order()) drop_node(*j, node_id, why);
 }
 

@@ -12,6 +12,8 @@
 #include <optional>
 #include <string>
 
+#include "trainyard/cluster/metrics_history.h"
+
 namespace trainyard::cluster {
 
 struct HeadOptions {
@@ -28,6 +30,9 @@ struct HeadOptions {
   std::chrono::milliseconds tick_interval{500};  // node lifecycle, scheduling, log tails
   int http_threads = kDefaultHttpThreads;        // each open log tail holds one
   int failures_shown = 10;                       // most recent node failures in the status snapshot
+  // Points kept per metrics series for the history API and the dashboard (one per heartbeat);
+  // points older than history_points heartbeat intervals are dropped too.
+  int history_points = MetricsHistoryOptions::kDefaultPoints;
 };
 
 // Validates the options: InvalidArgumentError naming the field (and, for a non-loopback bind
