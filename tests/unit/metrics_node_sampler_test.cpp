@@ -90,6 +90,15 @@ std::string pid_stat(int pid,
   return line.str();
 }
 
+// Seconds the scheduler has run `pid` (/proc/<pid>/schedstat's first field, nanoseconds); NaN
+// when the kernel does not provide it.
+double run_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/schedstat");
+  double ns = 0;
+  if (!(in >> ns)) return std::nan("");
+  return ns / 1e9;
+}
+
 bool has_family_with_prefix(const Snapshot& s, const std::string& prefix) {
   for (const Family& f : s)
     if (f.name.rfind(prefix, 0) == 0) return true;
@@ -260,7 +269,7 @@ TEST(NodeSampler, WatchedProcessesFromAFakeTree) {
   EXPECT_EQ(find_family(s, name::kRankResidentMemory), nullptr);
 }
 
-TEST(NodeSampler, RealBusyChildReadsAboutOneCore) {
+TEST(NodeSampler, RealBusyChildReadsTheCpuItRan) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {  // busy for at most 20 s; the parent kills it sooner
@@ -276,28 +285,37 @@ TEST(NodeSampler, RealBusyChildReadsAboutOneCore) {
   const Labels labels = {{"rank", "0"}};
   const std::vector<WatchedProcess> watched = {{.pid = child, .labels = labels}};
   NodeSampler sampler({.nvml_library = ""});
+  const double run_before = run_seconds(child);
+  const auto before = std::chrono::steady_clock::now();
   Snapshot s = sampler.sample(watched);
   const double cpu_before = find_value(s, name::kRankCpuSeconds, labels);
-  const auto before = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(1500ms);
-  s = sampler.sample(watched);
+  const double run_after = run_seconds(child);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+  s = sampler.sample(watched);
   const double ratio = find_value(s, name::kRankCpuUtilization, labels);
   const double cpu_after = find_value(s, name::kRankCpuSeconds, labels);
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
 
-  // ctest runs the unit tests one at a time, but the 2-core machines this runs on are shared with
-  // builds: with a -j2 build beside it, the busy child is one of three runnable tasks on two cores
-  // and gets about 2/3 of one. 0.5 leaves room for that and still fails when the child's time is
-  // not counted (0) or miscounted. One thread cannot use more than one core: 1.05 allows the
-  // 10 ms granularity of ticks and of /proc/uptime over 1.5 s.
-  EXPECT_GT(ratio, 0.5);
+  // On an idle machine the busy child gets a whole core and reads about 1. The 2-core machines
+  // these tests run on are shared with other people's builds, though, and no fixed bound near 1
+  // holds there: with three other busy processes beside it the child was measured at 0.13 to
+  // 0.15. So the ratio must match the CPU time the scheduler itself says the child ran
+  // (/proc/<pid>/schedstat, nanoseconds, an account separate from utime/stime's ticks) over the
+  // same interval, within the 10 ms granularity of ticks and /proc/uptime over 1.5 s and the
+  // few milliseconds between reading one clock and the other; the child must have run at all
+  // (> 0.05); and one thread cannot use more than one core (< 1.05).
+  const double scheduled = (run_after - run_before) / wall;
+  EXPECT_GT(ratio, 0.05) << "scheduled " << scheduled;
   EXPECT_LT(ratio, 1.05);
-  // The ratio is the counter's increase over the interval (timed here by the steady clock).
-  EXPECT_NEAR(ratio, (cpu_after - cpu_before) / wall, 0.05);
+  if (std::isfinite(scheduled)) {
+    EXPECT_NEAR(ratio, scheduled, 0.1);
+  }
+  // The ratio is the counter's increase over the interval.
+  EXPECT_NEAR(ratio, (cpu_after - cpu_before) / wall, 0.1);
   EXPECT_GT(find_value(s, name::kRankResidentMemory, labels), 0.0);
   EXPECT_GE(find_value(s, name::kNodeCpus), 1.0);
   const double memory_used = find_value(s, name::kNodeMemoryUsed);
