@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -74,18 +75,28 @@ std::string pid_stat(int pid,
                      double stime,
                      double start,
                      double rss_pages) {
-  std::string line = std::to_string(pid) + " (" + comm + ") " + state;
+  // Written with a stream: g++ 12 warns falsely (-Wrestrict) about "literal" + std::string.
+  std::ostringstream line;
+  line << pid << " (" << comm << ") " << state;
   for (int field = 4; field <= 52; ++field) {
     double v = 0;
     if (field == 14) v = utime;
     if (field == 15) v = stime;
     if (field == 22) v = start;
     if (field == 24) v = rss_pages;
-    // Appended piece by piece: g++ 12 warns (-Wrestrict, falsely) on " " + std::to_string(...).
-    line += ' ';
-    line += std::to_string(static_cast<long long>(v));
+    line << ' ' << static_cast<long long>(v);
   }
-  return line + "\n";
+  line << '\n';
+  return line.str();
+}
+
+// Seconds the scheduler has run `pid` (/proc/<pid>/schedstat's first field, nanoseconds); NaN
+// when the kernel does not provide it.
+double run_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/schedstat");
+  double ns = 0;
+  if (!(in >> ns)) return std::nan("");
+  return ns / 1e9;
 }
 
 bool has_family_with_prefix(const Snapshot& s, const std::string& prefix) {
@@ -172,8 +183,10 @@ TEST(NodeSampler, DisksAreWholeDisksInBytes) {
   FakeProc proc;
   // major minor name reads merged sectors_read ms writes merged sectors_written ...
   const auto line = [](const std::string& name, int read, int written) {
-    return "   8  0 " + name + " 1 0 " + std::to_string(read) + " 0 1 0 " +
-           std::to_string(written) + " 0 0 0 0 0 0 0 0 0 0\n";
+    std::ostringstream text;
+    text << "   8  0 " << name << " 1 0 " << read << " 0 1 0 " << written
+         << " 0 0 0 0 0 0 0 0 0 0\n";
+    return text.str();
   };
   proc.write("diskstats", line("sda", 100, 200) + line("sda1", 60, 150) + line("sda2", 40, 50) +
                               line("nvme0n1", 10, 20) + line("nvme0n1p1", 10, 20) +
@@ -256,7 +269,7 @@ TEST(NodeSampler, WatchedProcessesFromAFakeTree) {
   EXPECT_EQ(find_family(s, name::kRankResidentMemory), nullptr);
 }
 
-TEST(NodeSampler, RealBusyChildReadsAboutOneCore) {
+TEST(NodeSampler, RealBusyChildReadsTheCpuItRan) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {  // busy for at most 20 s; the parent kills it sooner
@@ -272,28 +285,37 @@ TEST(NodeSampler, RealBusyChildReadsAboutOneCore) {
   const Labels labels = {{"rank", "0"}};
   const std::vector<WatchedProcess> watched = {{.pid = child, .labels = labels}};
   NodeSampler sampler({.nvml_library = ""});
+  const double run_before = run_seconds(child);
+  const auto before = std::chrono::steady_clock::now();
   Snapshot s = sampler.sample(watched);
   const double cpu_before = find_value(s, name::kRankCpuSeconds, labels);
-  const auto before = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(1500ms);
-  s = sampler.sample(watched);
+  const double run_after = run_seconds(child);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+  s = sampler.sample(watched);
   const double ratio = find_value(s, name::kRankCpuUtilization, labels);
   const double cpu_after = find_value(s, name::kRankCpuSeconds, labels);
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
 
-  // ctest runs the unit tests one at a time, but the 2-core machines this runs on are shared with
-  // builds: with a -j2 build beside it, the busy child is one of three runnable tasks on two cores
-  // and gets about 2/3 of one. 0.5 leaves room for that and still fails when the child's time is
-  // not counted (0) or miscounted. One thread cannot use more than one core: 1.05 allows the
-  // 10 ms granularity of ticks and of /proc/uptime over 1.5 s.
-  EXPECT_GT(ratio, 0.5);
+  // On an idle machine the busy child gets a whole core and reads about 1. The 2-core machines
+  // these tests run on are shared with other people's builds, though, and no fixed bound near 1
+  // holds there: with three other busy processes beside it the child was measured at 0.13 to
+  // 0.15. So the ratio must match the CPU time the scheduler itself says the child ran
+  // (/proc/<pid>/schedstat, nanoseconds, an account separate from utime/stime's ticks) over the
+  // same interval, within the 10 ms granularity of ticks and /proc/uptime over 1.5 s and the
+  // few milliseconds between reading one clock and the other; the child must have run at all
+  // (> 0.05); and one thread cannot use more than one core (< 1.05).
+  const double scheduled = (run_after - run_before) / wall;
+  EXPECT_GT(ratio, 0.05) << "scheduled " << scheduled;
   EXPECT_LT(ratio, 1.05);
-  // The ratio is the counter's increase over the interval (timed here by the steady clock).
-  EXPECT_NEAR(ratio, (cpu_after - cpu_before) / wall, 0.05);
+  if (std::isfinite(scheduled)) {
+    EXPECT_NEAR(ratio, scheduled, 0.1);
+  }
+  // The ratio is the counter's increase over the interval.
+  EXPECT_NEAR(ratio, (cpu_after - cpu_before) / wall, 0.1);
   EXPECT_GT(find_value(s, name::kRankResidentMemory, labels), 0.0);
   EXPECT_GE(find_value(s, name::kNodeCpus), 1.0);
   const double memory_used = find_value(s, name::kNodeMemoryUsed);
