@@ -57,7 +57,9 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 // rank could use the result.
 class TrackedWork final : public c10d::Work {
  public:
-  TrackedWork(const OpSeries& series, Clock::time_point issued, c10::intrusive_ptr<c10d::Work> inner)
+  TrackedWork(const OpSeries& series,
+              Clock::time_point issued,
+              c10::intrusive_ptr<c10d::Work> inner)
       : c10d::Work(-1, c10d::OpType::UNKNOWN),
         series_(series),
         issued_(issued),

@@ -109,8 +109,10 @@ void DdpReducer::verify_layout_across_ranks() {
   c10d::AllreduceOptions min_op, max_op;
   min_op.reduceOp = c10d::ReduceOp::MIN;
   max_op.reduceOp = c10d::ReduceOp::MAX;
-  wait_or_throw(comm::all_reduce(pg_, lo_v, min_op), "the parameter layout check", rank_, world_size_);
-  wait_or_throw(comm::all_reduce(pg_, hi_v, max_op), "the parameter layout check", rank_, world_size_);
+  wait_or_throw(comm::all_reduce(pg_, lo_v, min_op), "the parameter layout check", rank_,
+                world_size_);
+  wait_or_throw(comm::all_reduce(pg_, hi_v, max_op), "the parameter layout check", rank_,
+                world_size_);
   TY_CHECK(torch::equal(lo, hi), "DistributedDataParallel: ranks hold different models. Rank ",
            rank_, " has ", params_.size(), " trainable parameters with ", numel,
            " elements; across ranks the counts range over [", lo[0].item<int64_t>(), ", ",
@@ -127,7 +129,8 @@ void DdpReducer::broadcast_from_rank0(const std::vector<torch::Tensor>& tensors)
     std::vector<torch::Tensor> flat{at::flatten_dense_tensors(group)};
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
-    wait_or_throw(comm::broadcast(pg_, flat, opts), "broadcasting state from rank 0", rank_, world_size_);
+    wait_or_throw(comm::broadcast(pg_, flat, opts), "broadcasting state from rank 0", rank_,
+                  world_size_);
     if (rank_ == 0) continue;
     auto parts = at::unflatten_dense_tensors(flat[0], group);
     for (std::size_t i = 0; i < group.size(); ++i) group[i].copy_(parts[i]);

@@ -238,8 +238,8 @@ void FsdpState::sync_initial_values(torch::Tensor& full) {
     std::vector<torch::Tensor> v{full};
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
-    wait_or_throw(comm::broadcast(group, v, opts), "broadcasting the initial parameters", shard_rank_,
-                  groups_.world_size);
+    wait_or_throw(comm::broadcast(group, v, opts), "broadcasting the initial parameters",
+                  shard_rank_, groups_.world_size);
   }
 }
 

@@ -47,10 +47,9 @@ std::string_view phase_name(Phase phase) {
 StepTimer::StepTimer(Registry& registry, bool enabled) : enabled_(enabled) {
   if (!enabled_) return;
   for (int p = 0; p < kPhaseCount; ++p) {
-    phase_counters_[p] =
-        &registry.counter(name::kTrainStepPhaseSeconds, kPhaseHelp,
-                          {{std::string(name::kPhaseLabel),
-                            std::string(phase_name(static_cast<Phase>(p)))}});
+    phase_counters_[p] = &registry.counter(
+        name::kTrainStepPhaseSeconds, kPhaseHelp,
+        {{std::string(name::kPhaseLabel), std::string(phase_name(static_cast<Phase>(p)))}});
   }
   step_gauge_ = &registry.gauge(name::kTrainStepSeconds, "Wall seconds of the last training step.");
 }

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "trainyard/checkpoint/checkpointer.h"
-#include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/collectives.h"
+#include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/fsdp/state_dict.h"
@@ -148,8 +148,9 @@ struct Trainer::TrainSeries {
   metrics::Gauge& report_key(const std::string& key) {
     auto it = report_keys.find(key);
     if (it != report_keys.end()) return *it->second;
-    auto& g = registry.gauge(metrics::name::kTrainReport, "The last value report() received per key.",
-                             {{std::string(metrics::name::kKeyLabel), key}});
+    auto& g =
+        registry.gauge(metrics::name::kTrainReport, "The last value report() received per key.",
+                       {{std::string(metrics::name::kKeyLabel), key}});
     report_keys.emplace(key, &g);
     return g;
   }
