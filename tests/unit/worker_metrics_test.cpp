@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <regex>
 
 #include "cluster_test_util.h"
 #include "trainyard/cluster/api.h"
