@@ -2,6 +2,7 @@
 // net::HttpClient callers. Usage:
 //   cluster_bench [--parts "api restart"] [--clients 100] [--seconds 10] [--nodes 4]
 //                 [--jobs 50] [--restart-jobs 1000] [--restarts 3]
+//                 [--parts metrics] [--metrics-nodes 16] [--ranks-per-node 8] [--scrape-every 0]
 // api:     --nodes fake nodes register and heartbeat every 2 s, --jobs jobs wait PENDING (each
 //          asks for more nodes than there are); then --clients threads, each with a client of its
 //          own (one keep-alive connection), GET one path in a loop for --seconds: requests/s and
@@ -9,12 +10,22 @@
 // restart: a head whose store gets --restart-jobs jobs (POSTed one after another: the submit
 //          rate), is stopped, and is started again --restarts times: the seconds of Head::start()
 //          and from before it to the first GET /api/jobs/ answer listing every job.
+// metrics: --metrics-nodes fake nodes of --ranks-per-node ranks each heartbeat realistic
+//          snapshots (node families and ~40 series per rank, values changing) every 2 s for
+//          --seconds, while one client scrapes GET /metrics in a loop (--scrape-every ms apart):
+//          the scrape's size and latency (p50, p99, max), the heartbeats' latency, and the
+//          process's RSS growth after the first round (the head's cost of keeping snapshots).
+//          Also the worker's side: the time to build one heartbeat's metrics (NodeSampler on
+//          this machine's /proc plus --ranks-per-node rank files read, labelled and serialised).
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -24,6 +35,10 @@
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head.h"
 #include "trainyard/error.h"
+#include "trainyard/metrics/names.h"
+#include "trainyard/metrics/node_sampler.h"
+#include "trainyard/metrics/rank_files.h"
+#include "trainyard/metrics/registry.h"
 #include "trainyard/net/http_client.h"
 
 namespace {
@@ -48,6 +63,9 @@ struct Options {
   int jobs = 50;
   int restart_jobs = 1000;
   int restarts = 3;
+  int metrics_nodes = 16;
+  int ranks_per_node = 8;
+  int scrape_every_ms = 0;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -225,6 +243,226 @@ void restart_part(const Options& o, const fs::path& dir) {
   }
 }
 
+// --- metrics
+// --------------------------------------------------------------------------------------
+
+namespace metrics = trainyard::metrics;
+namespace mname = metrics::name;
+
+// Resident memory of this process, bytes.
+double rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// What one rank's registry holds after some training: ~40 series. `t` moves the values on.
+metrics::Registry& rank_registry(metrics::Registry& r, double t) {
+  r.gauge(mname::kTrainLoss, "loss").set(2.0 / (1 + t));
+  r.gauge(mname::kTrainLearningRate, "lr").set(1e-3);
+  r.gauge(mname::kTrainEpoch, "epoch").set(t / 100);
+  r.gauge(mname::kTrainStep, "step").set(t);
+  r.counter(mname::kTrainStepsTotal, "steps").add(1);
+  r.counter(mname::kTrainSamplesTotal, "samples").add(256);
+  r.counter(mname::kTrainTokensTotal, "tokens").add(256 * 2048);
+  r.gauge(mname::kTrainSamplesPerSecond, "samples/s").set(1000 + t);
+  r.gauge(mname::kTrainTokensPerSecond, "tokens/s").set(2e6 + t);
+  r.gauge(mname::kTrainStepSeconds, "step s").set(0.25);
+  for (auto phase : {mname::kPhaseData, mname::kPhaseForward, mname::kPhaseBackward,
+                     mname::kPhaseCommunication, mname::kPhaseOptimizer, mname::kPhaseOther}) {
+    r.counter(mname::kTrainStepPhaseSeconds, "phase s", {{"phase", std::string(phase)}}).add(0.04);
+  }
+  for (auto op : {mname::kOpAllReduce, mname::kOpAllGather, mname::kOpReduceScatter,
+                  mname::kOpBroadcast, mname::kOpBarrier}) {
+    const metrics::Labels l = {{"op", std::string(op)}};
+    r.counter(mname::kCollectiveCalls, "calls", l).add(10);
+    r.counter(mname::kCollectiveBytes, "bytes", l).add(1e8);
+    r.counter(mname::kCollectiveSeconds, "s", l).add(0.01);
+    r.counter(mname::kCollectiveWaitSeconds, "wait s", l).add(0.005);
+  }
+  r.counter(mname::kCheckpointSaves, "saves");
+  r.counter(mname::kCheckpointSaveSeconds, "save s");
+  r.counter(mname::kCheckpointSaveBytes, "save bytes");
+  r.counter(mname::kCheckpointLoads, "loads");
+  r.counter(mname::kCheckpointLoadSeconds, "load s");
+  r.counter(mname::kCheckpointLoadBytes, "load bytes");
+  r.counter(mname::kRestarts, "restarts");
+  return r;
+}
+
+// One fake node's heartbeat snapshot: what a worker of 16 CPUs, 2 network and 2 disk devices
+// and `ranks` ranks (processes and registries, labelled job and rank) sends.
+metrics::Snapshot node_snapshot(int node, int ranks, double t) {
+  using metrics::MetricType;
+  auto gauge = [](std::string_view n, std::vector<metrics::Sample> s) {
+    return metrics::Family{std::string(n), MetricType::kGauge, "node gauge", std::move(s)};
+  };
+  auto counter = [](std::string_view n, std::vector<metrics::Sample> s) {
+    return metrics::Family{std::string(n), MetricType::kCounter, "node counter", std::move(s)};
+  };
+  std::vector<metrics::Sample> cores;
+  for (int c = 0; c < 16; ++c) cores.push_back({{{"cpu", std::to_string(c)}}, 0.5 + 0.01 * c});
+  auto devices = [&](std::vector<std::string> names, double v) {
+    std::vector<metrics::Sample> out;
+    for (auto& n : names) out.push_back({{{"device", n}}, v});
+    return out;
+  };
+  metrics::Snapshot s = {
+      gauge(mname::kNodeCpus, {{{}, 16}}),
+      gauge(mname::kNodeCpuUtilization, {{{}, 0.6}}),
+      gauge(mname::kNodeCoreUtilization, cores),
+      gauge(mname::kNodeMemoryUsed, {{{}, 3e10 + t}}),
+      gauge(mname::kNodeMemoryTotal, {{{}, 6.4e10}}),
+      counter(mname::kNodeNetworkReceive, devices({"eth0", "lo"}, 1e9 * t)),
+      counter(mname::kNodeNetworkTransmit, devices({"eth0", "lo"}, 1e9 * t)),
+      counter(mname::kNodeDiskRead, devices({"nvme0n1", "nvme1n1"}, 1e8 * t)),
+      counter(mname::kNodeDiskWritten, devices({"nvme0n1", "nvme1n1"}, 1e8 * t)),
+  };
+  const std::string job = "raysubmit_bench000000000000";
+  for (int r = 0; r < ranks; ++r) {
+    const metrics::Labels labels = {{"job", job}, {"rank", std::to_string(node * ranks + r)}};
+    metrics::Snapshot p = {gauge(mname::kRankResidentMemory, {{labels, 4e9}}),
+                           counter(mname::kRankCpuSeconds, {{labels, 10 * t}}),
+                           gauge(mname::kRankCpuUtilization, {{labels, 0.95}})};
+    metrics::merge_into(s, std::move(p));
+    metrics::Registry registry;
+    metrics::merge_into(s, metrics::with_labels(rank_registry(registry, t).snapshot(), labels));
+  }
+  return s;
+}
+
+std::size_t sample_count(const metrics::Snapshot& s) {
+  std::size_t n = 0;
+  for (const auto& f : s) n += f.samples.size();
+  return n;
+}
+
+void metrics_part(const Options& o, const fs::path& dir) {
+  // The worker's side first: one heartbeat's metrics on this machine.
+  {
+    const fs::path rank_dir = dir / "rank_files";
+    for (int r = 0; r < o.ranks_per_node; ++r) {
+      metrics::Registry registry;
+      rank_registry(registry, 1);
+      metrics::FilePublisher(registry, {.dir = rank_dir.string(), .rank = r}).publish_now();
+    }
+    metrics::NodeSampler sampler;
+    std::vector<metrics::WatchedProcess> watched;
+    for (int r = 0; r < o.ranks_per_node; ++r)
+      watched.push_back({getpid(), {{"job", "j"}, {"rank", std::to_string(r)}}});
+    std::vector<double> ms;
+    std::size_t bytes = 0, samples = 0;
+    for (int i = 0; i < 50; ++i) {
+      auto t0 = Clock::now();
+      metrics::Snapshot s = sampler.sample(watched);
+      for (auto& r : metrics::read_rank_files(rank_dir.string())) {
+        metrics::merge_into(s,
+                            metrics::with_labels(std::move(r.snapshot),
+                                                 {{"job", "j"}, {"rank", std::to_string(r.rank)}}));
+      }
+      json j;
+      metrics::to_json(j, s);
+      bytes = j.dump().size();
+      ms.push_back(seconds_since(t0) * 1e3);
+      samples = sample_count(s);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf(
+        "metrics, a worker's heartbeat: NodeSampler + %d rank files -> %zu samples, %zu B of "
+        "JSON, built in p50 %.2f ms, max %.2f ms (50 builds)\n",
+        o.ranks_per_node, samples, bytes, percentile(ms, 0.5), ms.back());
+  }
+
+  Head head(HeadOptions{.port = 0, .token = kToken, .state_dir = dir / "metrics"});
+  head.start();
+  HttpClient client;
+  const int nodes = o.metrics_nodes;
+  for (int n = 0; n < nodes; ++n) {
+    call(client, head, "POST", std::string(api::kNodesPath),
+         {{f::kNodeId, "fake-node-" + std::to_string(n)},
+          {f::kHostname, "fake" + std::to_string(n)},
+          {f::kAddress, "127.0.0.1"},
+          {f::kResources, {{f::kCpu, 16}, {f::kGpu, 0}, {f::kMemoryBytes, 64LL << 30}}}});
+  }
+  // The nodes' bodies are made ahead (the bench measures the head, not the fake workers).
+  auto bodies = [&](double t) {
+    std::vector<std::string> out;
+    for (int n = 0; n < nodes; ++n) {
+      json m;
+      metrics::to_json(m, node_snapshot(n, o.ranks_per_node, t));
+      out.push_back(
+          json{{f::kUsage, json::object()}, {f::kJobs, json::array()}, {f::kMetrics, m}}.dump());
+    }
+    return out;
+  };
+  const std::size_t per_node = sample_count(node_snapshot(0, o.ranks_per_node, 1));
+  std::vector<std::vector<std::string>> rounds = {bodies(1), bodies(2)};
+  std::atomic<bool> stop{false};
+  std::atomic<int> round{0};
+  std::vector<double> heartbeat_ms;  // the heartbeat thread's
+  double rss_after_first = 0;
+  std::thread heartbeats([&] {
+    HttpClient hb;
+    while (!stop.load()) {
+      const auto& bs = rounds[static_cast<std::size_t>(round.load()) % rounds.size()];
+      for (int n = 0; n < nodes; ++n) {
+        auto t0 = Clock::now();
+        auto r = hb.perform(request(head, "POST",
+                                    api::node_heartbeat_path("fake-node-" + std::to_string(n)),
+                                    bs[static_cast<std::size_t>(n)]));
+        if (r.status != 200) throw trainyard::Error("heartbeat: " + r.describe());
+        heartbeat_ms.push_back(seconds_since(t0) * 1e3);
+      }
+      if (round.fetch_add(1) == 0) rss_after_first = rss_bytes();
+      for (int i = 0; i < 20 && !stop.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  while (round.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::vector<double> scrape_ms;
+  std::size_t scrape_bytes = 0;
+  const auto t0 = Clock::now();
+  while (seconds_since(t0) < o.seconds) {
+    auto s0 = Clock::now();
+    auto r = client.perform(request(head, "GET", std::string(api::kMetricsPath)));
+    if (r.status != 200) throw trainyard::Error("/metrics: " + r.describe());
+    scrape_ms.push_back(seconds_since(s0) * 1e3);
+    scrape_bytes = r.body.size();
+    if (o.scrape_every_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.scrape_every_ms));
+  }
+  stop = true;
+  heartbeats.join();
+  const double rss_end = rss_bytes();
+  std::sort(scrape_ms.begin(), scrape_ms.end());
+  std::sort(heartbeat_ms.begin(), heartbeat_ms.end());
+  std::printf(
+      "metrics, the head: %d nodes x %d ranks heartbeating every 2 s (%zu samples per node, "
+      "%zu B per heartbeat body) for %.0f s, %d rounds; one client scraping /metrics %s\n",
+      nodes, o.ranks_per_node, per_node, rounds[0][0].size(), o.seconds, round.load(),
+      o.scrape_every_ms > 0 ? ("every " + std::to_string(o.scrape_every_ms) + " ms").c_str()
+                            : "back to back");
+  std::printf("%-22s %9s %10s %8s %8s %8s\n", "", "count", "bytes", "p50_ms", "p99_ms", "max_ms");
+  std::printf("%-22s %9zu %10zu %8.2f %8.2f %8.2f\n", "GET /metrics", scrape_ms.size(),
+              scrape_bytes, percentile(scrape_ms, 0.5), percentile(scrape_ms, 0.99),
+              scrape_ms.back());
+  std::printf("%-22s %9zu %10zu %8.2f %8.2f %8.2f\n", "POST heartbeat", heartbeat_ms.size(),
+              rounds[0][0].size(), percentile(heartbeat_ms, 0.5), percentile(heartbeat_ms, 0.99),
+              heartbeat_ms.back());
+  // What of the growth is memory the allocator keeps for reuse (glibc keeps an arena per HTTP
+  // thread that parsed a body or rendered a scrape) rather than memory the head holds.
+  malloc_trim(0);
+  const double rss_trimmed = rss_bytes();
+  std::printf(
+      "RSS after the first round %.1f MB, at the end %.1f MB (growth %.1f MB); after "
+      "malloc_trim(0) %.1f MB (growth %.1f MB)\n",
+      rss_after_first / 1e6, rss_end / 1e6, (rss_end - rss_after_first) / 1e6, rss_trimmed / 1e6,
+      (rss_trimmed - rss_after_first) / 1e6);
+  head.stop();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -253,6 +491,12 @@ int main(int argc, char** argv) {
       o.restart_jobs = std::stoi(value());
     else if (a == "--restarts")
       o.restarts = std::stoi(value());
+    else if (a == "--metrics-nodes")
+      o.metrics_nodes = std::stoi(value());
+    else if (a == "--ranks-per-node")
+      o.ranks_per_node = std::stoi(value());
+    else if (a == "--scrape-every")
+      o.scrape_every_ms = std::stoi(value());
     else {
       std::fprintf(
           stderr,
@@ -271,8 +515,10 @@ int main(int argc, char** argv) {
         api_part(o, dir);
       else if (p == "restart")
         restart_part(o, dir);
+      else if (p == "metrics")
+        metrics_part(o, dir);
       else
-        throw trainyard::Error("unknown part '" + p + "' (api, restart)");
+        throw trainyard::Error("unknown part '" + p + "' (api, restart, metrics)");
       std::printf("\n");
     }
   } catch (const std::exception& e) {

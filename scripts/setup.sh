@@ -16,6 +16,7 @@ packages=(
   python3-torch python3-torchvision                # the Python peer for comparisons
   python3-requests python3-aiohttp                 # Ray's Jobs client calls replayed in the cluster tests
   etcd-server etcd-client                          # etcd for the etcd rendezvous tests
+  prometheus                                       # Prometheus and promtool for the /metrics tests
   iproute2 procps
   curl jq                                          # bench/cluster.sh talks to the head
   libjs-chart.js                                   # Chart.js, embedded into the head's dashboard

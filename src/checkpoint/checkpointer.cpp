@@ -19,6 +19,9 @@
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
+#include "trainyard/metrics/names.h"
+#include "trainyard/metrics/recording.h"
+#include "trainyard/metrics/registry.h"
 
 namespace trainyard::checkpoint {
 
@@ -83,6 +86,65 @@ std::string join_names(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
   return out;
+}
+
+// What saves and loads record into metrics::process_registry(); null when recording is off
+// (TRAINYARD_METRICS=0). Seconds are the storage calls' (begin, write_file, commit; read_manifest,
+// read_file), so a save split across ranks (FSDP) counts each rank's own writing.
+struct CheckpointSeries {
+  metrics::Counter& saves;
+  metrics::Counter& save_seconds;
+  metrics::Counter& save_bytes;
+  metrics::Counter& loads;
+  metrics::Counter& load_seconds;
+  metrics::Counter& load_bytes;
+};
+
+const CheckpointSeries* checkpoint_series() {
+  static const CheckpointSeries* series = []() -> const CheckpointSeries* {
+    if (!metrics::recording_enabled()) return nullptr;
+    namespace name = metrics::name;
+    auto& r = metrics::process_registry();
+    return new CheckpointSeries{
+        // never destroyed, as the registry
+        .saves = r.counter(name::kCheckpointSaves, "Checkpoints this process committed."),
+        .save_seconds =
+            r.counter(name::kCheckpointSaveSeconds, "Seconds spent writing checkpoints."),
+        .save_bytes = r.counter(name::kCheckpointSaveBytes, "Bytes of checkpoint files written."),
+        .loads = r.counter(name::kCheckpointLoads,
+                           "Checkpoints whose loading began (each reads its manifest once)."),
+        .load_seconds =
+            r.counter(name::kCheckpointLoadSeconds, "Seconds spent reading checkpoints."),
+        .load_bytes = r.counter(name::kCheckpointLoadBytes, "Bytes of checkpoint files read.")};
+  }();
+  return series;
+}
+
+// Adds the seconds from its construction to its destruction to a counter (when recording).
+class TimeInto {
+ public:
+  explicit TimeInto(metrics::Counter* counter)
+      : counter_(counter), start_(std::chrono::steady_clock::now()) {}
+  ~TimeInto() {
+    if (counter_ != nullptr)
+      counter_->add(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  TimeInto(const TimeInto&) = delete;
+  TimeInto& operator=(const TimeInto&) = delete;
+
+ private:
+  metrics::Counter* counter_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+metrics::Counter* save_seconds() {
+  const auto* s = checkpoint_series();
+  return s != nullptr ? &s->save_seconds : nullptr;
+}
+metrics::Counter* load_seconds() {
+  const auto* s = checkpoint_series();
+  return s != nullptr ? &s->load_seconds : nullptr;
 }
 
 }  // namespace
@@ -207,6 +269,7 @@ std::string Checkpointer::save(const Checkpoint& checkpoint) {
 // an incomplete checkpoint is: see Note [Retention].
 std::string Checkpointer::begin() {
   require_writer("begin");
+  TimeInto timed(save_seconds());
   std::minstd_rand rng(std::random_device{}());
   auto listing = scan(*storage_);
   std::int64_t number = std::max(next_number_, listing.all.empty() ? 0 : *listing.all.rbegin() + 1);
@@ -241,7 +304,10 @@ FileDigest Checkpointer::write_file(const std::string& name,
   TY_CHECK(checkpoint_number(name) >= 0, "Bad checkpoint name '", name,
            "': expected checkpoint_NNNNNN, as begin() returns.");
   check_file_name(file);
+  TimeInto timed(save_seconds());
   storage_->write(name + "/" + file, bytes);
+  if (const auto* series = checkpoint_series())
+    series->save_bytes.add(static_cast<double>(bytes.size()));
   return FileDigest{.bytes = bytes.size(), .sha256 = sha256_hex(bytes)};
 }
 
@@ -263,8 +329,10 @@ void Checkpointer::commit(const std::string& name,
                                    {"created_unix", static_cast<std::int64_t>(std::time(nullptr))},
                                    {"writer", writer_json(writer_)},
                                    {"files", listed}};
+  TimeInto timed(save_seconds());
   lease_->check();  // See Note [Run lease]: a writer that lost the folder commits nothing.
   storage_->write(name + "/" + kManifest, manifest.dump(2) + "\n");
+  if (const auto* series = checkpoint_series()) series->saves.add(1);
   apply_retention(number);
 }
 
@@ -346,6 +414,8 @@ void Checkpointer::apply_retention(std::int64_t committed) {
 
 Manifest Checkpointer::read_manifest(const std::string& name) {
   const auto where = join_uri(storage_->uri(), name);
+  TimeInto timed(load_seconds());
+  if (const auto* series = checkpoint_series()) series->loads.add(1);
   const auto manifest_text = storage_->read(name + "/" + kManifest);
   if (!manifest_text) {
     throw CheckpointCorruptError(
@@ -379,8 +449,11 @@ std::string Checkpointer::read_file(const Manifest& manifest, const std::string&
   if (digest == manifest.files.end()) {
     throw CheckpointCorruptError(detail::concat(where, " is not in the checkpoint's manifest."));
   }
+  TimeInto timed(load_seconds());
   auto contents = storage_->read(manifest.name + "/" + file);
   if (!contents) throw CheckpointCorruptError(detail::concat(where, " is missing."));
+  if (const auto* series = checkpoint_series())
+    series->load_bytes.add(static_cast<double>(contents->size()));
   if (contents->size() != digest->second.bytes) {
     throw CheckpointCorruptError(detail::concat(
         where, " has ", contents->size(), " bytes; the manifest says ", digest->second.bytes, "."));

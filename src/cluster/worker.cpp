@@ -47,12 +47,16 @@
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head_client.h"
 #include "trainyard/comm/address.h"
+#include "trainyard/comm/env_contract.h"
 #include "trainyard/elastic/agent.h"
 #include "trainyard/elastic/head_backend.h"
 #include "trainyard/elastic/launcher.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/metrics/names.h"
+#include "trainyard/metrics/node_sampler.h"
+#include "trainyard/metrics/rank_files.h"
 #include "trainyard/net/base_url.h"
 
 namespace trainyard::cluster {
@@ -71,6 +75,7 @@ constexpr const char* kAssignmentFile = "assignment.json";
 constexpr const char* kReportFile = "report.json";
 constexpr const char* kOutputFile = "output.log";
 constexpr const char* kShippedFile = "shipped";
+constexpr const char* kMetricsDir = "metrics";  // state_dir/jobs/<id>/metrics: the rank files
 
 // Writes `text` to `path` through a temporary name and a rename, so a crash leaves the old or the
 // new contents.
@@ -222,6 +227,7 @@ struct Job {
   fs::path dir;
   std::unique_ptr<LogSpool> spool;
   std::unique_ptr<elastic::Agent> agent;  // null once finished (or when it never started)
+  fs::path metrics_dir;  // $TRAINYARD_METRICS_DIR of its ranks (Note [Metrics in heartbeats])
 
   mutable std::mutex mu;
   json report;  // guarded by mu: the running JobReport (ranks, restarts)
@@ -230,6 +236,8 @@ struct Job {
   std::optional<json> final_report;
   bool final_acknowledged = false;  // a registration or heartbeat carrying it was answered
   bool stop_requested = false;
+  int rank_offset = 0;                           // guarded by mu: the round's, for watched
+  std::vector<metrics::WatchedProcess> watched;  // guarded by mu: the round's ranks' processes
 };
 
 }  // namespace
@@ -256,6 +264,7 @@ struct Worker::Impl {
   std::map<std::string, std::unique_ptr<Job>> jobs;  // daemon thread only
   std::unique_ptr<HeadClient> client;                // daemon thread only
   UsageSampler usage;
+  std::unique_ptr<metrics::NodeSampler> sampler;  // daemon thread only; null when it failed
   Clock::time_point last_warning{};
 
   std::shared_ptr<spdlog::logger> log = logger("worker");
@@ -275,6 +284,8 @@ struct Worker::Impl {
   void acknowledge(const std::vector<Job*>& finals);
   json registration(std::vector<Job*>& finals);
   json heartbeat_body(std::vector<Job*>& finals);
+  // The heartbeat's metrics field; see Note [Metrics in heartbeats].
+  json metrics_json();
   void loop_once(milliseconds& backoff, int& attempts, Clock::time_point& next_heartbeat);
   void handle_answer(const json& answer);
   void start_job(const json& assignment);
@@ -308,6 +319,11 @@ void Worker::Impl::start() {
   heartbeat_interval = options.heartbeat_interval;
   client = std::make_unique<HeadClient>(HeadClientOptions{
       .address = base, .token = options.token, .timeout = milliseconds(10'000), .max_attempts = 1});
+  try {
+    sampler = std::make_unique<metrics::NodeSampler>(options.node_sampler);
+  } catch (const std::exception& e) {
+    log->warn("The node's metrics are left out of heartbeats: {}", e.what());
+  }
   recover_jobs();
   thread = std::thread([this] { run(); });
 }
@@ -363,7 +379,60 @@ json Worker::Impl::heartbeat_body(std::vector<Job*>& finals) {
            {{"cpu_used", u.cpu_used},
             {"cpu_fraction", u.cpu_fraction},
             {"memory_used_bytes", u.memory_used_bytes}}},
-          {"jobs", jobs_json}};
+          {"jobs", jobs_json},
+          {api::field::kMetrics, metrics_json()}};
+}
+
+// Note [Metrics in heartbeats]
+// Every heartbeat carries the node's metrics (api::field::kMetrics, a metrics::Snapshot): the
+// NodeSampler's node families, unlabelled (the head adds the node label), the CPU and memory of
+// each running job's rank processes, and each running job's rank files (what the ranks' own
+// registries publish to $TRAINYARD_METRICS_DIR = state_dir/jobs/<id>/metrics), all labelled
+// {job, rank}. The rank files are cleared when a round starts, so the ranks of an earlier, larger
+// world do not linger; a job that ended is no longer reported. Building it reads a few small
+// files in /proc and one file per rank: about a millisecond for a node of 8 ranks
+// (docs/BENCHMARKS.md), logged at debug level each time and warned about when it takes longer
+// than a quarter of the heartbeat interval.
+json Worker::Impl::metrics_json() {
+  const auto start = Clock::now();
+  std::vector<metrics::WatchedProcess> watched;
+  std::vector<std::pair<std::string, std::string>> dirs;  // job id, metrics folder
+  for (auto& [id, job] : jobs) {
+    if (!job->agent) continue;
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->final_report) continue;
+    watched.insert(watched.end(), job->watched.begin(), job->watched.end());
+    dirs.emplace_back(id, job->metrics_dir.string());
+  }
+  metrics::Snapshot snapshot;
+  if (sampler) {
+    try {
+      snapshot = sampler->sample(watched);
+    } catch (const std::exception& e) {
+      warn_rate_limited(detail::concat(
+          "Could not sample this node's metrics (heartbeats go without): ", e.what()));
+    }
+  }
+  for (const auto& [id, dir] : dirs) {
+    for (metrics::RankSnapshot& r : metrics::read_rank_files(dir)) {
+      metrics::merge_into(
+          snapshot,
+          metrics::with_labels(std::move(r.snapshot),
+                               {{std::string(metrics::name::kJobLabel), id},
+                                {std::string(metrics::name::kRankLabel), std::to_string(r.rank)}}));
+    }
+  }
+  json out;
+  metrics::to_json(out, snapshot);
+  const auto took = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  log->debug("The heartbeat's metrics ({} families, {} job(s)) took {:.2f} ms to build.",
+             snapshot.size(), dirs.size(), took);
+  if (took > 0.25 * static_cast<double>(heartbeat_interval.count())) {
+    warn_rate_limited(detail::concat("Building the heartbeat's metrics took ", took,
+                                     " ms, more than a quarter of the heartbeat interval (",
+                                     heartbeat_interval.count(), " ms)."));
+  }
+  return out;
 }
 
 void Worker::Impl::run() {
@@ -500,6 +569,7 @@ void Worker::Impl::start_job(const json& a) {
   fs::create_directories(job->dir);
   write_file_atomically(job->dir / kAssignmentFile, a.dump());
   job->spool = std::make_unique<LogSpool>(job->dir);
+  job->metrics_dir = job->dir / kMetricsDir;
   job->report = {
       {"job_id", job->id}, {"state", "running"}, {"restart_count", 0}, {"ranks", json::array()}};
   Job* raw = job.get();
@@ -531,6 +601,7 @@ void Worker::Impl::start_job(const json& a) {
       o.extra_env.emplace_back(k, v.get<std::string>());
     }
     o.extra_env.emplace_back("TRAINYARD_JOB_ID", job->id);
+    o.extra_env.emplace_back(kMetricsDirEnv, job->metrics_dir.string());
     // `trainyard ...` in an entrypoint is this very binary, as `ray` is in a Ray job's.
     const char* path = std::getenv("PATH");
     o.extra_env.insert(o.extra_env.begin(),
@@ -541,13 +612,32 @@ void Worker::Impl::start_job(const json& a) {
       raw->spool->append(line.rank, std::string(line.text));
     };
     o.on_event = [raw](const elastic::AgentEvent& e) {
-      if (e.kind != elastic::AgentEventKind::kRoundStarted) return;
-      std::lock_guard<std::mutex> lock(raw->mu);
-      json ranks = json::array();
-      for (int i = 0; i < e.local_world_size; ++i) ranks.push_back(e.rank_offset + i);
-      raw->report["ranks"] = ranks;
-      raw->report["restart_count"] = e.restart_count;
-      raw->report["world_size"] = e.world_size;
+      using Kind = elastic::AgentEventKind;
+      if (e.kind == Kind::kRoundStarted) {
+        // Before the round's ranks start: none of an earlier round's files linger.
+        metrics::clear_rank_files(raw->metrics_dir.string());
+        std::lock_guard<std::mutex> lock(raw->mu);
+        json ranks = json::array();
+        for (int i = 0; i < e.local_world_size; ++i) ranks.push_back(e.rank_offset + i);
+        raw->report["ranks"] = ranks;
+        raw->report["restart_count"] = e.restart_count;
+        raw->report["world_size"] = e.world_size;
+        raw->rank_offset = e.rank_offset;
+        raw->watched.clear();
+      } else if (e.kind == Kind::kRanksStarted) {
+        std::lock_guard<std::mutex> lock(raw->mu);
+        raw->watched.clear();
+        for (std::size_t i = 0; i < e.pids.size(); ++i) {
+          raw->watched.push_back(
+              {.pid = e.pids[i],
+               .labels = {{std::string(metrics::name::kJobLabel), raw->id},
+                          {std::string(metrics::name::kRankLabel),
+                           std::to_string(raw->rank_offset + static_cast<int>(i))}}});
+        }
+      } else if (e.kind == Kind::kFinished) {
+        std::lock_guard<std::mutex> lock(raw->mu);
+        raw->watched.clear();
+      }
     };
     job->agent = std::make_unique<elastic::Agent>(std::move(o));
     job->agent->start();

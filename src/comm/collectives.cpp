@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "trainyard/comm/collective_metrics.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
@@ -357,9 +358,73 @@ GroupCapabilities capabilities_of(const c10::intrusive_ptr<c10d::ProcessGroup>& 
       .shared_memory = shm, .average_in_collective = shm, .native_flat_collectives = shm};
 }
 
+namespace {
+
+std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
+  std::int64_t bytes = 0;
+  for (const auto& t : tensors) bytes += static_cast<std::int64_t>(t.nbytes());
+  return bytes;
+}
+
+c10::intrusive_ptr<c10d::Work> all_gather_flat_untracked(
+    const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor output, at::Tensor input);
+c10::intrusive_ptr<c10d::Work> reduce_scatter_flat_untracked(
+    const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+    at::Tensor output,
+    at::Tensor input,
+    ReduceOp op);
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> all_reduce(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                          std::vector<at::Tensor>& tensors,
+                                          const c10d::AllreduceOptions& options) {
+  TY_CHECK(group, "all_reduce: the process group is null.");
+  const auto issued = std::chrono::steady_clock::now();
+  auto work = group->allreduce(tensors, options);
+  return track_collective(CollectiveOp::kAllReduce, bytes_of(tensors), issued, std::move(work));
+}
+
+c10::intrusive_ptr<c10d::Work> broadcast(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                         std::vector<at::Tensor>& tensors,
+                                         const c10d::BroadcastOptions& options) {
+  TY_CHECK(group, "broadcast: the process group is null.");
+  const auto issued = std::chrono::steady_clock::now();
+  auto work = group->broadcast(tensors, options);
+  return track_collective(CollectiveOp::kBroadcast, bytes_of(tensors), issued, std::move(work));
+}
+
+c10::intrusive_ptr<c10d::Work> barrier(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  TY_CHECK(group, "barrier: the process group is null.");
+  const auto issued = std::chrono::steady_clock::now();
+  auto work = group->barrier();
+  return track_collective(CollectiveOp::kBarrier, 0, issued, std::move(work));
+}
+
 c10::intrusive_ptr<c10d::Work> all_gather_flat(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                                                at::Tensor output,
                                                at::Tensor input) {
+  const auto issued = std::chrono::steady_clock::now();
+  const auto bytes = output.defined() ? static_cast<std::int64_t>(output.nbytes()) : 0;
+  auto work = all_gather_flat_untracked(group, std::move(output), std::move(input));
+  return track_collective(CollectiveOp::kAllGather, bytes, issued, std::move(work));
+}
+
+c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(
+    const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+    at::Tensor output,
+    at::Tensor input,
+    ReduceOp op) {
+  const auto issued = std::chrono::steady_clock::now();
+  const auto bytes = input.defined() ? static_cast<std::int64_t>(input.nbytes()) : 0;
+  auto work = reduce_scatter_flat_untracked(group, std::move(output), std::move(input), op);
+  return track_collective(CollectiveOp::kReduceScatter, bytes, issued, std::move(work));
+}
+
+namespace {
+
+c10::intrusive_ptr<c10d::Work> all_gather_flat_untracked(
+    const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor output, at::Tensor input) {
   TY_CHECK(group, "all_gather_flat: the process group is null.");
   check_pair(output, input, group->getSize(), "all_gather_flat", "output", "input");
   TY_CHECK(output.scalar_type() == input.scalar_type(),
@@ -377,7 +442,7 @@ c10::intrusive_ptr<c10d::Work> all_gather_flat(const c10::intrusive_ptr<c10d::Pr
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(
+c10::intrusive_ptr<c10d::Work> reduce_scatter_flat_untracked(
     const c10::intrusive_ptr<c10d::ProcessGroup>& group,
     at::Tensor output,
     at::Tensor input,
@@ -404,5 +469,7 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(
   });
   return work;
 }
+
+}  // namespace
 
 }  // namespace trainyard::comm

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "trainyard/comm/address.h"
+#include "trainyard/comm/collectives.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
@@ -97,7 +98,7 @@ Distributed::~Distributed() = default;
 
 void Distributed::barrier() {
   if (env_.world_size == 1) return;
-  wait_work(pg_->barrier());
+  wait_work(comm::barrier(pg_));
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,

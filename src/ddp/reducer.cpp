@@ -109,8 +109,10 @@ void DdpReducer::verify_layout_across_ranks() {
   c10d::AllreduceOptions min_op, max_op;
   min_op.reduceOp = c10d::ReduceOp::MIN;
   max_op.reduceOp = c10d::ReduceOp::MAX;
-  wait_or_throw(pg_->allreduce(lo_v, min_op), "the parameter layout check", rank_, world_size_);
-  wait_or_throw(pg_->allreduce(hi_v, max_op), "the parameter layout check", rank_, world_size_);
+  wait_or_throw(comm::all_reduce(pg_, lo_v, min_op), "the parameter layout check", rank_,
+                world_size_);
+  wait_or_throw(comm::all_reduce(pg_, hi_v, max_op), "the parameter layout check", rank_,
+                world_size_);
   TY_CHECK(torch::equal(lo, hi), "DistributedDataParallel: ranks hold different models. Rank ",
            rank_, " has ", params_.size(), " trainable parameters with ", numel,
            " elements; across ranks the counts range over [", lo[0].item<int64_t>(), ", ",
@@ -127,7 +129,8 @@ void DdpReducer::broadcast_from_rank0(const std::vector<torch::Tensor>& tensors)
     std::vector<torch::Tensor> flat{at::flatten_dense_tensors(group)};
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
-    wait_or_throw(pg_->broadcast(flat, opts), "broadcasting state from rank 0", rank_, world_size_);
+    wait_or_throw(comm::broadcast(pg_, flat, opts), "broadcasting state from rank 0", rank_,
+                  world_size_);
     if (rank_ == 0) continue;
     auto parts = at::unflatten_dense_tensors(flat[0], group);
     for (std::size_t i = 0; i < group.size(); ++i) group[i].copy_(parts[i]);
@@ -249,7 +252,7 @@ void DdpReducer::launch_ready_buckets(bool from_hook) {
     } else {
       b.flat.div_(world_size_);  // Gloo has no AVG (nor the shm group below float32)
     }
-    b.work = pg_->allreduce(tensors, opts);
+    b.work = comm::all_reduce(pg_, tensors, opts);
     if (from_hook) ++launched_in_backward_;
     ++next_bucket_;
   }
@@ -288,7 +291,7 @@ void DdpReducer::finalize_backward() {
   c10::intrusive_ptr<c10d::Work> used_work;
   if (used.defined()) {
     std::vector<torch::Tensor> v{used};
-    used_work = pg_->allreduce(v);
+    used_work = comm::all_reduce(pg_, v);
   }
 
   const auto wait_start = std::chrono::steady_clock::now();

@@ -238,8 +238,8 @@ void FsdpState::sync_initial_values(torch::Tensor& full) {
     std::vector<torch::Tensor> v{full};
     c10d::BroadcastOptions opts;
     opts.rootRank = 0;
-    wait_or_throw(group->broadcast(v, opts), "broadcasting the initial parameters", shard_rank_,
-                  groups_.world_size);
+    wait_or_throw(comm::broadcast(group, v, opts), "broadcasting the initial parameters",
+                  shard_rank_, groups_.world_size);
   }
 }
 
@@ -603,7 +603,7 @@ void FsdpState::launch_replica_reductions(bool all) {
       r.scatter.reset();
     }
     std::vector<torch::Tensor> v{r.output};
-    r.replicate = groups_.replicate->allreduce(v);
+    r.replicate = comm::all_reduce(groups_.replicate, v);
     ++stats_.all_reduces;
     stats_.comm_elements += 2 * r.output.numel() * (replicate_size_ - 1) / replicate_size_;
   }
@@ -721,7 +721,7 @@ double FsdpState::clip_grad_norm(double max_norm) {
     if (p.grad().defined()) sum += p.grad().to(torch::kFloat64).pow(2).sum();
   if (shard_size_ > 1) {
     std::vector<torch::Tensor> v{sum};
-    wait_or_throw(groups_.shard->allreduce(v), "the gradient-norm all-reduce", shard_rank_,
+    wait_or_throw(comm::all_reduce(groups_.shard, v), "the gradient-norm all-reduce", shard_rank_,
                   shard_size_);
   }
   const double norm = std::sqrt(sum.item<double>());
@@ -767,7 +767,7 @@ std::int64_t FsdpState::all_min(std::int64_t value) {
     std::vector<torch::Tensor> v{t};
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::MIN;
-    wait_or_throw(group->allreduce(v, opts), "an agreement all-reduce", shard_rank_,
+    wait_or_throw(comm::all_reduce(group, v, opts), "an agreement all-reduce", shard_rank_,
                   groups_.world_size);
   }
   return t.item<std::int64_t>();

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "trainyard/checkpoint/torch_state.h"
+#include "trainyard/comm/collectives.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
@@ -169,7 +170,7 @@ void ShardedAdam::step() {
     std::vector<torch::Tensor> tensors{flat_[static_cast<std::size_t>(r)]};
     c10d::BroadcastOptions opts;
     opts.rootRank = r;
-    works.push_back(pg_->broadcast(tensors, opts));
+    works.push_back(comm::broadcast(pg_, tensors, opts));
   }
   wait_all(works, "broadcasting the updated parameters", rank_, world_size_);
 }
@@ -214,7 +215,7 @@ std::string ShardedAdam::state_to_bytes(int root) {
         std::vector<torch::Tensor> tensors{*t};
         c10d::BroadcastOptions opts;
         opts.rootRank = r;
-        works.push_back(pg_->broadcast(tensors, opts));
+        works.push_back(comm::broadcast(pg_, tensors, opts));
       }
       wait_all(works, "gathering the optimizer state", rank_, world_size_);
     }

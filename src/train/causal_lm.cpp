@@ -537,14 +537,19 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
     const std::int64_t epoch_batches = done_before + loader.num_batches();
     ProgressBar bar(bar_enabled, epoch, epoch_batches);
     auto epoch_start = Clock::now();
+    using metrics::Phase;  // the trainer's step timer: metrics/step_timer.h
     while (auto batch = loader.next()) {
       const auto step_start = Clock::now();
+      trainer.phase(Phase::kForward);
       optimizer.zero_grad();
       auto logits = sharded ? sharded->forward(batch->inputs) : replicated->forward(batch->inputs);
       auto loss = models::causal_lm_loss(logits, batch->targets);
       at::autocast::clear_cache();
+      trainer.phase(Phase::kBackward);
       loss.backward();
+      trainer.phase(Phase::kOptimizer);
       optimizer.step();
+      trainer.phase(Phase::kOther);
       auto mean = loss.detach().to(torch::kFloat64).reshape({1}) / world;
       trainer.all_reduce(mean);
       last_loss = mean.item<double>();
@@ -558,7 +563,8 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
       last_epoch = epoch;
       last_step = done_before + trainer.epoch_steps();
       trainer.step_done(o.batch_size,
-                        {{"train_loss", last_loss}, {"tokens_per_s", tokens_per_s}, {"lr", o.lr}});
+                        {{"train_loss", last_loss}, {"tokens_per_s", tokens_per_s}, {"lr", o.lr}},
+                        /*tokens=*/batch->inputs.numel());
       if (rank == 0) {
         if (bar_enabled) {
           bar.update(last_step + 1, last_loss);

@@ -153,22 +153,30 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
       into += std::chrono::duration<double>(now - lap).count();
       lap = now;
     };
+    // The trainer's step timer records the same phases as metrics (metrics/step_timer.h).
+    using metrics::Phase;
     while (auto batch = loader.next()) {
       take(t_data);
+      trainer.phase(Phase::kForward);
       optimizer.zero_grad();
       auto loss = torch::cross_entropy_loss(ddp.forward(batch->inputs), batch->targets);
       take(t_forward);
+      trainer.phase(Phase::kBackward);
       loss.backward();
       take(t_backward);
       t_comm += ddp.reducer().last_step_stats().exposed_comm_ms / 1e3;
+      trainer.phase(Phase::kOptimizer);
       optimizer.step();
       take(t_optimizer);
+      trainer.phase(Phase::kOther);
       samples_seen += batch->inputs.size(0);
       const std::int64_t step = trainer.epoch_steps() + 1;
       const bool show = bar_enabled && (step % 5 == 0 || step == loader.num_batches());
-      // The loss is read (a sync) only when it is shown.
-      const double loss_value = show ? loss.item<double>() : 0;
-      trainer.step_done(options.batch_size, show ? Metrics{{"loss", loss_value}} : Metrics{});
+      // The loss is read (a sync) only when it is shown or recorded as a metric.
+      const bool read_loss = show || trainer.step_timer().enabled();
+      const double loss_value = read_loss ? loss.item<double>() : 0;
+      trainer.step_done(options.batch_size,
+                        read_loss ? Metrics{{"loss", loss_value}, {"lr", options.lr}} : Metrics{});
       if (show) bar.update(step, loss_value);
       lap = Clock::now();
     }

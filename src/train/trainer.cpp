@@ -7,15 +7,20 @@
 
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <thread>
 
 #include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/comm/collectives.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/fsdp/state_dict.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
+#include "trainyard/metrics/names.h"
+#include "trainyard/metrics/rank_files.h"
+#include "trainyard/metrics/registry.h"
 
 namespace trainyard::train {
 namespace {
@@ -44,7 +49,7 @@ class RootCheckpointIO final : public CheckpointIO {
         torch::tensor({loaded ? checkpoint::checkpoint_number(loaded->name) : -1}, torch::kInt64);
     if (dist_.world_size() > 1) {
       std::vector<torch::Tensor> v{chosen};
-      wait_work(dist_.process_group()->broadcast(v));
+      wait_work(comm::broadcast(dist_.process_group(), v));
     }
     const auto number = chosen.item<std::int64_t>();
     if (number < 0) return std::nullopt;
@@ -113,7 +118,85 @@ class FsdpCheckpointIO final : public CheckpointIO {
   std::string last_;
 };
 
+// How many recent steps the samples/s and tokens/s gauges average over, and the longest span they
+// look back (a slow step or a pause counts for at most that long).
+constexpr std::size_t kRateWindowSteps = 10;
+constexpr double kRateWindowSeconds = 5.0;
+
 }  // namespace
+
+// The series report() and step_done() set, looked up in the registry once; report keys as they
+// first appear (a recipe reports a handful).
+struct Trainer::TrainSeries {
+  explicit TrainSeries(metrics::Registry& r)
+      : registry(r),
+        loss(r.gauge(metrics::name::kTrainLoss, "The last loss the rank reported.")),
+        learning_rate(r.gauge(metrics::name::kTrainLearningRate,
+                              "The last learning rate the rank reported (\"lr\").")),
+        epoch(r.gauge(metrics::name::kTrainEpoch, "The epoch being trained.")),
+        step(r.gauge(metrics::name::kTrainStep, "Optimizer steps since the run began.")),
+        steps(r.counter(metrics::name::kTrainStepsTotal, "Optimizer steps this process took.")),
+        samples(r.counter(metrics::name::kTrainSamplesTotal,
+                          "Samples this rank trained on (its batch size per step).")),
+        tokens(r.counter(metrics::name::kTrainTokensTotal,
+                         "Tokens this rank trained on (recipes that count tokens).")),
+        samples_per_second(r.gauge(metrics::name::kTrainSamplesPerSecond,
+                                   "This rank's samples per second over its last steps.")),
+        tokens_per_second(r.gauge(metrics::name::kTrainTokensPerSecond,
+                                  "This rank's tokens per second over its last steps.")) {}
+
+  metrics::Gauge& report_key(const std::string& key) {
+    auto it = report_keys.find(key);
+    if (it != report_keys.end()) return *it->second;
+    auto& g =
+        registry.gauge(metrics::name::kTrainReport, "The last value report() received per key.",
+                       {{std::string(metrics::name::kKeyLabel), key}});
+    report_keys.emplace(key, &g);
+    return g;
+  }
+
+  // A step ended at `t` (steady seconds): moves the window and sets the rate gauges.
+  void mark(double t, std::int64_t batch, std::int64_t step_tokens) {
+    samples.add(static_cast<double>(batch));
+    tokens.add(static_cast<double>(step_tokens));
+    samples_so_far += static_cast<double>(batch);
+    tokens_so_far += static_cast<double>(step_tokens);
+    window.push_back(Mark{t, samples_so_far, tokens_so_far});
+    while (window.size() > kRateWindowSteps + 1 ||
+           (window.size() > 2 && t - window[1].t >= kRateWindowSeconds))
+      window.pop_front();
+    if (window.size() < 2) return;
+    const double span = t - window.front().t;
+    if (span <= 0) return;
+    samples_per_second.set((samples_so_far - window.front().samples) / span);
+    if (tokens_so_far > 0) tokens_per_second.set((tokens_so_far - window.front().tokens) / span);
+  }
+  // Starts the window afresh at `t` (a new epoch: what came between does not count).
+  void restart_window(double t) {
+    window.clear();
+    window.push_back(Mark{t, samples_so_far, tokens_so_far});
+  }
+
+  struct Mark {
+    double t;
+    double samples;
+    double tokens;
+  };
+  metrics::Registry& registry;
+  metrics::Gauge& loss;
+  metrics::Gauge& learning_rate;
+  metrics::Gauge& epoch;
+  metrics::Gauge& step;
+  metrics::Counter& steps;
+  metrics::Counter& samples;
+  metrics::Counter& tokens;
+  metrics::Gauge& samples_per_second;
+  metrics::Gauge& tokens_per_second;
+  std::map<std::string, metrics::Gauge*> report_keys;
+  std::deque<Mark> window;
+  double samples_so_far = 0;
+  double tokens_so_far = 0;
+};
 
 std::string progress_json(const Progress& p) {
   const nlohmann::json j = {{"epoch", p.epoch},
@@ -162,9 +245,25 @@ Trainer::Trainer(std::string recipe, RunConfig run, ScalingConfig scaling)
   torch::set_num_threads(threads_);
   storage_ = storage::open_storage(run_.uri());
   progress_.world_size = dist_->world_size();
+  auto& registry = metrics::process_registry();
+  step_timer_ = std::make_unique<metrics::StepTimer>(registry);
+  if (metrics::recording_enabled()) {
+    series_ = std::make_unique<TrainSeries>(registry);
+    // A counter only grows: a process that trains twice counts its restarts once.
+    auto& restarts = registry.counter(metrics::name::kRestarts,
+                                      "Restarts of the job so far (TORCHELASTIC_RESTART_COUNT).");
+    const double count = dist_->env().restart_count;
+    if (count > restarts.value()) restarts.add(count - restarts.value());
+  }
+  if (const char* dir = std::getenv(kMetricsDirEnv); dir != nullptr && *dir != '\0') {
+    publisher_ = std::make_unique<metrics::FilePublisher>(
+        registry, metrics::FilePublisherOptions{.dir = dir, .rank = rank()});
+  }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (publisher_) publisher_->stop();  // writes the last values once more
+}
 
 int Trainer::rank() const {
   return dist_->rank();
@@ -184,7 +283,7 @@ void Trainer::all_reduce(at::Tensor& values, bool max) {
   std::vector<torch::Tensor> v{values};
   c10d::AllreduceOptions options;
   if (max) options.reduceOp = c10d::ReduceOp::MAX;
-  wait_work(dist_->process_group()->allreduce(v, options));
+  wait_work(comm::all_reduce(dist_->process_group(), v, options));
 }
 
 double Trainer::elapsed_s() const {
@@ -255,10 +354,16 @@ std::int64_t Trainer::begin_epoch(int epoch, std::int64_t batches) {
   epoch_steps_ = 0;
   progress_.epoch = epoch;
   progress_.epoch_position = first_position_;
+  if (series_) {
+    series_->epoch.set(epoch);
+    series_->restart_window(now_s());
+  }
+  step_timer_->begin_step();
   return first_position_;
 }
 
-void Trainer::step_done(std::int64_t batch_size, Metrics metrics) {
+void Trainer::step_done(std::int64_t batch_size, Metrics metrics, std::int64_t tokens) {
+  step_timer_->phase(metrics::Phase::kOther);
   heartbeat();  // one step of progress; see Note [Hang watchdog]
   ++epoch_steps_;
   ++progress_.global_step;
@@ -280,6 +385,13 @@ void Trainer::step_done(std::int64_t batch_size, Metrics metrics) {
   first_step_logged_ = true;
   if (run_.checkpoint_every > 0 && progress_.global_step % run_.checkpoint_every == 0)
     save_checkpoint();
+  step_timer_->end_step();
+  if (series_) {
+    series_->steps.add(1);
+    series_->step.set(static_cast<double>(progress_.global_step));
+    series_->mark(now_s(), batch_size, tokens);
+  }
+  step_timer_->begin_step();
 }
 
 void Trainer::end_epoch() {
@@ -293,6 +405,15 @@ void Trainer::report(Metrics metrics) {
                         .step = progress_.global_step,
                         .time_s = elapsed_s(),
                         .metrics = std::move(metrics)};
+  if (series_) {
+    series_->epoch.set(current_epoch_);
+    series_->step.set(static_cast<double>(progress_.global_step));
+    for (const auto& [key, value] : last_report_.metrics) {
+      series_->report_key(key).set(value);
+      if (key == "loss" || key == "train_loss") series_->loss.set(value);
+      if (key == "lr") series_->learning_rate.set(value);
+    }
+  }
   for (const auto& sink : sinks_) sink(last_report_);
 }
 

@@ -9,7 +9,6 @@
 
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 
 #include "cluster_test_util.h"

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "trainyard/cluster/node_resources.h"
+#include "trainyard/metrics/node_sampler.h"
 
 namespace trainyard::cluster {
 
@@ -31,6 +32,8 @@ struct WorkerOptions {
   // worker then tries to hand the head their last logs and reports.
   std::chrono::milliseconds stop_timeout{10'000};
   bool forward_output = false;  // also print the ranks' lines on this process's stdout/stderr
+  // The node's metrics in every heartbeat (Note [Metrics in heartbeats] in worker.cpp).
+  metrics::NodeSamplerOptions node_sampler{};
 };
 
 class Worker {

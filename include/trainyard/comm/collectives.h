@@ -1,4 +1,5 @@
-// Collectives FSDP needs beyond what LibTorch 1.13's Gloo group offers: all_gather into one flat
+// Every collective trainyard issues, recorded as metrics (collective_metrics.h), and the ones FSDP
+// needs beyond what LibTorch 1.13's Gloo group offers: all_gather into one flat
 // buffer and reduce_scatter (Gloo has none), each in place through shared memory when every rank
 // is on this host (ShmProcessGroup) and as a ring of send/recv otherwise; low-precision inputs
 // are added in fp32. Also the one capability query callers ask instead of casting. Notes
@@ -9,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <cstdint>
+#include <vector>
 
 namespace trainyard::comm {
 
@@ -55,6 +57,18 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(
     at::Tensor output,
     at::Tensor input,
     ReduceOp op = ReduceOp::kSum);
+
+// The c10d collectives trainyard issues, on `group` as group->allreduce(...) etc., recorded into
+// metrics::process_registry() (comm/collective_metrics.h: calls, bytes, seconds, blocked
+// seconds per op). Library code issues through these, never on the group directly, so that every
+// collective is counted. Asynchronous: wait on the returned work (trainyard::wait_work).
+c10::intrusive_ptr<c10d::Work> all_reduce(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                          std::vector<at::Tensor>& tensors,
+                                          const c10d::AllreduceOptions& options = {});
+c10::intrusive_ptr<c10d::Work> broadcast(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                         std::vector<at::Tensor>& tensors,
+                                         const c10d::BroadcastOptions& options = {});
+c10::intrusive_ptr<c10d::Work> barrier(const c10::intrusive_ptr<c10d::ProcessGroup>& group);
 
 // Elements each rank sends over the wire (or through shared memory) for one call, as nccl-tests
 // counts them: (W - 1) * n for both, n being the per-rank slot. For tests and stats.

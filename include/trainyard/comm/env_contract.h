@@ -38,5 +38,9 @@ inline constexpr const char* kBindAddrEnv = "TRAINYARD_BIND_ADDR";
 // The folder a rank writes its metrics to, as rank_<RANK>.json (metrics/rank_files.h); unset
 // when nobody reads them.
 inline constexpr const char* kMetricsDirEnv = "TRAINYARD_METRICS_DIR";
+// "0" turns a rank's metric recording off (the step timer and the collective counters record
+// nothing; metrics/recording.h), for measuring what recording costs (bench/metrics_overhead.sh).
+// Unset or anything else: on.
+inline constexpr const char* kMetricsEnv = "TRAINYARD_METRICS";
 
 }  // namespace trainyard

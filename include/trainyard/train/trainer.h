@@ -13,6 +13,12 @@
 //   result.checkpoint_dir_name = trainer.finish_training();   // the final checkpoint
 //   trainer.write_result(result);                           // result.json
 //
+// Metrics (docs/METRICS.md, "Training metrics"): every rank records what report() receives,
+// steps, samples and tokens, and where each step's time went into metrics::process_registry();
+// the recipe names the phases (trainer.phase(Phase::kForward), ...: metrics/step_timer.h), each
+// step begins when the last one is done (in Phase::kData) and ends in step_done(). With
+// $TRAINYARD_METRICS_DIR set the Trainer publishes the registry to the agent (rank_files.h).
+//
 // Fault tolerance: a checkpoint is saved every RunConfig::checkpoint_every steps and at the end,
 // under <storage>/<name>/, with the recipe's state and the Progress (state.json). Every start
 // resumes from the newest checkpoint that loads: after an agent restart, or when the same command
@@ -29,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainyard/metrics/step_timer.h"
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
 
@@ -50,6 +57,9 @@ class Storage;
 }
 namespace trainyard::fsdp {
 class FullyShardedDataParallelBase;
+}
+namespace trainyard::metrics {
+class FilePublisher;
 }
 
 namespace trainyard::train {
@@ -155,15 +165,22 @@ class Trainer {
   // Starts epoch `epoch` of `batches` steps per rank (counted from the epoch's first sample) and
   // returns the sample position to start it from: where the resumed checkpoint left it, else 0.
   std::int64_t begin_epoch(int epoch, std::int64_t batches);
-  // One optimizer step over `batch_size` samples per rank is done: advances the position, beats
-  // the hang watchdog, report()s `metrics` and saves a checkpoint when checkpoint_every says so.
-  void step_done(std::int64_t batch_size, Metrics metrics);
+  // One optimizer step over `batch_size` samples (and `tokens` tokens, for recipes that count
+  // them) per rank is done: advances the position, beats the hang watchdog, report()s `metrics`,
+  // saves a checkpoint when checkpoint_every says so, and ends the step's timing (what it does
+  // itself is Phase::kOther) and begins the next one's.
+  void step_done(std::int64_t batch_size, Metrics metrics, std::int64_t tokens = 0);
+  // Enters `phase` of the current step (metrics/step_timer.h); cheap: one clock read.
+  void phase(metrics::Phase phase) { step_timer_->phase(phase); }
+  metrics::StepTimer& step_timer() { return *step_timer_; }
   // Steps done in the current epoch by this attempt (resumed ones excluded).
   std::int64_t epoch_steps() const { return epoch_steps_; }
   void end_epoch();
 
   // Hands `metrics` of the current step to every sink (the seam the cluster's metrics hang on)
-  // and keeps them as the last report.
+  // and keeps them as the last report. Records each as the gauge trainyard_train_report{key};
+  // "loss" (or "train_loss") also as trainyard_train_loss and "lr" as
+  // trainyard_train_learning_rate.
   void report(Metrics metrics);
   void on_report(std::function<void(const Report&)> sink);
   const Report& last_report() const { return last_report_; }
@@ -206,6 +223,10 @@ class Trainer {
   std::int64_t epoch_steps_ = 0;
   std::vector<std::function<void(const Report&)>> sinks_;
   Report last_report_;
+  struct TrainSeries;  // the registry's series the Trainer sets, looked up once
+  std::unique_ptr<TrainSeries> series_;
+  std::unique_ptr<metrics::StepTimer> step_timer_;
+  std::unique_ptr<metrics::FilePublisher> publisher_;  // when $TRAINYARD_METRICS_DIR is set
 };
 
 // True when stdout is a terminal (or TRAINYARD_TTY=1): recipes draw progress bars only then.

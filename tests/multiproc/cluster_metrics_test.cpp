@@ -1,0 +1,220 @@
+// The head's /metrics scraped by a real Prometheus: a head and two `trainyard worker` processes
+// run a 2-node fashion-mnist job; Prometheus (Debian's, scraping every second with the cluster
+// token) must hold both nodes' CPU series and each rank's training series, labelled node, job and
+// rank, and promtool must find nothing wrong with the live /metrics text.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "cluster_fixture.h"
+#include "multiproc_util.h"
+#include "trainyard/net/http_client.h"
+
+#ifndef TRAINYARD_CLI_PATH
+#error "TRAINYARD_CLI_PATH must name the trainyard binary (a compile definition)"
+#endif
+
+namespace trainyard::mptest {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr const char* kCli = TRAINYARD_CLI_PATH;
+constexpr const char* kPrometheus = "/usr/bin/prometheus";
+constexpr const char* kPromtool = "/usr/bin/promtool";
+
+net::HttpResponse get(const std::string& url, const std::string& token = "") {
+  net::HttpClient client;
+  net::HttpRequest request{.method = "GET", .url = url};
+  if (!token.empty()) request.headers = {{"Authorization", "Bearer " + token}};
+  request.timeout = 5s;
+  return client.perform(request);
+}
+
+// A Prometheus server of its own: config and TSDB in `dir`, listening on a free loopback port.
+class Prometheus {
+ public:
+  Prometheus(const std::filesystem::path& dir, int target_port, const std::string& token_file)
+      : dir_(dir) {
+    bind_loopback(false, &port_);
+    std::filesystem::create_directories(dir_);
+    // honor_labels: the ranks' own "job" label (the cluster's job id) is kept rather than renamed
+    // exported_job by Prometheus' target label (docs/METRICS.md).
+    std::ofstream(dir_ / "prometheus.yml")
+        << "global:\n"
+        << "  scrape_interval: 1s\n"
+        << "  scrape_timeout: 1s\n"
+        << "scrape_configs:\n"
+        << "  - job_name: trainyard\n"
+        << "    honor_labels: true\n"
+        << "    authorization:\n"
+        << "      credentials_file: " << token_file << "\n"
+        << "    static_configs:\n"
+        << "      - targets: ['127.0.0.1:" << target_port << "']\n";
+    const std::string command = std::string("exec ") + kPrometheus +
+                                " --config.file=" + (dir_ / "prometheus.yml").string() +
+                                " --storage.tsdb.path=" + (dir_ / "data").string() +
+                                " --web.listen-address=127.0.0.1:" + std::to_string(port_) + " >>" +
+                                (dir_ / "prometheus.log").string() + " 2>&1";
+    process_ = std::make_unique<elastic::Subprocess>(
+        elastic::SubprocessOptions{.argv = {"/bin/sh", "-c", command},
+                                   .stdout_mode = elastic::OutputMode::kInherit,
+                                   .stderr_mode = elastic::OutputMode::kInherit,
+                                   .destructor_term_timeout = 5s});
+  }
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string log() const { return read_file(dir_ / "prometheus.log"); }
+  bool ready() const {
+    try {
+      return get(url() + "/-/ready").status == 200;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  // The instant vector of `metric` (a bare name: nothing to escape), [] when the query fails.
+  json query(const std::string& metric) const {
+    try {
+      const auto r = get(url() + "/api/v1/query?query=" + metric);
+      const json j = json::parse(r.body, nullptr, false);
+      if (r.status != 200 || !j.is_object() || j.value("status", "") != "success")
+        return json::array();
+      return j["data"]["result"];
+    } catch (const std::exception&) {
+      return json::array();
+    }
+  }
+  // The target's health ("up", "down", "unknown") and last error, for failure messages.
+  std::string targets() const {
+    try {
+      return get(url() + "/api/v1/targets").body;
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
+ private:
+  std::filesystem::path dir_;
+  int port_ = 0;
+  std::unique_ptr<elastic::Subprocess> process_;
+};
+
+// The values of `label` over a query's series whose labels include every one of `match`.
+std::set<std::string> label_values(const json& result,
+                                   const std::string& label,
+                                   const std::map<std::string, std::string>& match = {}) {
+  std::set<std::string> out;
+  for (const auto& series : result) {
+    const json& m = series["metric"];
+    bool all = true;
+    for (const auto& [k, v] : match) all = all && m.value(k, "") == v;
+    if (all && m.contains(label)) out.insert(m[label].get<std::string>());
+  }
+  return out;
+}
+
+// The ranks of `job` whose value in a query's result is above 0.
+std::set<std::string> ranks_above_zero(const json& result, const std::string& job) {
+  std::set<std::string> out;
+  for (const auto& series : result) {
+    const json& m = series["metric"];
+    if (m.value("job", "") != job || !m.contains("rank")) continue;
+    if (std::stod(series["value"][1].get<std::string>()) > 0)
+      out.insert(m["rank"].get<std::string>());
+  }
+  return out;
+}
+
+TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
+  if (access(kPrometheus, X_OK) != 0) {
+    GTEST_SKIP() << kPrometheus << " is not installed (scripts/setup.sh installs Debian's "
+                 << "prometheus); the test is skipped.";
+  }
+  TempDir dir;
+  ClusterFixture cluster{kCli, dir.path()};
+  cluster.start_head({"--num-cpus", "0"});
+  cluster.start_worker("w1", {"--num-cpus", "2"});
+  cluster.start_worker("w2", {"--num-cpus", "2"});
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 2; }, 20s))
+      << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
+  // Long enough for the scrapes below (500 epochs of 256 images); stopped at the end.
+  const RunOutput submitted = cluster.cli({"submit",
+                                           "--nodes",
+                                           "2",
+                                           "--nproc-per-node",
+                                           "1",
+                                           "--submission-id",
+                                           "fmnist",
+                                           "--no-wait",
+                                           "--",
+                                           kCli,
+                                           "train",
+                                           "fashion-mnist",
+                                           "--epochs",
+                                           "500",
+                                           "--limit",
+                                           "256",
+                                           "--batch-size",
+                                           "32",
+                                           "--threads",
+                                           "1",
+                                           "--storage",
+                                           (dir.path() / "runs").string(),
+                                           "--name",
+                                           "metrics-run",
+                                           "--no-progress"},
+                                          30s);
+  ASSERT_EQ(submitted.status.exit_code, 0) << submitted.out << submitted.err;
+  Prometheus prometheus(dir.path() / "prometheus", cluster.port(), cluster.token_file().string());
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return prometheus.ready(); }, 15s))
+      << prometheus.log();
+
+  const std::set<std::string> nodes = {cluster.node_id("w1"), cluster.node_id("w2")};
+  const std::set<std::string> ranks = {"0", "1"};
+  json cpu, samples_per_second, loss;
+  const bool all_there = ClusterFixture::eventually(
+      [&] {
+        cpu = prometheus.query("trainyard_node_cpu_utilization_ratio");
+        samples_per_second = prometheus.query("trainyard_train_samples_per_second");
+        loss = prometheus.query("trainyard_train_loss");
+        return label_values(cpu, "node") == nodes &&
+               ranks_above_zero(samples_per_second, "fmnist") == ranks &&
+               label_values(loss, "rank", {{"job", "fmnist"}}) == ranks;
+      },
+      40s);
+  EXPECT_TRUE(all_there) << "cpu: " << cpu.dump() << "\nsamples/s: " << samples_per_second.dump()
+                         << "\nloss: " << loss.dump() << "\ntargets: " << prometheus.targets()
+                         << "\n"
+                         << cluster.log_of("head") << cluster.log_of("w1");
+  EXPECT_EQ(label_values(cpu, "node"), nodes) << cpu.dump();
+  // Each rank's series carries the node that ran it.
+  EXPECT_EQ(label_values(loss, "node", {{"job", "fmnist"}}), nodes) << loss.dump();
+  EXPECT_EQ(label_values(samples_per_second, "node", {{"job", "fmnist"}}), nodes)
+      << samples_per_second.dump();
+  // The cluster's own families come through too.
+  EXPECT_EQ(label_values(prometheus.query("trainyard_node_up"), "node"), nodes);
+
+  // Prometheus' linter on the live text.
+  if (access(kPromtool, X_OK) == 0) {
+    const auto scrape = get(cluster.address() + "/metrics", cluster.token());
+    ASSERT_EQ(scrape.status, 200) << scrape.body;
+    std::ofstream(dir.path() / "scrape.txt") << scrape.body;
+    const RunOutput lint = run_program({"/bin/sh", "-c",
+                                        std::string(kPromtool) + " check metrics < '" +
+                                            (dir.path() / "scrape.txt").string() + "' 2>&1"},
+                                       {}, 20s);
+    EXPECT_EQ(lint.status.exit_code, 0) << lint.out << lint.err;
+    EXPECT_EQ(lint.out, "") << scrape.body;
+  }
+  cluster.cli({"stop", "fmnist"}, 10s);
+}
+
+}  // namespace
+}  // namespace trainyard::mptest
