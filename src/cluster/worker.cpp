@@ -49,14 +49,13 @@
 #include "trainyard/comm/address.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/elastic/agent.h"
+#include "trainyard/elastic/agent_metrics.h"
 #include "trainyard/elastic/head_backend.h"
 #include "trainyard/elastic/launcher.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
-#include "trainyard/metrics/names.h"
 #include "trainyard/metrics/node_sampler.h"
-#include "trainyard/metrics/rank_files.h"
 #include "trainyard/net/base_url.h"
 
 namespace trainyard::cluster {
@@ -226,8 +225,10 @@ struct Job {
   json assignment;
   fs::path dir;
   std::unique_ptr<LogSpool> spool;
+  // Its ranks' metrics folder (state_dir/jobs/<id>/metrics) and processes; see Note [Metrics in
+  // heartbeats]. Declared before the agent, whose events it follows, so that it outlives it.
+  std::unique_ptr<elastic::AgentMetrics> metrics;
   std::unique_ptr<elastic::Agent> agent;  // null once finished (or when it never started)
-  fs::path metrics_dir;  // $TRAINYARD_METRICS_DIR of its ranks (Note [Metrics in heartbeats])
 
   mutable std::mutex mu;
   json report;  // guarded by mu: the running JobReport (ranks, restarts)
@@ -236,8 +237,6 @@ struct Job {
   std::optional<json> final_report;
   bool final_acknowledged = false;  // a registration or heartbeat carrying it was answered
   bool stop_requested = false;
-  int rank_offset = 0;                           // guarded by mu: the round's, for watched
-  std::vector<metrics::WatchedProcess> watched;  // guarded by mu: the round's ranks' processes
 };
 
 }  // namespace
@@ -396,13 +395,16 @@ json Worker::Impl::heartbeat_body(std::vector<Job*>& finals) {
 json Worker::Impl::metrics_json() {
   const auto start = Clock::now();
   std::vector<metrics::WatchedProcess> watched;
-  std::vector<std::pair<std::string, std::string>> dirs;  // job id, metrics folder
+  std::vector<const elastic::AgentMetrics*> running_jobs;
   for (auto& [id, job] : jobs) {
-    if (!job->agent) continue;
-    std::lock_guard<std::mutex> lock(job->mu);
-    if (job->final_report) continue;
-    watched.insert(watched.end(), job->watched.begin(), job->watched.end());
-    dirs.emplace_back(id, job->metrics_dir.string());
+    if (!job->agent || !job->metrics) continue;
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      if (job->final_report) continue;
+    }
+    auto processes = job->metrics->processes();
+    watched.insert(watched.end(), processes.begin(), processes.end());
+    running_jobs.push_back(job->metrics.get());
   }
   metrics::Snapshot snapshot;
   if (sampler) {
@@ -413,20 +415,13 @@ json Worker::Impl::metrics_json() {
           "Could not sample this node's metrics (heartbeats go without): ", e.what()));
     }
   }
-  for (const auto& [id, dir] : dirs) {
-    for (metrics::RankSnapshot& r : metrics::read_rank_files(dir)) {
-      metrics::merge_into(
-          snapshot,
-          metrics::with_labels(std::move(r.snapshot),
-                               {{std::string(metrics::name::kJobLabel), id},
-                                {std::string(metrics::name::kRankLabel), std::to_string(r.rank)}}));
-    }
-  }
+  for (const elastic::AgentMetrics* job : running_jobs)
+    metrics::merge_into(snapshot, job->rank_snapshot());
   json out;
   metrics::to_json(out, snapshot);
   const auto took = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   log->debug("The heartbeat's metrics ({} families, {} job(s)) took {:.2f} ms to build.",
-             snapshot.size(), dirs.size(), took);
+             snapshot.size(), running_jobs.size(), took);
   if (took > 0.25 * static_cast<double>(heartbeat_interval.count())) {
     warn_rate_limited(detail::concat("Building the heartbeat's metrics took ", took,
                                      " ms, more than a quarter of the heartbeat interval (",
@@ -569,7 +564,8 @@ void Worker::Impl::start_job(const json& a) {
   fs::create_directories(job->dir);
   write_file_atomically(job->dir / kAssignmentFile, a.dump());
   job->spool = std::make_unique<LogSpool>(job->dir);
-  job->metrics_dir = job->dir / kMetricsDir;
+  job->metrics =
+      std::make_unique<elastic::AgentMetrics>(job->id, (job->dir / kMetricsDir).string());
   job->report = {
       {"job_id", job->id}, {"state", "running"}, {"restart_count", 0}, {"ranks", json::array()}};
   Job* raw = job.get();
@@ -601,7 +597,7 @@ void Worker::Impl::start_job(const json& a) {
       o.extra_env.emplace_back(k, v.get<std::string>());
     }
     o.extra_env.emplace_back("TRAINYARD_JOB_ID", job->id);
-    o.extra_env.emplace_back(kMetricsDirEnv, job->metrics_dir.string());
+    o.extra_env.push_back(job->metrics->env());
     // `trainyard ...` in an entrypoint is this very binary, as `ray` is in a Ray job's.
     const char* path = std::getenv("PATH");
     o.extra_env.insert(o.extra_env.begin(),
@@ -613,30 +609,14 @@ void Worker::Impl::start_job(const json& a) {
     };
     o.on_event = [raw](const elastic::AgentEvent& e) {
       using Kind = elastic::AgentEventKind;
+      raw->metrics->on_event(e);  // before the round's ranks start, old rank files go
       if (e.kind == Kind::kRoundStarted) {
-        // Before the round's ranks start: none of an earlier round's files linger.
-        metrics::clear_rank_files(raw->metrics_dir.string());
         std::lock_guard<std::mutex> lock(raw->mu);
         json ranks = json::array();
         for (int i = 0; i < e.local_world_size; ++i) ranks.push_back(e.rank_offset + i);
         raw->report["ranks"] = ranks;
         raw->report["restart_count"] = e.restart_count;
         raw->report["world_size"] = e.world_size;
-        raw->rank_offset = e.rank_offset;
-        raw->watched.clear();
-      } else if (e.kind == Kind::kRanksStarted) {
-        std::lock_guard<std::mutex> lock(raw->mu);
-        raw->watched.clear();
-        for (std::size_t i = 0; i < e.pids.size(); ++i) {
-          raw->watched.push_back(
-              {.pid = e.pids[i],
-               .labels = {{std::string(metrics::name::kJobLabel), raw->id},
-                          {std::string(metrics::name::kRankLabel),
-                           std::to_string(raw->rank_offset + static_cast<int>(i))}}});
-        }
-      } else if (e.kind == Kind::kFinished) {
-        std::lock_guard<std::mutex> lock(raw->mu);
-        raw->watched.clear();
       }
     };
     job->agent = std::make_unique<elastic::Agent>(std::move(o));
