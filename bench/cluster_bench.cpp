@@ -322,7 +322,7 @@ metrics::Snapshot node_snapshot(int node, int ranks, double t) {
   };
   const std::string job = "raysubmit_bench000000000000";
   for (int r = 0; r < ranks; ++r) {
-    const metrics::Labels labels = {{"job", job}, {"rank", std::to_string(node * ranks + r)}};
+    const metrics::Labels labels = {{"job_id", job}, {"rank", std::to_string(node * ranks + r)}};
     metrics::Snapshot p = {gauge(mname::kRankResidentMemory, {{labels, 4e9}}),
                            counter(mname::kRankCpuSeconds, {{labels, 10 * t}}),
                            gauge(mname::kRankCpuUtilization, {{labels, 0.95}})};
@@ -351,16 +351,16 @@ void metrics_part(const Options& o, const fs::path& dir) {
     metrics::NodeSampler sampler;
     std::vector<metrics::WatchedProcess> watched;
     for (int r = 0; r < o.ranks_per_node; ++r)
-      watched.push_back({getpid(), {{"job", "j"}, {"rank", std::to_string(r)}}});
+      watched.push_back({getpid(), {{"job_id", "j"}, {"rank", std::to_string(r)}}});
     std::vector<double> ms;
     std::size_t bytes = 0, samples = 0;
     for (int i = 0; i < 50; ++i) {
       auto t0 = Clock::now();
       metrics::Snapshot s = sampler.sample(watched);
       for (auto& r : metrics::read_rank_files(rank_dir.string())) {
-        metrics::merge_into(s,
-                            metrics::with_labels(std::move(r.snapshot),
-                                                 {{"job", "j"}, {"rank", std::to_string(r.rank)}}));
+        metrics::merge_into(
+            s, metrics::with_labels(std::move(r.snapshot),
+                                    {{"job_id", "j"}, {"rank", std::to_string(r.rank)}}));
       }
       json j;
       metrics::to_json(j, s);

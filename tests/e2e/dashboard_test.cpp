@@ -71,7 +71,7 @@ class SimulatedWorker {
   metrics::Snapshot snapshot() {
     ++beats_;
     const double steps = 5.0 * beats_;
-    const metrics::Labels who = {{"job", job_}, {"rank", std::to_string(rank_)}};
+    const metrics::Labels who = {{"job_id", job_}, {"rank", std::to_string(rank_)}};
     auto phase = [&](std::string_view p, double per_step) {
       metrics::Labels l = who;
       l.emplace_back("phase", std::string(p));

@@ -46,10 +46,10 @@ TEST(AgentMetrics, RanksMetricsAndProcessesAreLabelledByJobAndRank) {
     if (!std::isnan(metrics::find_value(ranks, name::kTrainLoss, {{"rank", "1"}}))) break;
     std::this_thread::sleep_for(50ms);
   }
-  EXPECT_DOUBLE_EQ(metrics::find_value(ranks, name::kTrainLoss, {{"job", "job-7"}, {"rank", "0"}}),
-                   0.25);
-  EXPECT_DOUBLE_EQ(metrics::find_value(ranks, name::kTrainLoss, {{"job", "job-7"}, {"rank", "1"}}),
-                   1.25);
+  EXPECT_DOUBLE_EQ(
+      metrics::find_value(ranks, name::kTrainLoss, {{"job_id", "job-7"}, {"rank", "0"}}), 0.25);
+  EXPECT_DOUBLE_EQ(
+      metrics::find_value(ranks, name::kTrainLoss, {{"job_id", "job-7"}, {"rank", "1"}}), 1.25);
   EXPECT_DOUBLE_EQ(metrics::find_value(ranks, name::kTrainStepsTotal, {{"rank", "1"}}), 20);
   EXPECT_TRUE(std::isnan(metrics::find_value(ranks, name::kTrainLoss, {{"rank", "5"}})))
       << "the earlier round's rank 5 lingers";
@@ -61,7 +61,8 @@ TEST(AgentMetrics, RanksMetricsAndProcessesAreLabelledByJobAndRank) {
   const metrics::Snapshot node = sampler.sample(processes);
   for (const char* rank : {"0", "1"}) {
     EXPECT_GT(
-        metrics::find_value(node, name::kRankResidentMemory, {{"job", "job-7"}, {"rank", rank}}), 0)
+        metrics::find_value(node, name::kRankResidentMemory, {{"job_id", "job-7"}, {"rank", rank}}),
+        0)
         << "rank " << rank;
   }
 

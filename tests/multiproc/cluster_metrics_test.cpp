@@ -45,15 +45,12 @@ class Prometheus {
       : dir_(dir) {
     bind_loopback(false, &port_);
     std::filesystem::create_directories(dir_);
-    // honor_labels: the ranks' own "job" label (the cluster's job id) is kept rather than renamed
-    // exported_job by Prometheus' target label (docs/METRICS.md).
     std::ofstream(dir_ / "prometheus.yml")
         << "global:\n"
         << "  scrape_interval: 1s\n"
         << "  scrape_timeout: 1s\n"
         << "scrape_configs:\n"
         << "  - job_name: trainyard\n"
-        << "    honor_labels: true\n"
         << "    authorization:\n"
         << "      credentials_file: " << token_file << "\n"
         << "    static_configs:\n"
@@ -186,7 +183,7 @@ TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
         loss = prometheus.query("trainyard_train_loss");
         return label_values(cpu, "node") == nodes &&
                ranks_above_zero(samples_per_second, "fmnist") == ranks &&
-               label_values(loss, "rank", {{"job", "fmnist"}}) == ranks;
+               label_values(loss, "rank", {{"job_id", "fmnist"}}) == ranks;
       },
       40s);
   EXPECT_TRUE(all_there) << "cpu: " << cpu.dump() << "\nsamples/s: " << samples_per_second.dump()
@@ -195,8 +192,8 @@ TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
                          << cluster.log_of("head") << cluster.log_of("w1");
   EXPECT_EQ(label_values(cpu, "node"), nodes) << cpu.dump();
   // Each rank's series carries the node that ran it.
-  EXPECT_EQ(label_values(loss, "node", {{"job", "fmnist"}}), nodes) << loss.dump();
-  EXPECT_EQ(label_values(samples_per_second, "node", {{"job", "fmnist"}}), nodes)
+  EXPECT_EQ(label_values(loss, "node", {{"job_id", "fmnist"}}), nodes) << loss.dump();
+  EXPECT_EQ(label_values(samples_per_second, "node", {{"job_id", "fmnist"}}), nodes)
       << samples_per_second.dump();
   // The cluster's own families come through too.
   EXPECT_EQ(label_values(prometheus.query("trainyard_node_up"), "node"), nodes);

@@ -178,13 +178,12 @@ TEST_F(ClusterTest, AKilledWorkerIsNamedInTheFailedJobAndTheStatus) {
 
 TEST_F(ClusterTest, AnElasticJobGoesOnWithoutAKilledWorkerAndGrowsBackWhenANodeJoins) {
   start_head_and_two_workers();
-  const RunOutput r = cluster.cli(
-      {"submit", "--nodes", "1:2", "--max-restarts", "3", "--submission-id", "elastic",
-       "--no-wait", "--", "sh", "-c", "echo \"rank $RANK of world $WORLD_SIZE\"; sleep 12"});
+  const RunOutput r = cluster.cli({"submit", "--nodes", "1:2", "--max-restarts", "3",
+                                   "--submission-id", "elastic", "--no-wait", "--", "sh", "-c",
+                                   "echo \"rank $RANK of world $WORLD_SIZE\"; sleep 12"});
   ASSERT_EQ(r.status.exit_code, 0) << r.err;
   const auto logs = [&] { return cluster.cli({"logs", "elastic"}).out; };
-  ASSERT_TRUE(ClusterFixture::eventually(
-      [&] { return count_of(logs(), "of world 2") == 2; }, 30s))
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return count_of(logs(), "of world 2") == 2; }, 30s))
       << logs() << cluster.log_of("head");
   cluster.worker("w2").send_signal(SIGKILL);
   // The survivor's agent sees the lost node's rendezvous heartbeat expire and goes on alone.
@@ -192,8 +191,7 @@ TEST_F(ClusterTest, AnElasticJobGoesOnWithoutAKilledWorkerAndGrowsBackWhenANodeJ
       << logs() << cluster.log_of("w1");
   // A new node joins: the head places the job on it too, and the ranks restart at world size 2.
   cluster.start_worker("w3", {"--num-cpus", "2"});
-  ASSERT_TRUE(ClusterFixture::eventually(
-      [&] { return count_of(logs(), "of world 2") == 4; }, 40s))
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return count_of(logs(), "of world 2") == 4; }, 40s))
       << logs() << cluster.log_of("w3") << cluster.log_of("head");
   EXPECT_EQ(cluster.wait_for_terminal("elastic", 40s), "SUCCEEDED") << cluster.log_of("head");
 }

@@ -81,7 +81,7 @@ std::map<std::string, int> type_lines(const std::string& text) {
 
 // What a worker with one rank of job `job` sends: node families and the rank's.
 metrics::Snapshot worker_snapshot(double cpu_ratio, const std::string& job, int rank, double loss) {
-  const metrics::Labels r = {{"job", job}, {"rank", std::to_string(rank)}};
+  const metrics::Labels r = {{"job_id", job}, {"rank", std::to_string(rank)}};
   return {
       {.name = std::string(name::kNodeCpuUtilization),
        .type = metrics::MetricType::kGauge,
@@ -171,10 +171,10 @@ TEST_F(HeadMetricsTest, ShowsEachNodesSnapshotWithNodeLabelsAndTheClusterFamilie
       {R"(trainyard_node_network_receive_bytes_total{node="n1",device="lo"})", "5"},
       {R"(trainyard_node_network_receive_bytes_total{node="n2",device="eth0"})", "1000"},
       {R"(trainyard_node_network_receive_bytes_total{node="n2",device="lo"})", "5"},
-      {R"(trainyard_rank_resident_memory_bytes{node="n1",job="job-a",rank="0"})", "1e+09"},
-      {R"(trainyard_rank_resident_memory_bytes{node="n2",job="job-a",rank="1"})", "1e+09"},
-      {R"(trainyard_train_loss{node="n1",job="job-a",rank="0"})", "2.5"},
-      {R"(trainyard_train_loss{node="n2",job="job-a",rank="1"})", "2.25"},
+      {R"(trainyard_rank_resident_memory_bytes{node="n1",job_id="job-a",rank="0"})", "1e+09"},
+      {R"(trainyard_rank_resident_memory_bytes{node="n2",job_id="job-a",rank="1"})", "1e+09"},
+      {R"(trainyard_train_loss{node="n1",job_id="job-a",rank="0"})", "2.5"},
+      {R"(trainyard_train_loss{node="n2",job_id="job-a",rank="1"})", "2.25"},
       {R"(trainyard_cluster_nodes{state="alive"})", "2"},
       {R"(trainyard_cluster_nodes{state="suspect"})", "0"},
       {R"(trainyard_cluster_nodes{state="pending"})", "0"},
@@ -210,7 +210,7 @@ TEST_F(HeadMetricsTest, ShowsEachNodesSnapshotWithNodeLabelsAndTheClusterFamilie
   auto submitted = post("/api/jobs/", {{"entrypoint", "true"}, {"submission_id", "j1"}});
   ASSERT_EQ(submitted.status, 200) << submitted.body;
   const auto later = sample_lines(get_metrics().body);
-  EXPECT_EQ(later.at(R"(trainyard_train_loss{node="n1",job="job-a",rank="0"})"), "1.5");
+  EXPECT_EQ(later.at(R"(trainyard_train_loss{node="n1",job_id="job-a",rank="0"})"), "1.5");
   EXPECT_EQ(later.at(R"(trainyard_node_cpu_utilization_ratio{node="n1"})"), "0.5");
   EXPECT_EQ(later.size(), lines.size());
   const int pending_or_running =
@@ -244,7 +244,7 @@ TEST_F(HeadMetricsTest, ADeadNodesSeriesLeave) {
       milliseconds(10'000)))
       << body;
   EXPECT_EQ(body.find("node=\"n2\""), std::string::npos) << body;
-  EXPECT_NE(body.find(R"(trainyard_train_loss{node="n1",job="job-a",rank="0"} 2.5)"),
+  EXPECT_NE(body.find(R"(trainyard_train_loss{node="n1",job_id="job-a",rank="0"} 2.5)"),
             std::string::npos)
       << body;
   EXPECT_NE(body.find(R"(trainyard_cluster_nodes{state="alive"} 1)"), std::string::npos) << body;
@@ -259,14 +259,14 @@ TEST_F(HeadMetricsTest, MalformedMetricsNeverFailAHeartbeat) {
   start();
   register_node("n1");
   heartbeat("n1", as_json(worker_snapshot(0.25, "job-a", 0, 2.5)));
-  ASSERT_NE(get_metrics().body.find("node=\"n1\",job="), std::string::npos);
+  ASSERT_NE(get_metrics().body.find("node=\"n1\",job_id="), std::string::npos);
   for (const json& bad :
        {json{{"not", "a list"}}, json::array({{{"name", "bad name"}, {"type", "gauge"}}}),
         json::array({{{"name", "x"}, {"type", "gauge"}, {"samples", {{{"value", "high"}}}}}})}) {
     heartbeat("n1", bad);
     // The node's series are gone rather than stale; the cluster's stay.
     const std::string body = get_metrics().body;
-    EXPECT_EQ(body.find("job=\"job-a\""), std::string::npos) << body;
+    EXPECT_EQ(body.find("job_id=\"job-a\""), std::string::npos) << body;
     EXPECT_NE(body.find(R"(trainyard_node_up{node="n1"} 1)"), std::string::npos) << body;
   }
   // A heartbeat without metrics (an older worker) is fine too.

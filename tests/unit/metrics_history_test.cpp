@@ -27,7 +27,7 @@ Family counter(std::string_view name, std::vector<metrics::Sample> samples) {
   return Family{std::string(name), MetricType::kCounter, "", std::move(samples)};
 }
 metrics::Labels rank_labels(const std::string& job, int rank) {
-  return {{"job", job}, {"rank", std::to_string(rank)}};
+  return {{"job_id", job}, {"rank", std::to_string(rank)}};
 }
 
 // A node with 4 CPUs, one GPU, and one rank of `job` that has done `steps` steps, each taking

@@ -235,8 +235,8 @@ TEST(NodeSampler, UnreadableStatOrMeminfoThrows) {
 
 TEST(NodeSampler, WatchedProcessesFromAFakeTree) {
   FakeProc proc;
-  const Labels rank3 = {{"job", "j1"}, {"rank", "3"}};
-  const Labels rank4 = {{"job", "j1"}, {"rank", "4"}};
+  const Labels rank3 = {{"job_id", "j1"}, {"rank", "3"}};
+  const Labels rank4 = {{"job_id", "j1"}, {"rank", "4"}};
   // A command name with spaces and parentheses: "evil) x (name".
   proc.write("uptime", "20.00 35.00\n");
   proc.write("1234/stat",

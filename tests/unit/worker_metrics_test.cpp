@@ -76,8 +76,8 @@ TEST_F(WorkerMetricsTest, HeartbeatsCarryTheNodeAndItsRanksUntilTheJobEnds) {
                          {"submission_id", "m1"},
                          {"trainyard", {{"nproc_per_node", 2}, {"max_restarts", 1}}}});
   ASSERT_EQ(submitted.status, 200) << submitted.body;
-  const std::string rank0 = "{node=\"" + node + "\",job=\"m1\",rank=\"0\"}";
-  const std::string rank1 = "{node=\"" + node + "\",job=\"m1\",rank=\"1\"}";
+  const std::string rank0 = "{node=\"" + node + "\",job_id=\"m1\",rank=\"0\"}";
+  const std::string rank1 = "{node=\"" + node + "\",job_id=\"m1\",rank=\"1\"}";
   std::string text;
   ASSERT_TRUE(eventually(
       [&] {
@@ -100,7 +100,7 @@ TEST_F(WorkerMetricsTest, HeartbeatsCarryTheNodeAndItsRanksUntilTheJobEnds) {
   ASSERT_TRUE(eventually(
       [&] {
         text = scrape();
-        return !has(text, "job=\"m1\"");
+        return !has(text, "job_id=\"m1\"");
       },
       milliseconds(15'000)))
       << text;

@@ -1,6 +1,6 @@
 // What an agent knows of its ranks' metrics: the folder they publish to ($TRAINYARD_METRICS_DIR,
 // metrics/rank_files.h) and their pids, kept current from the agent's events, read out as one
-// Snapshot labelled {job, rank}. The cluster worker sends it to the head in its heartbeats; a
+// Snapshot labelled {job_id, rank}. The cluster worker sends it to the head in its heartbeats; a
 // standalone `trainyard run --metrics-port` serves it with the node's metrics.
 #pragma once
 
@@ -38,10 +38,10 @@ class AgentMetrics {
   // ones are not, and the end clears both. Thread-safe.
   void on_event(const AgentEvent& event);
 
-  // The running ranks' processes, labelled {job, rank}, for NodeSampler::sample().
+  // The running ranks' processes, labelled {job_id, rank}, for NodeSampler::sample().
   std::vector<metrics::WatchedProcess> processes() const;
 
-  // Every rank's published snapshot, labelled {job, rank}, merged. Thread-safe.
+  // Every rank's published snapshot, labelled {job_id, rank}, merged. Thread-safe.
   metrics::Snapshot rank_snapshot() const;
 
  private:

@@ -8,8 +8,8 @@
 
 namespace trainyard::metrics::name {
 
-// --- labels --------------------------------------------------------------------------------------
-inline constexpr std::string_view kJobLabel = "job";        // job id (cluster) or rdzv run id (run)
+// --- labels (not "job" or "instance": Prometheus sets those on every target it scrapes) ---
+inline constexpr std::string_view kJobLabel = "job_id";     // job id (cluster) or run id (run)
 inline constexpr std::string_view kNodeLabel = "node";      // node id
 inline constexpr std::string_view kRankLabel = "rank";      // global rank
 inline constexpr std::string_view kOpLabel = "op";          // all_reduce, all_gather, ...
@@ -38,7 +38,7 @@ inline constexpr std::string_view kPhaseCommunication = "communication";
 inline constexpr std::string_view kPhaseOptimizer = "optimizer";
 inline constexpr std::string_view kPhaseOther = "other";
 
-// --- training, per rank (labels job, node, rank added by the agent and the head)
+// --- training, per rank (labels job_id, node, rank added by the agent and the head)
 // ------------------
 inline constexpr std::string_view kTrainReport = "trainyard_train_report";  // gauge {key}: report()
 inline constexpr std::string_view kTrainLoss = "trainyard_train_loss";      // gauge

@@ -23,7 +23,7 @@ struct NodeSamplerOptions {
 };
 
 // A process whose CPU and resident memory are sampled, with the labels its samples get
-// ({{"job", ...}, {"rank", "3"}}).
+// ({{"job_id", ...}, {"rank", "3"}}).
 struct WatchedProcess {
   int pid = 0;
   Labels labels;

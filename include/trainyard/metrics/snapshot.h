@@ -39,9 +39,11 @@ struct Family {
 using Snapshot = std::vector<Family>;
 
 // [{"name": "...", "type": "counter"|"gauge", "help": "...",
-//   "samples": [{"labels": {"op": "all_reduce"}, "value": 1.5}]}]
-// Labels keep their order through a round trip. from_json throws InvalidArgumentError naming the
-// family and field that is malformed (a bad name, an unknown type, a value that is no number).
+//   "samples": [{"labels": [["op", "all_reduce"]], "value": 1.5}]}]
+// Labels are [name, value] pairs, so they keep their order through a round trip; NaN and
+// infinities travel as the strings "NaN", "+Inf", "-Inf". from_json throws InvalidArgumentError
+// naming the family and field that is malformed (a bad name, an unknown type, a value that is no
+// number).
 void to_json(nlohmann::json& j, const Snapshot& snapshot);
 void from_json(const nlohmann::json& j, Snapshot& snapshot);
 std::string snapshot_json(const Snapshot& snapshot);
