@@ -1,6 +1,5 @@
 #include "trainyard/cluster/node_resources.h"
 
-#include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "metrics/nvml.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -277,93 +277,38 @@ std::string local_hostname() {
 
 // --- NVML --------------------------------------------------------------------------------------
 
-namespace {
-
-// The few NVML entry points we call, declared after nvml.h (the C ABI is stable across driver
-// versions for these _v2 names). nvmlReturn_t is an enum whose success value is 0.
-using NvmlReturn = int;
-constexpr NvmlReturn kNvmlSuccess = 0;
-struct NvmlDeviceOpaque;
-using NvmlDevice = NvmlDeviceOpaque*;
-struct NvmlMemory {  // nvmlMemory_t (version 1)
-  unsigned long long total;
-  unsigned long long free;
-  unsigned long long used;
-};
-constexpr unsigned kNvmlDeviceNameBufferSize = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE
-
-using NvmlInitFn = NvmlReturn (*)();
-using NvmlShutdownFn = NvmlReturn (*)();
-using NvmlGetCountFn = NvmlReturn (*)(unsigned*);
-using NvmlGetHandleFn = NvmlReturn (*)(unsigned, NvmlDevice*);
-using NvmlGetNameFn = NvmlReturn (*)(NvmlDevice, char*, unsigned);
-using NvmlGetMemoryFn = NvmlReturn (*)(NvmlDevice, NvmlMemory*);
-
-class Library {
- public:
-  explicit Library(const std::string& path)
-      : handle_(dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {}
-  ~Library() {
-    if (handle_) dlclose(handle_);
-  }
-  Library(const Library&) = delete;
-  Library& operator=(const Library&) = delete;
-
-  bool loaded() const { return handle_ != nullptr; }
-  template <typename Fn>
-  Fn symbol(const char* name) const {
-    return reinterpret_cast<Fn>(dlsym(handle_, name));
-  }
-
- private:
-  void* handle_;  // owned; null when the library could not be loaded
-};
-
-}  // namespace
-
 std::vector<GpuInfo> detect_nvml_gpus(const std::string& library) {
   auto log = logger("resources");
-  Library nvml(library);
-  if (!nvml.loaded()) {
-    const char* why = dlerror();
-    log->debug("no GPUs: {} could not be loaded ({})", library, why ? why : "unknown reason");
+  const metrics::nvml::Library::Opened opened = metrics::nvml::Library::open(library);
+  if (!opened.library) {
+    if (opened.not_found)
+      log->debug("no GPUs: {}", opened.why);
+    else
+      log->warn("no GPUs: {}", opened.why);
     return {};
   }
-  const auto init = nvml.symbol<NvmlInitFn>("nvmlInit_v2");
-  const auto shutdown = nvml.symbol<NvmlShutdownFn>("nvmlShutdown");
-  const auto get_count = nvml.symbol<NvmlGetCountFn>("nvmlDeviceGetCount_v2");
-  const auto get_handle = nvml.symbol<NvmlGetHandleFn>("nvmlDeviceGetHandleByIndex_v2");
-  const auto get_name = nvml.symbol<NvmlGetNameFn>("nvmlDeviceGetName");
-  const auto get_memory = nvml.symbol<NvmlGetMemoryFn>("nvmlDeviceGetMemoryInfo");
-  if (!init || !shutdown || !get_count || !get_handle || !get_name || !get_memory) {
-    log->warn("no GPUs: {} lacks one of the NVML functions trainyard calls", library);
-    return {};
-  }
-  if (const NvmlReturn rc = init(); rc != kNvmlSuccess) {
-    log->warn("no GPUs: nvmlInit_v2 from {} failed with NVML error {}", library, rc);
-    return {};
-  }
+  const metrics::nvml::Library& nvml = *opened.library;
   std::vector<GpuInfo> gpus;
   unsigned count = 0;
-  if (const NvmlReturn rc = get_count(&count); rc != kNvmlSuccess) {
+  if (const metrics::nvml::Return rc = nvml.get_count(&count); rc != metrics::nvml::kSuccess) {
     log->warn("no GPUs: nvmlDeviceGetCount_v2 failed with NVML error {}", rc);
     count = 0;
   }
   for (unsigned i = 0; i < count; ++i) {
-    NvmlDevice device = nullptr;
-    if (get_handle(i, &device) != kNvmlSuccess) {
+    const metrics::nvml::Device device = nvml.device(i);
+    if (device == nullptr) {
       log->warn("GPU {} skipped: nvmlDeviceGetHandleByIndex_v2 failed", i);
       continue;
     }
     GpuInfo gpu{.index = static_cast<int>(i)};
-    char name[kNvmlDeviceNameBufferSize] = {};
-    if (get_name(device, name, sizeof(name)) == kNvmlSuccess) gpu.name = name;
-    NvmlMemory memory{};
-    if (get_memory(device, &memory) == kNvmlSuccess)
+    char name[metrics::nvml::kDeviceNameBufferSize] = {};
+    if (nvml.get_name && nvml.get_name(device, name, sizeof(name)) == metrics::nvml::kSuccess)
+      gpu.name = name;
+    metrics::nvml::Memory memory{};
+    if (nvml.get_memory && nvml.get_memory(device, &memory) == metrics::nvml::kSuccess)
       gpu.memory_bytes = static_cast<std::int64_t>(memory.total);
     gpus.push_back(std::move(gpu));
   }
-  shutdown();
   return gpus;
 }
 

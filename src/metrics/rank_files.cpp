@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -32,7 +33,7 @@ constexpr std::string_view kPrefix = "rank_";
 constexpr std::string_view kSuffix = ".json";
 
 // The rank a file named exactly "rank_<N>.json" holds, or nullopt for any other name (temporary
-// files start with '.' and end in a ".tmp.<pid>" suffix, so they never match).
+// files are ".rank_<N>.json.tmp.<pid>.<publisher>", so they never match).
 std::optional<int> rank_of_file_name(const std::string& name) {
   if (name.size() <= kPrefix.size() + kSuffix.size()) return std::nullopt;
   if (name.compare(0, kPrefix.size(), kPrefix) != 0) return std::nullopt;
@@ -66,6 +67,12 @@ bool may_warn_about(const std::string& key) {
   return true;
 }
 
+// Tells apart the temporary files of two publishers of one process (one per publisher).
+std::uint64_t next_publisher_id() {
+  static std::atomic<std::uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 std::string rank_file_path(const std::string& dir, int rank) {
@@ -93,9 +100,11 @@ struct FilePublisher::Impl {
       : registry(r),
         options(std::move(o)),
         path(rank_file_path(options.dir, options.rank)),
-        temp_path((fs::path(options.dir) /
-                   detail::concat(".", kPrefix, options.rank, kSuffix, ".tmp.", getpid()))
-                      .string()) {}
+        temp_path(
+            (fs::path(options.dir) /
+             detail::concat(
+                 ".", kPrefix, options.rank, kSuffix, ".tmp.", getpid(), ".", next_publisher_id()))
+                .string()) {}
 
   // Writes the snapshot to the temporary name and renames it over the rank file; throws Error.
   void write_file() {
