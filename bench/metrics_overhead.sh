@@ -2,8 +2,8 @@
 # metrics_overhead.sh — what recording training metrics costs a step (issue 12): the FashionMNIST
 # recipe on R ranks under `trainyard run`, with metrics on (the step timer, the collective and
 # checkpoint counters, the rank file published every second to $TRAINYARD_METRICS_DIR) against
-# TRAINYARD_METRICS=0 (nothing recorded, nothing published), runs interleaved (on, off, on, off,
-# ...) so that drift on the machine hits both alike.
+# TRAINYARD_METRICS=0 (nothing recorded, nothing published), runs interleaved (on, off, off, on,
+# on, off, ...) so that drift on the machine hits both alike.
 #
 # What it measures: per-step time = train_time_s / global_step from each run's result.json (the
 # slowest rank's training time over its optimizer steps; no startup, no evaluation), the median of
@@ -97,9 +97,13 @@ PY
   tail -n 1 "$RUNS" | awk -F'\t' '{printf "%.2f ms/step over %d steps\n", 1000 * $4, $5}' >&2
 }
 
+# Pairs alternate which mode goes first, so that neither always runs after the other.
 for ((i = 1; i <= REPEATS; i++)); do
-  run_mode on "$i"
-  run_mode off "$i"
+  if ((i % 2)); then
+    run_mode on "$i"; run_mode off "$i"
+  else
+    run_mode off "$i"; run_mode on "$i"
+  fi
 done
 
 "$PYTHON" - "$RUNS" "$JSON_OUT" <<'PY'
