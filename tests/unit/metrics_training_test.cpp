@@ -21,6 +21,7 @@
 
 #include "thread_ranks.h"
 #include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/comm/collective_metrics.h"
 #include "trainyard/comm/collectives.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/process_group.h"
@@ -183,6 +184,67 @@ INSTANTIATE_TEST_SUITE_P(Backends,
                          CollectiveMetrics,
                          ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "Shm" : "Gloo"; });
+
+// A work that is already complete, to time the recording alone.
+class DoneWork final : public c10d::Work {
+ public:
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+};
+
+// What recording costs per call, measured (the numbers docs/BENCHMARKS.md uses to bound the
+// overhead per step) and bounded loosely enough for a busy machine: a step of the fashion-mnist
+// recipe makes 5 phase switches and ~8 collectives, and takes ~300-500 ms on 2 ranks here.
+TEST(MetricsCost, APhaseSwitchAndATrackedCollectiveCostMicroseconds) {
+  using Clock = std::chrono::steady_clock;
+  metrics::Registry own;
+  metrics::StepTimer timer(own, /*enabled=*/true);
+  constexpr int kSwitches = 200000;
+  timer.begin_step();
+  auto start = Clock::now();
+  for (int i = 0; i < kSwitches; ++i) timer.phase(i % 2 ? Phase::kForward : Phase::kBackward);
+  const double phase_ns =
+      std::chrono::duration<double, std::nano>(Clock::now() - start).count() / kSwitches;
+  timer.end_step();
+
+  ASSERT_TRUE(metrics::recording_enabled());
+  constexpr int kCalls = 20000;
+  const auto before = OpReading::of(name::kOpBroadcast);
+  start = Clock::now();
+  for (int i = 0; i < kCalls; ++i) {
+    auto work = comm::track_collective(comm::CollectiveOp::kBroadcast, 4096, Clock::now(),
+                                       c10::make_intrusive<DoneWork>());
+    trainyard::wait_work(work);
+  }
+  const double call_ns =
+      std::chrono::duration<double, std::nano>(Clock::now() - start).count() / kCalls;
+  const auto d = OpReading::of(name::kOpBroadcast) - before;
+  EXPECT_EQ(d.calls, kCalls);
+  EXPECT_EQ(d.bytes, 4096.0 * kCalls);
+  std::printf("StepTimer::phase: %.0f ns; tracked collective (issue + wait_work): %.0f ns\n",
+              phase_ns, call_ns);
+  RecordProperty("phase_ns", std::to_string(phase_ns));
+  RecordProperty("tracked_collective_ns", std::to_string(call_ns));
+  EXPECT_LT(phase_ns, 2000);  // measured ~40 ns
+  EXPECT_LT(call_ns, 50000);  // measured ~0.3 us
+
+  // The publisher writes the whole process registry (what a rank has: ~60 series) every second.
+  TempDir dir;
+  metrics::FilePublisher publisher(
+      metrics::process_registry(),
+      {.dir = dir.path().string(), .rank = 0, .interval = std::chrono::hours(1)});
+  constexpr int kWrites = 50;
+  start = Clock::now();
+  for (int i = 0; i < kWrites; ++i) publisher.publish_now();
+  const double publish_us =
+      std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kWrites;
+  publisher.stop();
+  std::printf("FilePublisher::publish_now: %.0f us\n", publish_us);
+  RecordProperty("publish_us", std::to_string(publish_us));
+  EXPECT_TRUE(fs::exists(metrics::rank_file_path(dir.path().string(), 0)));
+  EXPECT_LT(publish_us, 50000);  // 5% of its 1 s interval; measured ~0.1-0.3 ms
+}
 
 TEST(CheckpointMetrics, ASaveAndALoadCountTheirFilesBytes) {
   TempDir dir;
