@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "../unit/cluster_test_util.h"
+#include "dashboard_page.h"
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head.h"
 #include "trainyard/metrics/names.h"
@@ -129,40 +130,6 @@ class SimulatedWorker {
   std::thread thread_;
 };
 
-// What the page shows, read by a script in it.
-constexpr char kReadPage[] = R"JS(
-  const d = window.trainyardDashboard;
-  if (!d) return {ready: false};
-  const series = (key) => {
-    const c = d.charts[key];
-    return c ? c.data.datasets.map((s) => ({label: s.label,
-                                            points: s.data.filter((p) => (typeof p === 'object' && p !== null) ? p.y != null : p != null).length}))
-             : [];
-  };
-  const rows = [...document.querySelectorAll('#nodes tbody tr')].map((r) => ({
-    id: r.dataset.nodeId, state: r.dataset.state,
-    badge: r.querySelector('.badge').className}));
-  return {ready: true, refreshes: d.refreshes, error: d.lastError, job: d.selectedJob,
-          loss: series('job:loss'), throughput: series('job:throughput'),
-          steps: series('job:steps'), communication: series('job:communication'),
-          nodeCpu: Object.keys(d.charts).filter((k) => k.endsWith(':cpu')).length,
-          gpuCharts: Object.keys(d.charts).filter((k) => k.includes(':gpu:')).length,
-          nodes: rows};
-)JS";
-
-bool every_rank_has_points(const json& series, size_t ranks, int at_least) {
-  if (series.size() != ranks) return false;
-  for (const auto& s : series)
-    if (s["points"].get<int>() < at_least) return false;
-  return true;
-}
-
-std::string node_state(const json& page, const std::string& id) {
-  for (const auto& n : page["nodes"])
-    if (n["id"] == id) return n["state"].get<std::string>();
-  return "";
-}
-
 TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
   for (const char* p : {TRAINYARD_CHROMIUM_PATH, TRAINYARD_CHROMEDRIVER_PATH}) {
     if (!std::filesystem::exists(p)) {
@@ -212,14 +179,15 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
   json page;
   bool charted = test::eventually(
       [&] {
-        page = browser.execute(kReadPage);
+        page = browser.execute(test::kReadPage);
         return page.value("ready", false) && page["job"] == job &&
-               every_rank_has_points(page["loss"], 2, 2) &&
-               every_rank_has_points(page["throughput"], 2, 2) &&
-               every_rank_has_points(page["communication"], 2, 1) && page["steps"].size() == 6 &&
-               every_rank_has_points(page["steps"], 6, 2) && page["nodeCpu"] == 2 &&
-               page["gpuCharts"] == 2 && node_state(page, "node-a") == "alive" &&
-               node_state(page, "node-b") == "alive";
+               test::every_rank_has_points(page["loss"], 2, 2) &&
+               test::every_rank_has_points(page["throughput"], 2, 2) &&
+               test::every_rank_has_points(page["communication"], 2, 1) &&
+               page["steps"].size() == 6 && test::every_rank_has_points(page["steps"], 6, 2) &&
+               page["nodeCpu"] == 2 && page["gpuCharts"] == 2 &&
+               test::node_state(page, "node-a") == "alive" &&
+               test::node_state(page, "node-b") == "alive";
       },
       std::chrono::seconds(15));
   ASSERT_TRUE(charted) << page.dump(1);
@@ -253,8 +221,8 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
   b.stop();
   bool unhealthy = test::eventually(
       [&] {
-        page = browser.execute(kReadPage);
-        std::string s = node_state(page, "node-b");
+        page = browser.execute(test::kReadPage);
+        std::string s = test::node_state(page, "node-b");
         return s == "suspect" || s == "dead";
       },
       std::chrono::seconds(10));

@@ -5,13 +5,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
+#include "../e2e/dashboard_page.h"
+#include "../e2e/webdriver.h"
 #include "cluster_fixture.h"
 #include "multiproc_util.h"
 #include "trainyard/net/http_client.h"
@@ -122,11 +127,44 @@ std::set<std::string> ranks_above_zero(const json& result, const std::string& jo
   std::set<std::string> out;
   for (const auto& series : result) {
     const json& m = series["metric"];
-    if (m.value("job", "") != job || !m.contains("rank")) continue;
+    if (m.value("job_id", "") != job || !m.contains("rank")) continue;
     if (std::stod(series["value"][1].get<std::string>()) > 0)
       out.insert(m["rank"].get<std::string>());
   }
   return out;
+}
+
+// Submits a 2-node fashion-mnist job `id` that runs long enough to be watched (500 epochs of 256
+// images; the tests stop it at the end) and returns the submit command's output.
+RunOutput submit_long_job(const ClusterFixture& cluster,
+                          const std::string& id,
+                          const std::filesystem::path& storage) {
+  return cluster.cli({"submit",
+                      "--nodes",
+                      "2",
+                      "--nproc-per-node",
+                      "1",
+                      "--submission-id",
+                      id,
+                      "--no-wait",
+                      "--",
+                      kCli,
+                      "train",
+                      "fashion-mnist",
+                      "--epochs",
+                      "500",
+                      "--limit",
+                      "256",
+                      "--batch-size",
+                      "32",
+                      "--threads",
+                      "1",
+                      "--storage",
+                      storage.string(),
+                      "--name",
+                      id,
+                      "--no-progress"},
+                     30s);
 }
 
 TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
@@ -141,33 +179,7 @@ TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
   cluster.start_worker("w2", {"--num-cpus", "2"});
   ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 2; }, 20s))
       << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
-  // Long enough for the scrapes below (500 epochs of 256 images); stopped at the end.
-  const RunOutput submitted = cluster.cli({"submit",
-                                           "--nodes",
-                                           "2",
-                                           "--nproc-per-node",
-                                           "1",
-                                           "--submission-id",
-                                           "fmnist",
-                                           "--no-wait",
-                                           "--",
-                                           kCli,
-                                           "train",
-                                           "fashion-mnist",
-                                           "--epochs",
-                                           "500",
-                                           "--limit",
-                                           "256",
-                                           "--batch-size",
-                                           "32",
-                                           "--threads",
-                                           "1",
-                                           "--storage",
-                                           (dir.path() / "runs").string(),
-                                           "--name",
-                                           "metrics-run",
-                                           "--no-progress"},
-                                          30s);
+  const RunOutput submitted = submit_long_job(cluster, "fmnist", dir.path() / "runs");
   ASSERT_EQ(submitted.status.exit_code, 0) << submitted.out << submitted.err;
   Prometheus prometheus(dir.path() / "prometheus", cluster.port(), cluster.token_file().string());
   ASSERT_TRUE(ClusterFixture::eventually([&] { return prometheus.ready(); }, 15s))
@@ -211,6 +223,67 @@ TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
     EXPECT_EQ(lint.out, "") << scrape.body;
   }
   cluster.cli({"stop", "fmnist"}, 10s);
+}
+
+// The dashboard in a real browser while a real 2-node job trains: every rank's loss, throughput
+// and step-time series hold points, and a worker that stops (SIGSTOP: no more heartbeats) turns
+// unhealthy on the page. Saves a screenshot as build/test-artifacts/dashboard-cluster.png.
+TEST(ClusterMetricsTest, TheDashboardChartsARealJobPerRankAndAStoppedNodeTurnsUnhealthy) {
+  for (const char* p : {TRAINYARD_CHROMIUM_PATH, TRAINYARD_CHROMEDRIVER_PATH}) {
+    if (access(p, X_OK) != 0) {
+      GTEST_SKIP() << p << " is missing: install chromium and chromium-driver (scripts/setup.sh) "
+                   << "to run the dashboard's browser test.";
+    }
+  }
+  TempDir dir;
+  ClusterFixture cluster{kCli, dir.path()};
+  cluster.start_head({"--num-cpus", "0"});
+  cluster.start_worker("w1", {"--num-cpus", "2"});
+  cluster.start_worker("w2", {"--num-cpus", "2"});
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 2; }, 20s))
+      << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
+  const RunOutput submitted = submit_long_job(cluster, "watched", dir.path() / "runs");
+  ASSERT_EQ(submitted.status.exit_code, 0) << submitted.out << submitted.err;
+
+  test::WebDriver browser(test::WebDriverOptions{.chromedriver = TRAINYARD_CHROMEDRIVER_PATH,
+                                                 .chromium = TRAINYARD_CHROMIUM_PATH,
+                                                 .work_dir = dir.path() / "browser"});
+  browser.navigate(cluster.address() + "/dashboard#token=" + cluster.token());
+  json page;
+  const std::string w1 = cluster.node_id("w1"), w2 = cluster.node_id("w2");
+  const bool charted = ClusterFixture::eventually(
+      [&] {
+        page = browser.execute(test::kReadPage);
+        return page.value("ready", false) && page["job"] == "watched" &&
+               test::every_rank_has_points(page["loss"], 2, 2) &&
+               test::every_rank_has_points(page["throughput"], 2, 2) &&
+               test::every_rank_has_points(page["communication"], 2, 1) &&
+               test::node_state(page, w1) == "alive" && test::node_state(page, w2) == "alive";
+      },
+      40s);
+  ASSERT_TRUE(charted) << page.dump(1) << cluster.log_of("w1");
+  EXPECT_TRUE(page["error"].is_null()) << page["error"];
+  EXPECT_EQ(page["nodeCpu"], 2) << page.dump(1);
+
+  // A stopped worker sends no heartbeats: suspect after three missed ones, then dead.
+  ASSERT_EQ(::kill(cluster.worker("w2").pid(), SIGSTOP), 0);
+  const bool unhealthy = ClusterFixture::eventually(
+      [&] {
+        page = browser.execute(test::kReadPage);
+        const std::string state = test::node_state(page, w2);
+        return state == "suspect" || state == "dead";
+      },
+      15s);
+  ::kill(cluster.worker("w2").pid(), SIGCONT);
+  ASSERT_TRUE(unhealthy) << page.dump(1);
+  EXPECT_EQ(test::node_state(page, w1), "alive") << page.dump(1);
+
+  const std::filesystem::path png =
+      std::filesystem::path(TRAINYARD_TEST_ARTIFACTS_DIR) / "dashboard-cluster.png";
+  std::filesystem::create_directories(png.parent_path());
+  std::ofstream(png, std::ios::binary) << browser.screenshot_png();
+  std::cout << "dashboard screenshot: " << png.string() << "\n";
+  cluster.cli({"stop", "watched"}, 10s);
 }
 
 }  // namespace
