@@ -7,7 +7,9 @@
 
 #include <signal.h>
 
+#include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -92,6 +94,21 @@ class Prometheus {
     } catch (const std::exception&) {
       return json::array();
     }
+  }
+  // Prometheus' whole answer to a PromQL expression ({"status": "success"|"error", ...}).
+  json evaluate(const std::string& expr) const {
+    std::string encoded;
+    for (unsigned char c : expr) {
+      if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+        encoded += static_cast<char>(c);
+      } else {
+        char hex[4];
+        std::snprintf(hex, sizeof hex, "%%%02X", c);
+        encoded += hex;
+      }
+    }
+    const auto r = get(url() + "/api/v1/query?query=" + encoded);
+    return json::parse(r.body, nullptr, false);
   }
   // The target's health ("up", "down", "unknown") and last error, for failure messages.
   std::string targets() const {
@@ -209,6 +226,31 @@ TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
       << samples_per_second.dump();
   // The cluster's own families come through too.
   EXPECT_EQ(label_values(prometheus.query("trainyard_node_up"), "node"), nodes);
+
+  // Every query of docs/grafana/trainyard.json evaluates on this Prometheus (the variables set to
+  // match everything), and the training and node panels' queries find series.
+  const json grafana =
+      json::parse(read_file(std::string(TRAINYARD_SOURCE_DIR) + "/docs/grafana/trainyard.json"));
+  int evaluated = 0;
+  for (const auto& panel : grafana["panels"]) {
+    const std::string title = panel.value("title", "");
+    for (const auto& target : panel.value("targets", json::array())) {
+      std::string expr = target["expr"];
+      for (const std::string var : {"$job", "$node"}) {
+        for (auto at = expr.find(var); at != std::string::npos; at = expr.find(var))
+          expr.replace(at, var.size(), ".*");
+      }
+      const json answer = prometheus.evaluate(expr);
+      ++evaluated;
+      EXPECT_EQ(answer.value("status", ""), "success") << title << ": " << expr << "\n" << answer;
+      const bool must_find = title == "Loss per rank" || title == "Throughput per rank" ||
+                             title == "Step time by phase, per rank" || title == "CPU utilisation";
+      if (must_find && target["refId"] == "A") {
+        EXPECT_FALSE(answer["data"]["result"].empty()) << title << ": " << expr << "\n" << answer;
+      }
+    }
+  }
+  EXPECT_GT(evaluated, 20);
 
   // Prometheus' linter on the live text.
   if (access(kPromtool, X_OK) == 0) {
