@@ -151,37 +151,43 @@ std::set<std::string> ranks_above_zero(const json& result, const std::string& jo
   return out;
 }
 
-// Submits a 2-node fashion-mnist job `id` that runs long enough to be watched (500 epochs of 256
-// images; the tests stop it at the end) and returns the submit command's output.
-RunOutput submit_long_job(const ClusterFixture& cluster,
-                          const std::string& id,
-                          const std::filesystem::path& storage) {
-  return cluster.cli({"submit",
-                      "--nodes",
-                      "2",
-                      "--nproc-per-node",
-                      "1",
-                      "--submission-id",
-                      id,
-                      "--no-wait",
-                      "--",
-                      kCli,
-                      "train",
-                      "fashion-mnist",
-                      "--epochs",
-                      "500",
-                      "--limit",
-                      "256",
-                      "--batch-size",
-                      "32",
-                      "--threads",
-                      "1",
-                      "--storage",
-                      storage.string(),
-                      "--name",
-                      id,
-                      "--no-progress"},
-                     30s);
+// A head (running no ranks) and two workers w1 and w2 of 2 CPUs, then a 2-node fashion-mnist job
+// `id` that runs long enough to be watched (500 epochs of 256 images; the tests stop it).
+void start_long_job(ClusterFixture& cluster,
+                    const std::string& id,
+                    const std::filesystem::path& storage) {
+  cluster.start_head({"--num-cpus", "0"});
+  cluster.start_worker("w1", {"--num-cpus", "2"});
+  cluster.start_worker("w2", {"--num-cpus", "2"});
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 2; }, 20s))
+      << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
+  const RunOutput submitted = cluster.cli({"submit",
+                                           "--nodes",
+                                           "2",
+                                           "--nproc-per-node",
+                                           "1",
+                                           "--submission-id",
+                                           id,
+                                           "--no-wait",
+                                           "--",
+                                           kCli,
+                                           "train",
+                                           "fashion-mnist",
+                                           "--epochs",
+                                           "500",
+                                           "--limit",
+                                           "256",
+                                           "--batch-size",
+                                           "32",
+                                           "--threads",
+                                           "1",
+                                           "--storage",
+                                           storage.string(),
+                                           "--name",
+                                           id,
+                                           "--no-progress"},
+                                          30s);
+  ASSERT_EQ(submitted.status.exit_code, 0) << submitted.out << submitted.err;
 }
 
 TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
@@ -191,13 +197,7 @@ TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
   }
   TempDir dir;
   ClusterFixture cluster{kCli, dir.path()};
-  cluster.start_head({"--num-cpus", "0"});
-  cluster.start_worker("w1", {"--num-cpus", "2"});
-  cluster.start_worker("w2", {"--num-cpus", "2"});
-  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 2; }, 20s))
-      << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
-  const RunOutput submitted = submit_long_job(cluster, "fmnist", dir.path() / "runs");
-  ASSERT_EQ(submitted.status.exit_code, 0) << submitted.out << submitted.err;
+  ASSERT_NO_FATAL_FAILURE(start_long_job(cluster, "fmnist", dir.path() / "runs"));
   Prometheus prometheus(dir.path() / "prometheus", cluster.port(), cluster.token_file().string());
   ASSERT_TRUE(ClusterFixture::eventually([&] { return prometheus.ready(); }, 15s))
       << prometheus.log();
@@ -279,13 +279,7 @@ TEST(ClusterMetricsTest, TheDashboardChartsARealJobPerRankAndAStoppedNodeTurnsUn
   }
   TempDir dir;
   ClusterFixture cluster{kCli, dir.path()};
-  cluster.start_head({"--num-cpus", "0"});
-  cluster.start_worker("w1", {"--num-cpus", "2"});
-  cluster.start_worker("w2", {"--num-cpus", "2"});
-  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 2; }, 20s))
-      << cluster.log_of("head") << cluster.log_of("w1") << cluster.log_of("w2");
-  const RunOutput submitted = submit_long_job(cluster, "watched", dir.path() / "runs");
-  ASSERT_EQ(submitted.status.exit_code, 0) << submitted.out << submitted.err;
+  ASSERT_NO_FATAL_FAILURE(start_long_job(cluster, "watched", dir.path() / "runs"));
 
   test::WebDriver browser(test::WebDriverOptions{.chromedriver = TRAINYARD_CHROMEDRIVER_PATH,
                                                  .chromium = TRAINYARD_CHROMIUM_PATH,

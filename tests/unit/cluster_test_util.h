@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "../temp_dir.h"
+
 namespace trainyard::test {
 
 struct HttpResult {
@@ -57,18 +59,6 @@ inline HttpResult http(const std::string& method,
   curl_easy_cleanup(c);
   return r;
 }
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ty-cluster-XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 // Polls cond every 20 ms until it holds or `timeout` passes; returns whether it held.
 inline bool eventually(const std::function<bool()>& cond,

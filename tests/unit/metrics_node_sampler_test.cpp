@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "../temp_dir.h"
 #include "trainyard/error.h"
 #include "trainyard/metrics/names.h"
 #include "trainyard/metrics/node_sampler.h"
@@ -26,18 +27,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ty-node-sampler-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using trainyard::test::TempDir;
 
 void write_text(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());

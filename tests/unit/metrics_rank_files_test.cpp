@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "../temp_dir.h"
 #include "trainyard/error.h"
 #include "trainyard/metrics/names.h"
 #include "trainyard/metrics/rank_files.h"
@@ -21,19 +22,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ty-rank-files-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
+using trainyard::test::TempDir;
 
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = 5s) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
