@@ -1,5 +1,7 @@
 #include "run_metrics.h"
 
+#include <chrono>
+#include <mutex>
 #include <utility>
 
 #include "trainyard/cluster/api.h"
@@ -26,10 +28,25 @@ struct RunMetrics::Impl {
         server(net::HttpServerOptions{
             .bind_address = options.bind_address, .port = options.port, .threads = 4}) {}
 
-  // Each scrape samples the node (CPU is measured since the previous scrape) and reads the
-  // ranks' latest files.
+  std::mutex mu;
+  std::chrono::steady_clock::time_point sampled{};  // guarded by mu
+  metrics::Snapshot node_metrics;                   // guarded by mu
+
+  // The node is sampled at most once per kMinSampleInterval: CPU is measured between two
+  // samples, so several scrapers (an HA pair of Prometheus, a curl beside it) must not cut each
+  // other's intervals short. The ranks' files are read on every scrape.
+  static constexpr std::chrono::seconds kMinSampleInterval{1};
   net::ServerResponse scrape() {
-    metrics::Snapshot all = sampler.sample(ranks.processes());
+    metrics::Snapshot all;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const auto now = std::chrono::steady_clock::now();
+      if (now - sampled >= kMinSampleInterval) {
+        node_metrics = sampler.sample(ranks.processes());
+        sampled = now;
+      }
+      all = node_metrics;
+    }
     metrics::merge_into(all, ranks.rank_snapshot());
     all = metrics::with_labels(std::move(all), {{std::string(metrics::name::kNodeLabel), node}});
     return net::ServerResponse{.status = 200,

@@ -11,6 +11,7 @@
 // worker sent: two nodes can never write the same series. The cluster's own families come first
 // and every family appears once (merge_into); a label set that appears twice in a family (a
 // worker's bug) is written once, as Prometheus refuses a scrape with duplicate series.
+#include <algorithm>
 #include <set>
 
 #include "cluster/head_impl.h"
@@ -42,12 +43,16 @@ metrics::Snapshot with_node_label(metrics::Snapshot snapshot, const std::string&
   return metrics::with_labels(std::move(snapshot), {{std::string(name::kNodeLabel), node_id}});
 }
 
-// Drops every sample whose label set an earlier sample of its family already has.
+// Drops every sample whose label set (in any order) an earlier sample of its family already
+// has: Prometheus refuses a whole scrape with a duplicate series in it.
 void drop_duplicate_series(metrics::Snapshot& snapshot) {
   for (metrics::Family& fam : snapshot) {
     std::set<metrics::Labels> seen;
-    std::erase_if(fam.samples,
-                  [&](const metrics::Sample& s) { return !seen.insert(s.labels).second; });
+    std::erase_if(fam.samples, [&](const metrics::Sample& s) {
+      metrics::Labels sorted = s.labels;
+      std::sort(sorted.begin(), sorted.end());
+      return !seen.insert(std::move(sorted)).second;
+    });
   }
 }
 

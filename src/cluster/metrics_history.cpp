@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -39,33 +40,26 @@ constexpr std::array<std::string_view, 6> kPhases = {mn::kPhaseData,      mn::kP
                                                      mn::kPhaseBackward,  mn::kPhaseCommunication,
                                                      mn::kPhaseOptimizer, mn::kPhaseOther};
 
-// A fixed-capacity ring: push() overwrites the oldest entry once full.
+// A bounded series: push() drops the oldest entry once `capacity` are held. Memory grows with
+// the points actually recorded, so a short job or a new node costs little.
 template <typename T>
 class Ring {
  public:
-  explicit Ring(size_t capacity) : items_(capacity) {}
+  explicit Ring(size_t capacity) : capacity_(capacity) {}
   void push(T item) {
-    items_[(first_ + size_) % items_.size()] = std::move(item);
-    if (size_ < items_.size()) {
-      ++size_;
-    } else {
-      first_ = (first_ + 1) % items_.size();
-    }
+    items_.push_back(std::move(item));
+    if (items_.size() > capacity_) items_.pop_front();
   }
-  void pop_front() {
-    first_ = (first_ + 1) % items_.size();
-    --size_;
-  }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  const T& operator[](size_t i) const { return items_[(first_ + i) % items_.size()]; }
-  const T& front() const { return (*this)[0]; }
-  const T& back() const { return (*this)[size_ - 1]; }
+  void pop_front() { items_.pop_front(); }
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  const T& operator[](size_t i) const { return items_[i]; }
+  const T& front() const { return items_.front(); }
+  const T& back() const { return items_.back(); }
 
  private:
-  std::vector<T> items_;
-  size_t first_ = 0;
-  size_t size_ = 0;
+  size_t capacity_;
+  std::deque<T> items_;
 };
 
 struct GpuPoint {
@@ -145,7 +139,9 @@ Json number(double v) {
 }  // namespace
 
 void validate(const MetricsHistoryOptions& o) {
-  TY_CHECK(o.points >= 2, "MetricsHistoryOptions.points must be at least 2; got ", o.points, ".");
+  TY_CHECK(o.points >= 2 && o.points <= MetricsHistoryOptions::kMaxPoints,
+           "MetricsHistoryOptions.points must be in [2, ", MetricsHistoryOptions::kMaxPoints,
+           "]; got ", o.points, ".");
   TY_CHECK(o.max_age_s > 0, "MetricsHistoryOptions.max_age_s must be positive; got ", o.max_age_s,
            " s.");
   TY_CHECK(o.max_jobs >= 1, "MetricsHistoryOptions.max_jobs must be at least 1; got ", o.max_jobs,
@@ -244,6 +240,8 @@ void MetricsHistory::Impl::record_rank(const RankKey& key,
     }
   }
   RankSeries& r = ranks.try_emplace(key, static_cast<size_t>(o.points)).first->second;
+  // Two nodes may report one rank around an elastic move: the charts need times in order.
+  if (!r.points.empty() && time <= r.points.back().t) return;
   r.node_id = node_id;
   const metrics::Labels who = {{std::string(mn::kJobLabel), key.first},
                                {std::string(mn::kRankLabel), std::to_string(key.second)}};
@@ -348,22 +346,31 @@ Json MetricsHistory::json(const std::vector<HistoryNodeInfo>& nodes,
                           const std::optional<std::string>& job,
                           double now,
                           double interval_s) const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  const Impl& m = *impl_;
+  // The series are copied under the lock and written out after it, so that heartbeats (record())
+  // do not wait while a large answer is built.
+  std::map<std::string, NodeSeries> node_series;
+  std::map<RankKey, RankSeries> rank_series;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    node_series = impl_->nodes;
+    for (const auto& [key, series] : impl_->ranks)
+      if (!job || key.first == *job) rank_series.emplace(key, series);
+  }
+  const Impl& m = *impl_;  // node_json and rank_json read only their arguments
   Json out = {
       {"time", now}, {"interval_s", interval_s}, {"nodes", Json::array()}, {"jobs", Json::array()}};
   std::set<std::string> listed;
   auto add_node = [&](const std::string& id, const std::string& hostname, const std::string& state,
                       Json age) {
-    auto it = m.nodes.find(id);
+    auto it = node_series.find(id);
     Json n = {{"node_id", id}, {"hostname", hostname}, {"state", state}, {"heartbeat_age_s", age}};
-    n.update(m.node_json(it == m.nodes.end() ? nullptr : &it->second));
+    n.update(m.node_json(it == node_series.end() ? nullptr : &it->second));
     out["nodes"].push_back(std::move(n));
     listed.insert(id);
   };
   for (const HistoryNodeInfo& n : nodes)
     add_node(n.node_id, n.hostname, n.state, n.heartbeat_age_s);
-  for (const auto& [id, series] : m.nodes) {
+  for (const auto& [id, series] : node_series) {
     if (!listed.count(id)) add_node(id, "", "", nullptr);
   }
 
@@ -373,7 +380,7 @@ Json MetricsHistory::json(const std::vector<HistoryNodeInfo>& nodes,
     known.insert(j.job_id);
     job_list.emplace_back(j.job_id, j.status);
   }
-  for (const auto& [key, series] : m.ranks) {
+  for (const auto& [key, series] : rank_series) {
     if (!known.count(key.first)) {
       known.insert(key.first);
       job_list.emplace_back(key.first, "");
@@ -382,8 +389,8 @@ Json MetricsHistory::json(const std::vector<HistoryNodeInfo>& nodes,
   for (const auto& [id, status] : job_list) {
     if (job && id != *job) continue;
     Json ranks = Json::array();
-    for (auto it = m.ranks.lower_bound({id, std::numeric_limits<int>::min()});
-         it != m.ranks.end() && it->first.first == id; ++it) {
+    for (auto it = rank_series.lower_bound({id, std::numeric_limits<int>::min()});
+         it != rank_series.end() && it->first.first == id; ++it) {
       ranks.push_back(m.rank_json(it->first, it->second));
     }
     if (ranks.empty() && !job) continue;  // without a filter: jobs with rank series only

@@ -36,9 +36,10 @@ const std::array<OpSeries, kOps>& op_series() {
               "Bytes of the collectives issued, as nccl-tests counts size (all_reduce, broadcast: "
               "the tensor; all_gather: the gathered output; reduce_scatter: the whole input).",
               labels),
-          .seconds = &registry.counter(
-              name::kCollectiveSeconds,
-              "Seconds from issuing each collective to its completion, overlapped or not.", labels),
+          .seconds = &registry.counter(name::kCollectiveSeconds,
+                                       "Seconds from issuing each collective until this rank saw "
+                                       "it complete (a wait or poll), overlapped or not.",
+                                       labels),
           .wait_seconds = &registry.counter(
               name::kCollectiveWaitSeconds,
               "Seconds threads blocked waiting for collectives (exposed communication).", labels)};
@@ -66,7 +67,10 @@ class TrackedWork final : public c10d::Work {
         inner_(std::move(inner)) {}
 
   ~TrackedWork() override {
-    if (!done_.load(std::memory_order_relaxed) && inner_->isCompleted()) mark_done();
+    try {  // a group's isCompleted() may rethrow the collective's error; destructors never throw
+      if (!done_.load(std::memory_order_relaxed) && inner_->isCompleted()) mark_done();
+    } catch (...) {
+    }
   }
 
   bool isCompleted() override {

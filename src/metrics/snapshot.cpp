@@ -129,6 +129,9 @@ void from_json(const nlohmann::json& j, Snapshot& snapshot) {
           if (!valid_label_name(k))
             throw InvalidArgumentError(
                 detail::concat("Metric ", f.name, " has an invalid label name \"", k, "\"."));
+          if (has_label(s.labels, k))
+            throw InvalidArgumentError(
+                detail::concat("Metric ", f.name, " has the label \"", k, "\" twice."));
           s.labels.emplace_back(std::move(k), pair[1].get<std::string>());
         }
       }

@@ -145,14 +145,27 @@ struct Trainer::TrainSeries {
         tokens_per_second(r.gauge(metrics::name::kTrainTokensPerSecond,
                                   "This rank's tokens per second over its last steps.")) {}
 
-  metrics::Gauge& report_key(const std::string& key) {
+  // The gauge of a report() key; null past kMaxReportKeys distinct keys (warned about once), so
+  // that a recipe reporting a key per epoch cannot grow the series without bound.
+  static constexpr std::size_t kMaxReportKeys = 64;
+  metrics::Gauge* report_key(const std::string& key) {
     auto it = report_keys.find(key);
-    if (it != report_keys.end()) return *it->second;
+    if (it != report_keys.end()) return it->second;
+    if (report_keys.size() >= kMaxReportKeys) {
+      if (!warned_keys) {
+        logger("train")->warn(
+            "report() has seen {} distinct keys; \"{}\" and later new keys are not exported as "
+            "metrics. HINT: report a fixed set of keys (put the epoch in its own key).",
+            kMaxReportKeys, key);
+        warned_keys = true;
+      }
+      return nullptr;
+    }
     auto& g =
         registry.gauge(metrics::name::kTrainReport, "The last value report() received per key.",
                        {{std::string(metrics::name::kKeyLabel), key}});
     report_keys.emplace(key, &g);
-    return g;
+    return &g;
   }
 
   // A step ended at `t` (steady seconds): moves the window and sets the rate gauges.
@@ -193,6 +206,7 @@ struct Trainer::TrainSeries {
   metrics::Gauge& samples_per_second;
   metrics::Gauge& tokens_per_second;
   std::map<std::string, metrics::Gauge*> report_keys;
+  bool warned_keys = false;
   std::deque<Mark> window;
   double samples_so_far = 0;
   double tokens_so_far = 0;
@@ -249,11 +263,9 @@ Trainer::Trainer(std::string recipe, RunConfig run, ScalingConfig scaling)
   step_timer_ = std::make_unique<metrics::StepTimer>(registry);
   if (metrics::recording_enabled()) {
     series_ = std::make_unique<TrainSeries>(registry);
-    // A counter only grows: a process that trains twice counts its restarts once.
-    auto& restarts = registry.counter(metrics::name::kRestarts,
-                                      "Restarts of the job so far (TORCHELASTIC_RESTART_COUNT).");
-    const double count = dist_->env().restart_count;
-    if (count > restarts.value()) restarts.add(count - restarts.value());
+    registry
+        .gauge(metrics::name::kRestarts, "Restarts of the job so far (TORCHELASTIC_RESTART_COUNT).")
+        .set(dist_->env().restart_count);
   }
   if (const char* dir = std::getenv(kMetricsDirEnv); dir != nullptr && *dir != '\0') {
     publisher_ = std::make_unique<metrics::FilePublisher>(
@@ -385,9 +397,11 @@ void Trainer::step_done(std::int64_t batch_size, Metrics metrics, std::int64_t t
   first_step_logged_ = true;
   if (run_.checkpoint_every > 0 && progress_.global_step % run_.checkpoint_every == 0)
     save_checkpoint();
+  // The step is counted before its phases' seconds are added (end_step), so a snapshot taken in
+  // between shows a step without all of its time, never time without its step.
+  if (series_) series_->steps.add(1);
   step_timer_->end_step();
   if (series_) {
-    series_->steps.add(1);
     series_->step.set(static_cast<double>(progress_.global_step));
     series_->mark(now_s(), batch_size, tokens);
   }
@@ -409,7 +423,7 @@ void Trainer::report(Metrics metrics) {
     series_->epoch.set(current_epoch_);
     series_->step.set(static_cast<double>(progress_.global_step));
     for (const auto& [key, value] : last_report_.metrics) {
-      series_->report_key(key).set(value);
+      if (metrics::Gauge* g = series_->report_key(key)) g->set(value);
       if (key == "loss" || key == "train_loss") series_->loss.set(value);
       if (key == "lr") series_->learning_rate.set(value);
     }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../prerequisite.h"
 #include "../unit/cluster_test_util.h"
 #include "dashboard_page.h"
 #include "trainyard/cluster/api.h"
@@ -133,8 +134,9 @@ class SimulatedWorker {
 TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
   for (const char* p : {TRAINYARD_CHROMIUM_PATH, TRAINYARD_CHROMEDRIVER_PATH}) {
     if (!std::filesystem::exists(p)) {
-      GTEST_SKIP() << p << " is missing: install chromium and chromium-driver (scripts/setup.sh) "
-                   << "to run the dashboard's browser test.";
+      TY_MISSING_PREREQUISITE(
+          p << " is missing: install chromium and chromium-driver (scripts/setup.sh) "
+            << "to run the dashboard's browser test.");
     }
   }
   const auto started = std::chrono::steady_clock::now();

@@ -19,6 +19,7 @@
 
 #include "../e2e/dashboard_page.h"
 #include "../e2e/webdriver.h"
+#include "../prerequisite.h"
 #include "cluster_fixture.h"
 #include "multiproc_util.h"
 #include "trainyard/net/http_client.h"
@@ -192,8 +193,8 @@ void start_long_job(ClusterFixture& cluster,
 
 TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
   if (access(kPrometheus, X_OK) != 0) {
-    GTEST_SKIP() << kPrometheus << " is not installed (scripts/setup.sh installs Debian's "
-                 << "prometheus); the test is skipped.";
+    TY_MISSING_PREREQUISITE(kPrometheus << " is not installed (scripts/setup.sh installs "
+                                        << "Debian's prometheus)");
   }
   TempDir dir;
   ClusterFixture cluster{kCli, dir.path()};
@@ -273,8 +274,9 @@ TEST(ClusterMetricsTest, PrometheusScrapesNodeAndRankSeriesFromTheHead) {
 TEST(ClusterMetricsTest, TheDashboardChartsARealJobPerRankAndAStoppedNodeTurnsUnhealthy) {
   for (const char* p : {TRAINYARD_CHROMIUM_PATH, TRAINYARD_CHROMEDRIVER_PATH}) {
     if (access(p, X_OK) != 0) {
-      GTEST_SKIP() << p << " is missing: install chromium and chromium-driver (scripts/setup.sh) "
-                   << "to run the dashboard's browser test.";
+      TY_MISSING_PREREQUISITE(
+          p << " is missing: install chromium and chromium-driver (scripts/setup.sh) "
+            << "to run the dashboard's browser test.");
     }
   }
   TempDir dir;

@@ -23,29 +23,12 @@
 #include <utility>
 #include <vector>
 
+#include "../prerequisite.h"
 #include "trainyard/elastic/subprocess.h"
 
 namespace trainyard::mptest {
 
-// True under CI (CI=true or CI=1), where scripts/setup.sh has installed every prerequisite.
-inline bool running_under_ci() {
-  const char* ci = std::getenv("CI");
-  return ci != nullptr && (std::string(ci) == "true" || std::string(ci) == "1");
-}
-
-// For a test whose prerequisite (etcd, s3rver, python3-torch, network namespaces) is missing:
-// skipped with the reason on a developer's machine; failed under CI, where the setup script
-// installs it, so that a green suite never means "tested nothing". Returns from the test (or
-// SetUp, which then skips the body).
-#define TY_MISSING_PREREQUISITE(reason)                                                            \
-  do {                                                                                             \
-    if (::trainyard::mptest::running_under_ci()) {                                                 \
-      GTEST_FAIL() << reason                                                                       \
-                   << " (CI is set: scripts/setup.sh installs this, so its absence is a failure)"; \
-    } else {                                                                                       \
-      GTEST_SKIP() << reason;                                                                      \
-    }                                                                                              \
-  } while (0)
+using test::running_under_ci;
 
 // A fresh directory under $TMPDIR, removed with everything in it on destruction.
 class TempDir {

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "../prerequisite.h"
 #include "cluster_test_util.h"
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head.h"
@@ -298,8 +299,7 @@ TEST_F(HeadMetricsTest, TheHeadsNodeLabelWinsAndDuplicateSeriesAreWrittenOnce) {
 TEST_F(HeadMetricsTest, PromtoolFindsNoProblems) {
   const char* promtool = "/usr/bin/promtool";
   if (access(promtool, X_OK) != 0)
-    GTEST_SKIP() << "promtool is not installed (apt-get install "
-                    "prometheus); the check is skipped.";
+    TY_MISSING_PREREQUISITE("promtool is not installed (apt-get install prometheus)");
   start();
   register_node("n1");
   register_node("n2");

@@ -155,7 +155,7 @@ TEST_P(CollectiveMetrics, AWaitOnASlowPeerIsCommunicationInTheStepTimer) {
   });
   // Rank 0 waited about kLate for rank 1; rank 1 slept in backward and hardly waited.
   EXPECT_GE(times[0][Phase::kCommunication], kLate - 0.05);
-  EXPECT_LT(times[0][Phase::kBackward], 0.05);
+  EXPECT_LT(times[0][Phase::kBackward], kLate / 2);  // the wait is not left in backward
   EXPECT_NEAR(times[0][Phase::kCommunication], blocked[0], 1e-9);
   EXPECT_GE(times[1][Phase::kBackward], kLate);
   EXPECT_LT(times[1][Phase::kCommunication], 0.1);
@@ -348,9 +348,9 @@ TEST(TrainerMetrics, RecordsReportsStepsPhasesAndPublishesThem) {
     EXPECT_EQ(value_of(name::kTrainStepsTotal) - steps, 2);
     EXPECT_EQ(value_of(name::kTrainSamplesTotal) - samples, 16);
     EXPECT_EQ(value_of(name::kTrainTokensTotal) - tokens, 200);
-    // 8 samples per ~0.11 s step.
+    // 8 samples per ~0.11 s step (sleeps may overrun on a loaded machine).
     const double per_second = value_of(name::kTrainSamplesPerSecond);
-    EXPECT_GT(per_second, 8 / (0.11 + 0.1));
+    EXPECT_GT(per_second, 8 / (0.11 + 0.5));
     EXPECT_LE(per_second, 8 / 0.11);
     EXPECT_NEAR(value_of(name::kTrainTokensPerSecond), per_second * 100 / 8, 1e-6 * per_second);
 
@@ -365,7 +365,7 @@ TEST(TrainerMetrics, RecordsReportsStepsPhasesAndPublishesThem) {
     SCOPED_TRACE(std::string(p));
     const double d = phase_seconds(p) - phases_before[p];
     EXPECT_GE(d, 2 * seconds);
-    EXPECT_LE(d, 2 * seconds + 0.1);
+    EXPECT_LE(d, 2 * seconds + 1.0);  // loose: sleeps overrun on a loaded machine
   }
   for (const auto& [p, before] : phases_before) phase_sum += phase_seconds(p) - before;
   EXPECT_NEAR(phase_sum, step_seconds_sum, 1e-9);

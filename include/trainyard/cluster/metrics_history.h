@@ -16,9 +16,10 @@ namespace trainyard::cluster {
 
 struct MetricsHistoryOptions {
   static constexpr int kDefaultPoints = 900;  // 30 min of the default 2 s heartbeats
+  static constexpr int kMaxPoints = 86'400;   // a day of 1 s heartbeats
   static constexpr double kDefaultMaxAgeS = 1800;
   static constexpr int kDefaultMaxJobs = 32;
-  int points = kDefaultPoints;  // capacity of every series' ring buffer, >= 2
+  int points = kDefaultPoints;  // capacity of every series' ring buffer, in [2, kMaxPoints]
   // Points older than this, measured from the newest time recorded, are dropped; a series left
   // empty (a finished job's ranks, a dead node's) goes with them. Seconds, > 0.
   double max_age_s = kDefaultMaxAgeS;

@@ -57,7 +57,8 @@ inline constexpr std::string_view kTrainStepSeconds =
     "trainyard_train_step_seconds";  // gauge: last
 inline constexpr std::string_view kCollectiveCalls = "trainyard_collective_calls_total";  // {op}
 inline constexpr std::string_view kCollectiveBytes = "trainyard_collective_bytes_total";  // {op}
-// counter {op}: issue to completion, overlapped or not
+// counter {op}: from issue until this rank saw it complete (a wait returning or a poll), so an
+// overlapped collective that is waited for late counts until that wait
 inline constexpr std::string_view kCollectiveSeconds = "trainyard_collective_seconds_total";
 // counter {op}: the time a thread blocked waiting for it (exposed communication)
 inline constexpr std::string_view kCollectiveWaitSeconds =
@@ -70,8 +71,9 @@ inline constexpr std::string_view kCheckpointLoads = "trainyard_checkpoint_loads
 inline constexpr std::string_view kCheckpointLoadSeconds =
     "trainyard_checkpoint_load_seconds_total";
 inline constexpr std::string_view kCheckpointLoadBytes = "trainyard_checkpoint_load_bytes_total";
-inline constexpr std::string_view kRestarts =
-    "trainyard_restarts_total";  // TORCHELASTIC_RESTART_COUNT
+// gauge: TORCHELASTIC_RESTART_COUNT. Not a counter: each restart is a new process that would
+// start it again at N, which Prometheus' increase() reads as a reset and a jump.
+inline constexpr std::string_view kRestarts = "trainyard_restarts";
 
 // --- per rank process, measured by the agent from /proc ------------------------------------------
 inline constexpr std::string_view kRankResidentMemory = "trainyard_rank_resident_memory_bytes";

@@ -154,7 +154,7 @@ function renderNodeCharts(history) {
     lineChart(`node:${n.node_id}:memory`, card.querySelector('[data-chart="memory"]'), mem, "GiB");
     for (const g of n.gpus) {
       const key = `node:${n.node_id}:gpu:${g.gpu}`;
-      let canvas = card.querySelector(`[data-gpu="${g.gpu}"]`);
+      let canvas = card.querySelector(`[data-gpu="${CSS.escape(g.gpu)}"]`);
       if (!canvas) {
         canvas = el("canvas", { "data-gpu": g.gpu });
         card.querySelector(".gpus").append(el("h3", {}, "GPU " + g.gpu), el("div", { class: "plot" }, canvas));
@@ -256,5 +256,9 @@ document.getElementById("token-form").onsubmit = (ev) => {
 };
 document.getElementById("job-select").onchange = (ev) => { dashboard.selectedJob = ev.target.value; refresh(); };
 document.getElementById("logs-close").onclick = () => { document.getElementById("logs").hidden = true; };
-refresh();
-setInterval(refresh, REFRESH_MS);
+// The next refresh is scheduled when one ends, so that slow answers never pile up.
+async function refreshForever() {
+  await refresh();
+  setTimeout(refreshForever, REFRESH_MS);
+}
+refreshForever();
