@@ -23,6 +23,7 @@ struct TempDir {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }
+  std::string str() const { return path.string(); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };

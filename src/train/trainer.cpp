@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <thread>
 
 #include "trainyard/checkpoint/checkpointer.h"
@@ -143,7 +144,12 @@ struct Trainer::TrainSeries {
         samples_per_second(r.gauge(metrics::name::kTrainSamplesPerSecond,
                                    "This rank's samples per second over its last steps.")),
         tokens_per_second(r.gauge(metrics::name::kTrainTokensPerSecond,
-                                  "This rank's tokens per second over its last steps.")) {}
+                                  "This rank's tokens per second over its last steps.")) {
+    // Not measured yet (NaN), rather than 0: the dashboard shows no point instead of a false
+    // loss of 0, and a recipe that counts no tokens shows samples/s, not 0 tokens/s.
+    for (metrics::Gauge* g : {&loss, &learning_rate, &samples_per_second, &tokens_per_second})
+      g->set(std::numeric_limits<double>::quiet_NaN());
+  }
 
   // The gauge of a report() key; null past kMaxReportKeys distinct keys (warned about once), so
   // that a recipe reporting a key per epoch cannot grow the series without bound.

@@ -111,7 +111,8 @@ function lineChart(key, canvas, datasets, yTitle, yMax) {
       data: { datasets: [] },
       options: {
         animation: false, responsive: true, maintainAspectRatio: false, parsing: false,
-        normalized: true, elements: { point: { radius: 0 } },
+        // spanGaps: a point without a value (no step between two heartbeats) does not cut the line.
+        normalized: true, spanGaps: true, elements: { point: { radius: 0 } },
         scales: { x: timeAxis, y: { beginAtZero: true, max: yMax, title: { display: true, text: yTitle } } },
         plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
       },
