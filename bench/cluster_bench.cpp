@@ -3,6 +3,7 @@
 //   cluster_bench [--parts "api restart"] [--clients 100] [--seconds 10] [--nodes 4]
 //                 [--jobs 50] [--restart-jobs 1000] [--restarts 3]
 //                 [--parts metrics] [--metrics-nodes 16] [--ranks-per-node 8] [--scrape-every 0]
+//                 [--heartbeat-every 2000]
 // api:     --nodes fake nodes register and heartbeat every 2 s, --jobs jobs wait PENDING (each
 //          asks for more nodes than there are); then --clients threads, each with a client of its
 //          own (one keep-alive connection), GET one path in a loop for --seconds: requests/s and
@@ -11,10 +12,13 @@
 //          rate), is stopped, and is started again --restarts times: the seconds of Head::start()
 //          and from before it to the first GET /api/jobs/ answer listing every job.
 // metrics: --metrics-nodes fake nodes of --ranks-per-node ranks each heartbeat realistic
-//          snapshots (node families and ~40 series per rank, values changing) every 2 s for
+//          snapshots (node families and ~40 series per rank, values changing) every 2 s (or
+//          --heartbeat-every ms: shorter fills the head's history rings sooner) for
 //          --seconds, while one client scrapes GET /metrics in a loop (--scrape-every ms apart):
 //          the scrape's size and latency (p50, p99, max), the heartbeats' latency, and the
-//          process's RSS growth after the first round (the head's cost of keeping snapshots).
+//          process's RSS growth after the first round (the head's cost of keeping snapshots and
+//          the history), how full the history's rings are, and GET /api/cluster/metrics/history
+//          (what the dashboard polls) at the end: its size and latency.
 //          Also the worker's side: the time to build one heartbeat's metrics (NodeSampler on
 //          this machine's /proc plus --ranks-per-node rank files read, labelled and serialised).
 #include <malloc.h>
@@ -49,6 +53,7 @@ namespace f = api::field;
 using nlohmann::json;
 using trainyard::cluster::Head;
 using trainyard::cluster::HeadOptions;
+using trainyard::cluster::MetricsHistoryOptions;
 using trainyard::net::HttpClient;
 using trainyard::net::HttpRequest;
 using Clock = std::chrono::steady_clock;
@@ -66,6 +71,7 @@ struct Options {
   int metrics_nodes = 16;
   int ranks_per_node = 8;
   int scrape_every_ms = 0;
+  int heartbeat_every_ms = 2000;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -325,7 +331,7 @@ metrics::Snapshot node_snapshot(int node, int ranks, double t) {
     const metrics::Labels labels = {{"job_id", job}, {"rank", std::to_string(node * ranks + r)}};
     metrics::Snapshot p = {gauge(mname::kRankResidentMemory, {{labels, 4e9}}),
                            counter(mname::kRankCpuSeconds, {{labels, 10 * t}}),
-                           gauge(mname::kRankCpuUtilization, {{labels, 0.95}})};
+                           gauge(mname::kRankCpuCores, {{labels, 0.95}})};
     metrics::merge_into(s, std::move(p));
     metrics::Registry registry;
     metrics::merge_into(s, metrics::with_labels(rank_registry(registry, t).snapshot(), labels));
@@ -406,6 +412,7 @@ void metrics_part(const Options& o, const fs::path& dir) {
   std::thread heartbeats([&] {
     HttpClient hb;
     while (!stop.load()) {
+      const auto round_start = Clock::now();
       const auto& bs = rounds[static_cast<std::size_t>(round.load()) % rounds.size()];
       for (int n = 0; n < nodes; ++n) {
         auto t0 = Clock::now();
@@ -416,8 +423,10 @@ void metrics_part(const Options& o, const fs::path& dir) {
         heartbeat_ms.push_back(seconds_since(t0) * 1e3);
       }
       if (round.fetch_add(1) == 0) rss_after_first = rss_bytes();
-      for (int i = 0; i < 20 && !stop.load(); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const auto next = round_start + std::chrono::milliseconds(o.heartbeat_every_ms);
+      while (!stop.load() && Clock::now() < next)
+        std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100),
+                                                              next - Clock::now()));
     }
   });
   while (round.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -436,12 +445,27 @@ void metrics_part(const Options& o, const fs::path& dir) {
   stop = true;
   heartbeats.join();
   const double rss_end = rss_bytes();
+  // The history the dashboard polls, as full as this run made it.
+  std::vector<double> history_ms;
+  std::size_t history_bytes = 0, history_points = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto h0 = Clock::now();
+    auto r = client.perform(request(head, "GET", std::string(api::kMetricsHistoryPath)));
+    if (r.status != 200) throw trainyard::Error("history: " + r.describe());
+    history_ms.push_back(seconds_since(h0) * 1e3);
+    history_bytes = r.body.size();
+    const json h = json::parse(r.body);
+    history_points = h["nodes"].empty() ? 0 : h["nodes"][0]["t"].size();
+  }
+  std::sort(history_ms.begin(), history_ms.end());
   std::sort(scrape_ms.begin(), scrape_ms.end());
   std::sort(heartbeat_ms.begin(), heartbeat_ms.end());
   std::printf(
       "metrics, the head: %d nodes x %d ranks heartbeating every 2 s (%zu samples per node, "
-      "%zu B per heartbeat body) for %.0f s, %d rounds; one client scraping /metrics %s\n",
-      nodes, o.ranks_per_node, per_node, rounds[0][0].size(), o.seconds, round.load(),
+      "%zu B per heartbeat body) every %d ms for %.0f s, %d rounds; one client scraping "
+      "/metrics %s\n",
+      nodes, o.ranks_per_node, per_node, rounds[0][0].size(), o.heartbeat_every_ms, o.seconds,
+      round.load(),
       o.scrape_every_ms > 0 ? ("every " + std::to_string(o.scrape_every_ms) + " ms").c_str()
                             : "back to back");
   std::printf("%-22s %9s %10s %8s %8s %8s\n", "", "count", "bytes", "p50_ms", "p99_ms", "max_ms");
@@ -451,6 +475,10 @@ void metrics_part(const Options& o, const fs::path& dir) {
   std::printf("%-22s %9zu %10zu %8.2f %8.2f %8.2f\n", "POST heartbeat", heartbeat_ms.size(),
               rounds[0][0].size(), percentile(heartbeat_ms, 0.5), percentile(heartbeat_ms, 0.99),
               heartbeat_ms.back());
+  std::printf("%-22s %9zu %10zu %8.2f %8.2f %8.2f  (%zu of %d points per series)\n",
+              "GET metrics/history", history_ms.size(), history_bytes,
+              percentile(history_ms, 0.5), percentile(history_ms, 0.99), history_ms.back(),
+              history_points, MetricsHistoryOptions::kDefaultPoints);
   // What of the growth is memory the allocator keeps for reuse (glibc keeps an arena per HTTP
   // thread that parsed a body or rendered a scrape) rather than memory the head holds.
   malloc_trim(0);
@@ -497,6 +525,8 @@ int main(int argc, char** argv) {
       o.ranks_per_node = std::stoi(value());
     else if (a == "--scrape-every")
       o.scrape_every_ms = std::stoi(value());
+    else if (a == "--heartbeat-every")
+      o.heartbeat_every_ms = std::stoi(value());
     else {
       std::fprintf(
           stderr,

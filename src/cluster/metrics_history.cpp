@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -82,7 +83,7 @@ struct RankPoint {
   double loss = kNaN;
   double samples_per_second = kNaN;
   double tokens_per_second = kNaN;
-  double cpu_ratio = kNaN;
+  double cpu_cores = kNaN;
   double resident_memory = kNaN;
   std::array<double, kPhases.size()> step_seconds{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
 };
@@ -128,7 +129,7 @@ double value_of(const metrics::Snapshot& s, std::string_view name, const metrics
 }
 
 std::optional<int> parse_rank(const std::string& s) {
-  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), ::isdigit)) return std::nullopt;
+  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); })) return std::nullopt;
   return std::stoi(s);
 }
 
@@ -250,7 +251,7 @@ void MetricsHistory::Impl::record_rank(const RankKey& key,
   p.loss = value_of(s, mn::kTrainLoss, who);
   p.samples_per_second = value_of(s, mn::kTrainSamplesPerSecond, who);
   p.tokens_per_second = value_of(s, mn::kTrainTokensPerSecond, who);
-  p.cpu_ratio = value_of(s, mn::kRankCpuUtilization, who);
+  p.cpu_cores = value_of(s, mn::kRankCpuCores, who);
   p.resident_memory = value_of(s, mn::kRankResidentMemory, who);
   const double steps = value_of(s, mn::kTrainStepsTotal, who);
   const double step_diff = steps - r.steps_total;  // NaN when either is unknown
@@ -330,7 +331,7 @@ Json MetricsHistory::Impl::rank_json(const RankKey& key, const RankSeries& r) co
     loss.push_back(number(p.loss));
     sps.push_back(number(p.samples_per_second));
     tps.push_back(number(p.tokens_per_second));
-    cpu.push_back(number(p.cpu_ratio));
+    cpu.push_back(number(p.cpu_cores));
     rss.push_back(number(p.resident_memory));
     for (size_t k = 0; k < kPhases.size(); ++k) phases[k].push_back(number(p.step_seconds[k]));
   }
@@ -338,7 +339,7 @@ Json MetricsHistory::Impl::rank_json(const RankKey& key, const RankSeries& r) co
   for (size_t k = 0; k < kPhases.size(); ++k) step[std::string(kPhases[k])] = phases[k];
   return {{"rank", key.second},   {"node_id", r.node_id},      {"t", t},
           {"loss", loss},         {"samples_per_second", sps}, {"tokens_per_second", tps},
-          {"step_seconds", step}, {"cpu_ratio", cpu},          {"resident_memory_bytes", rss}};
+          {"step_seconds", step}, {"cpu_cores", cpu},          {"resident_memory_bytes", rss}};
 }
 
 Json MetricsHistory::json(const std::vector<HistoryNodeInfo>& nodes,

@@ -253,7 +253,12 @@ bool is_virtual_block_device(const std::string& name) {
 bool is_partition_of(const std::string& name, const std::string& disk) {
   if (name.size() <= disk.size() || name.compare(0, disk.size(), disk) != 0) return false;
   std::string_view rest = std::string_view(name).substr(disk.size());
-  if (rest.front() == 'p') rest.remove_prefix(1);
+  // A disk whose name ends in a digit puts a 'p' before the partition's number (nvme0n1p2), so
+  // "nvme0n10" is a disk of its own, not a partition of "nvme0n1"; "sda1" has no 'p'.
+  if (std::isdigit(static_cast<unsigned char>(disk.back()))) {
+    if (rest.front() != 'p') return false;
+    rest.remove_prefix(1);
+  }
   return !rest.empty() &&
          std::all_of(rest.begin(), rest.end(), [](unsigned char c) { return std::isdigit(c); });
 }
@@ -475,7 +480,7 @@ struct NodeSampler::Impl {
                   "CPU seconds (user + system) a rank process used since it started.", p.labels,
                   stat->cpu_ticks / ticks_per_second);
       if (ratio)
-        add_gauge(out, name::kRankCpuUtilization,
+        add_gauge(out, name::kRankCpuCores,
                   "A rank process's CPU seconds per second between two samples (1 = one core "
                   "busy).",
                   p.labels, *ratio);

@@ -6,7 +6,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <string>
+
+#include "webdriver.h"
 
 namespace trainyard::test {
 
@@ -43,5 +48,37 @@ inline std::string node_state(const nlohmann::json& page, const std::string& id)
     if (n["id"] == id) return n["state"].get<std::string>();
   return "";
 }
+
+// Saves the page as build/test-artifacts/<name> when the test ends, whichever way it ends: a
+// failed assertion's screenshot is the one most worth having. save() returns the PNG's bytes.
+class ScreenshotAtExit {
+ public:
+  ScreenshotAtExit(WebDriver& browser, std::filesystem::path png)
+      : browser_(browser), png_(std::move(png)) {}
+  ScreenshotAtExit(const ScreenshotAtExit&) = delete;
+  ScreenshotAtExit& operator=(const ScreenshotAtExit&) = delete;
+  ~ScreenshotAtExit() {
+    if (saved_) return;
+    try {
+      save();
+    } catch (const std::exception& e) {
+      std::cout << "no screenshot: " << e.what() << "\n";
+    }
+  }
+
+  std::string save() {
+    const std::string bytes = browser_.screenshot_png();
+    std::filesystem::create_directories(png_.parent_path());
+    std::ofstream(png_, std::ios::binary) << bytes;
+    std::cout << "dashboard screenshot: " << png_.string() << "\n";
+    saved_ = true;
+    return bytes;
+  }
+
+ private:
+  WebDriver& browser_;  // outlives this: declared before it in the test
+  std::filesystem::path png_;
+  bool saved_ = false;
+};
 
 }  // namespace trainyard::test

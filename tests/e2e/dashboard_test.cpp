@@ -103,7 +103,7 @@ class SimulatedWorker {
          {phase(mn::kPhaseData, 0.02 * slowness_), phase(mn::kPhaseForward, 0.08),
           phase(mn::kPhaseBackward, 0.15), phase(mn::kPhaseCommunication, 0.04 * slowness_),
           phase(mn::kPhaseOptimizer, 0.03), phase(mn::kPhaseOther, 0.01)}},
-        {std::string(mn::kRankCpuUtilization), MetricType::kGauge, "", {{who, 0.97}}},
+        {std::string(mn::kRankCpuCores), MetricType::kGauge, "", {{who, 0.97}}},
         {std::string(mn::kRankResidentMemory), MetricType::kGauge, "", {{who, 3.5e9}}},
     };
   }
@@ -139,14 +139,13 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
             << "to run the dashboard's browser test.");
     }
   }
-  const auto started = std::chrono::steady_clock::now();
   test::TempDir dir;
   Head head(HeadOptions{.port = 0,
                         .token = kToken,
                         .state_dir = dir.path / "state",
                         .heartbeat_interval = std::chrono::milliseconds(200),
-                        .suspect_after = std::chrono::milliseconds(1'000),
-                        .dead_after = std::chrono::milliseconds(4'000),
+                        .suspect_after = std::chrono::milliseconds(2'000),
+                        .dead_after = std::chrono::milliseconds(6'000),
                         .tick_interval = std::chrono::milliseconds(100)});
   head.start();
   const std::map<std::string, std::string> auth = {
@@ -174,6 +173,8 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
   test::WebDriver browser(test::WebDriverOptions{.chromedriver = TRAINYARD_CHROMEDRIVER_PATH,
                                                  .chromium = TRAINYARD_CHROMIUM_PATH,
                                                  .work_dir = dir.path});
+  test::ScreenshotAtExit screenshot(
+      browser, std::filesystem::path(TRAINYARD_TEST_ARTIFACTS_DIR) / "dashboard.png");
   browser.navigate(head.url() + std::string(api::kDashboardPath) + "#token=" + kToken);
 
   // Every rank charted with at least two points (one refresh after a few heartbeats), both
@@ -238,15 +239,9 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
     }
   }
 
-  const std::filesystem::path png =
-      std::filesystem::path(TRAINYARD_TEST_ARTIFACTS_DIR) / "dashboard.png";
-  std::filesystem::create_directories(png.parent_path());
-  const std::string bytes = browser.screenshot_png();
+  const std::string bytes = screenshot.save();
   ASSERT_GT(bytes.size(), 8u);
   EXPECT_EQ(bytes.substr(1, 3), "PNG");
-  std::ofstream(png, std::ios::binary) << bytes;
-  std::cout << "dashboard screenshot: " << png.string() << "\n";
-  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(50));
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ Snapshot node_snapshot(
               {phase("data", 0.1 * steps), phase("forward", 0.2 * steps),
                phase("backward", 0.3 * steps), phase("communication", 0.05 * steps),
                phase("optimizer", optimizer_total), phase("other", 0)}),
-      gauge(mn::kRankCpuUtilization, {{who, 0.75}}),
+      gauge(mn::kRankCpuCores, {{who, 0.75}}),
       gauge(mn::kRankResidentMemory, {{who, 1e9}}),
   };
 }
@@ -86,7 +86,7 @@ TEST(MetricsHistoryTest, KnownSnapshotsGiveTheDocumentedJson) {
                                           "communication": [null, 0.05, null],
                                           "optimizer": [null, 0.2, null],
                                           "other": [null, 0.0, null]},
-                         "cpu_ratio": [0.75, 0.75, 0.75],
+                         "cpu_cores": [0.75, 0.75, 0.75],
                          "resident_memory_bytes": [1e9, 1e9, 1e9]}]}]
   })");
   // Floating-point differences (0.3 * 20 - 0.3 * 10) / 10 need not be exact: compare within 1e-12.
@@ -195,7 +195,10 @@ TEST(MetricsHistoryTest, HeadServesTheHistoryOfHeartbeats) {
   Head head(HeadOptions{.port = 0,
                         .token = "tok",
                         .state_dir = dir.path / "state",
-                        .heartbeat_interval = std::chrono::milliseconds(100)});
+                        .heartbeat_interval = std::chrono::milliseconds(100),
+                        // Far from the test's length: a loaded machine never makes n1 suspect.
+                        .suspect_after = std::chrono::milliseconds(5'000),
+                        .dead_after = std::chrono::milliseconds(10'000)});
   head.start();
   const std::map<std::string, std::string> auth = {{"Authorization", "Bearer tok"}};
   auto r = test::http("POST", head.url() + std::string(api::kNodesPath),

@@ -180,6 +180,7 @@ TEST(NodeSampler, DisksAreWholeDisksInBytes) {
   };
   proc.write("diskstats", line("sda", 100, 200) + line("sda1", 60, 150) + line("sda2", 40, 50) +
                               line("nvme0n1", 10, 20) + line("nvme0n1p1", 10, 20) +
+                              line("nvme0n10", 11, 0) +  // a disk of its own, not a partition
                               line("mmcblk0", 3, 4) + line("mmcblk0p1", 3, 4) + line("sdb", 7, 0) +
                               line("loop0", 5, 5) + line("ram0", 0, 0) + line("dm-0", 50, 50) +
                               line("md0", 9, 9) + line("zram0", 1, 1));
@@ -190,11 +191,12 @@ TEST(NodeSampler, DisksAreWholeDisksInBytes) {
   EXPECT_DOUBLE_EQ(find_value(s, name::kNodeDiskRead, {{"device", "nvme0n1"}}), 10 * 512.0);
   EXPECT_DOUBLE_EQ(find_value(s, name::kNodeDiskWritten, {{"device", "mmcblk0"}}), 4 * 512.0);
   EXPECT_DOUBLE_EQ(find_value(s, name::kNodeDiskRead, {{"device", "sdb"}}), 7 * 512.0);
+  EXPECT_DOUBLE_EQ(find_value(s, name::kNodeDiskRead, {{"device", "nvme0n10"}}), 11 * 512.0);
   const Family* read = find_family(s, name::kNodeDiskRead);
   ASSERT_NE(read, nullptr);
   std::vector<std::string> devices;
   for (const Sample& sample : read->samples) devices.push_back(sample.labels.at(0).second);
-  EXPECT_EQ(devices, (std::vector<std::string>{"sda", "nvme0n1", "mmcblk0", "sdb"}));
+  EXPECT_EQ(devices, (std::vector<std::string>{"sda", "nvme0n1", "nvme0n10", "mmcblk0", "sdb"}));
   EXPECT_EQ(read->type, MetricType::kCounter);
 }
 
@@ -238,7 +240,7 @@ TEST(NodeSampler, WatchedProcessesFromAFakeTree) {
   Snapshot s = sampler.sample(watched);
   EXPECT_DOUBLE_EQ(find_value(s, name::kRankCpuSeconds, rank3), 5.0);
   // First seen: the average since it started 10 s after boot, 10 s ago.
-  EXPECT_DOUBLE_EQ(find_value(s, name::kRankCpuUtilization, rank3), 0.5);
+  EXPECT_DOUBLE_EQ(find_value(s, name::kRankCpuCores, rank3), 0.5);
   EXPECT_DOUBLE_EQ(find_value(s, name::kRankResidentMemory, rank3), 2500 * kPage);
   EXPECT_EQ(find_family(s, name::kRankCpuSeconds)->samples.size(), 1u);  // 1300, 9999 left out
   EXPECT_EQ(find_family(s, name::kRankCpuSeconds)->type, MetricType::kCounter);
@@ -249,7 +251,7 @@ TEST(NodeSampler, WatchedProcessesFromAFakeTree) {
              pid_stat(1234, "evil) x (name", 'S', 6 * kTicks, 2 * kTicks, 10 * kTicks, 3000));
   s = sampler.sample(watched);
   EXPECT_DOUBLE_EQ(find_value(s, name::kRankCpuSeconds, rank3), 8.0);
-  EXPECT_DOUBLE_EQ(find_value(s, name::kRankCpuUtilization, rank3), 1.5);
+  EXPECT_DOUBLE_EQ(find_value(s, name::kRankCpuCores, rank3), 1.5);
   EXPECT_DOUBLE_EQ(find_value(s, name::kRankResidentMemory, rank3), 3000 * kPage);
 
   // The process exits: its samples go, and no error.
@@ -284,7 +286,7 @@ TEST(NodeSampler, RealBusyChildReadsTheCpuItRan) {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   s = sampler.sample(watched);
-  const double ratio = find_value(s, name::kRankCpuUtilization, labels);
+  const double ratio = find_value(s, name::kRankCpuCores, labels);
   const double cpu_after = find_value(s, name::kRankCpuSeconds, labels);
   kill(child, SIGKILL);
   int status = 0;
@@ -315,7 +317,7 @@ TEST(NodeSampler, RealBusyChildReadsTheCpuItRan) {
   // Reaped: left out, no error.
   s = sampler.sample(watched);
   EXPECT_EQ(find_family(s, name::kRankCpuSeconds), nullptr);
-  EXPECT_EQ(find_family(s, name::kRankCpuUtilization), nullptr);
+  EXPECT_EQ(find_family(s, name::kRankCpuCores), nullptr);
 }
 
 TEST(NodeSampler, NoNvmlMeansNoGpuFamilies) {

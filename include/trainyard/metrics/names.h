@@ -78,7 +78,9 @@ inline constexpr std::string_view kRestarts = "trainyard_restarts";
 // --- per rank process, measured by the agent from /proc ------------------------------------------
 inline constexpr std::string_view kRankResidentMemory = "trainyard_rank_resident_memory_bytes";
 inline constexpr std::string_view kRankCpuSeconds = "trainyard_rank_cpu_seconds_total";
-inline constexpr std::string_view kRankCpuUtilization = "trainyard_rank_cpu_utilization_ratio";
+// gauge: CPU cores the process kept busy between two samples (1.5 = one and a half cores). Not a
+// _ratio: a rank with four busy threads reads 4.
+inline constexpr std::string_view kRankCpuCores = "trainyard_rank_cpu_cores";
 
 // --- node (worker or standalone agent) -----------------------------------------------------------
 inline constexpr std::string_view kNodeCpus =
