@@ -28,8 +28,18 @@ namespace head_detail {
 
 using json = nlohmann::json;
 
+// Note [Head time]: the head's clock for heartbeat ages, node states and the metrics history is
+// the wall time at the head's start plus a steady clock's elapsed time. It reads as wall time
+// (the dashboard shows it), yet a system clock stepped by NTP neither declares every node dead
+// (a jump forward) nor freezes the history until the clock catches up (a jump back).
 inline double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  using namespace std::chrono;
+  static const struct {
+    system_clock::time_point wall = system_clock::now();
+    steady_clock::time_point steady = steady_clock::now();
+  } start;
+  return duration<double>(start.wall.time_since_epoch() + (steady_clock::now() - start.steady))
+      .count();
 }
 
 inline int64_t now_ms() {
