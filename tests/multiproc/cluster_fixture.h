@@ -21,9 +21,17 @@ namespace trainyard::mptest {
 
 class ClusterFixture {
  public:
-  // Fast heartbeats so that node deaths are seen within seconds.
+  // Fast heartbeats so that node deaths are seen within seconds (suspect after 3 missed ones).
   static constexpr const char* kHeartbeat = "0.5";
   static constexpr const char* kDeadAfter = "3";
+
+  // The head's --heartbeat-interval and --dead-after (seconds), for tests that start it later and
+  // load the machine enough (a browser, Prometheus, training ranks) that a 1.5 s silence can
+  // happen without any node being unhealthy.
+  void set_heartbeat(std::string interval, std::string dead_after) {
+    heartbeat_ = std::move(interval);
+    dead_after_ = std::move(dead_after);
+  }
 
   ClusterFixture(std::string cli, const std::filesystem::path& dir)
       : cli_(std::move(cli)), dir_(dir), token_file_(dir / "token") {
@@ -56,9 +64,9 @@ class ClusterFixture {
                                      "--state-dir",
                                      (dir_ / "head").string(),
                                      "--heartbeat-interval",
-                                     kHeartbeat,
+                                     heartbeat_,
                                      "--dead-after",
-                                     kDeadAfter};
+                                     dead_after_};
     argv.insert(argv.end(), extra.begin(), extra.end());
     head_ = spawn("head", prefix, argv);
   }
@@ -164,6 +172,8 @@ class ClusterFixture {
   std::filesystem::path dir_;
   std::filesystem::path token_file_;
   std::string token_;
+  std::string heartbeat_ = kHeartbeat;
+  std::string dead_after_ = kDeadAfter;
   int port_ = 0;
   std::unique_ptr<elastic::Subprocess> head_;
   std::map<std::string, std::unique_ptr<elastic::Subprocess>> workers_;

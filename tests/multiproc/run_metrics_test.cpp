@@ -4,10 +4,14 @@
 // rank, beside the node's own families and the ranks' processes.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 
+#include "../prerequisite.h"
 #include "multiproc_util.h"
 #include "trainyard/cluster/node_resources.h"
 #include "trainyard/net/http_client.h"
@@ -16,6 +20,8 @@ namespace trainyard::mptest {
 namespace {
 
 using namespace std::chrono_literals;
+
+constexpr const char* kPromtool = "/usr/bin/promtool";
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -38,7 +44,9 @@ TEST(RunMetrics, ServesTheNodesAndTheRanksMetricsWhileTheyRun) {
       const auto r = client.perform(net::HttpRequest{
           .method = "GET", .url = "http://127.0.0.1:" + std::to_string(port) + "/metrics"});
       body = r.body;
-      if (r.status == 200 && has(body, "trainyard_train_loss" + rank1) &&
+      if (r.status == 200 && has(body, "trainyard_train_loss" + rank0) &&
+          has(body, "trainyard_train_loss" + rank1) &&
+          has(body, "trainyard_rank_resident_memory_bytes" + rank0) &&
           has(body, "trainyard_rank_resident_memory_bytes" + rank1)) {
         break;
       }
@@ -53,6 +61,19 @@ TEST(RunMetrics, ServesTheNodesAndTheRanksMetricsWhileTheyRun) {
   EXPECT_TRUE(has(body, "trainyard_rank_resident_memory_bytes" + rank0)) << body;
   EXPECT_TRUE(has(body, "trainyard_node_cpu_utilization_ratio{node=\"" + node + "\"}")) << body;
   EXPECT_TRUE(has(body, "# TYPE trainyard_train_steps_total counter")) << body;
+  // Prometheus' own linter finds nothing wrong with the text (Debian's prometheus ships promtool).
+  if (access(kPromtool, X_OK) == 0) {
+    TempDir dir;
+    std::ofstream(dir.path() / "scrape.txt") << body;
+    const RunOutput lint = run_program({"/bin/sh", "-c",
+                                        std::string(kPromtool) + " check metrics < '" +
+                                            (dir.path() / "scrape.txt").string() + "' 2>&1"},
+                                       {}, 20s);
+    EXPECT_EQ(lint.status.exit_code, 0) << lint.out << lint.err;
+    EXPECT_EQ(lint.out, "") << body;
+  } else if (test::running_under_ci()) {
+    ADD_FAILURE() << kPromtool << " is missing under CI: scripts/setup.sh installs prometheus.";
+  }
   const RunOutput done = collect(run, 20s);
   EXPECT_EQ(done.status.exit_code, 0) << done.out << done.err;
   EXPECT_TRUE(has(done.err, "/metrics")) << "the endpoint is announced: " << done.err;

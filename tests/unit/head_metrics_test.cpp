@@ -228,7 +228,7 @@ TEST_F(HeadMetricsTest, RequiresTheToken) {
 }
 
 TEST_F(HeadMetricsTest, ADeadNodesSeriesLeave) {
-  start("metrics-token", milliseconds(200), milliseconds(600));
+  start("metrics-token", milliseconds(1'000), milliseconds(2'000));
   register_node("n1");
   register_node("n2");
   heartbeat("n1", as_json(worker_snapshot(0.25, "job-a", 0, 2.5)));

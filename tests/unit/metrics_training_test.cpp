@@ -158,7 +158,7 @@ TEST_P(CollectiveMetrics, AWaitOnASlowPeerIsCommunicationInTheStepTimer) {
   EXPECT_LT(times[0][Phase::kBackward], kLate / 2);  // the wait is not left in backward
   EXPECT_NEAR(times[0][Phase::kCommunication], blocked[0], 1e-9);
   EXPECT_GE(times[1][Phase::kBackward], kLate);
-  EXPECT_LT(times[1][Phase::kCommunication], 0.1);
+  EXPECT_LT(times[1][Phase::kCommunication], kLate / 2);  // slack for a loaded machine
   for (const auto& t : times)
     EXPECT_NEAR(t.total, t[Phase::kBackward] + t[Phase::kCommunication] + t[Phase::kData], 1e-12);
   const auto d = OpReading::of(name::kOpAllReduce) - before;
