@@ -134,6 +134,8 @@ struct RunOutput {
 inline std::vector<RunOutput> collect_all(std::vector<elastic::Subprocess*> children,
                                           std::chrono::milliseconds timeout) {
   std::vector<RunOutput> results(children.size());
+  // Not `elapsed > 0`: a child done within a millisecond of the start has elapsed 0 ms.
+  std::vector<bool> done(children.size(), false);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   const auto finished = [](elastic::Subprocess& c) {
@@ -146,8 +148,9 @@ inline std::vector<RunOutput> collect_all(std::vector<elastic::Subprocess*> chil
     bool all_done = true;
     for (std::size_t i = 0; i < children.size(); ++i) {
       elastic::Subprocess& c = *children[i];
-      if (results[i].elapsed.count() > 0) continue;
+      if (done[i]) continue;
       if (finished(c)) {
+        done[i] = true;
         results[i].elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
             std::chrono::steady_clock::now() - start);
         continue;
@@ -180,7 +183,7 @@ inline std::vector<RunOutput> collect_all(std::vector<elastic::Subprocess*> chil
   }
   for (std::size_t i = 0; i < children.size(); ++i) {
     RunOutput& r = results[i];
-    if (r.elapsed.count() == 0) {
+    if (!done[i]) {
       r.timed_out = true;
       children[i]->terminate(std::chrono::milliseconds(1000));
       r.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(

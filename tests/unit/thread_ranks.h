@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <latch>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,11 +30,15 @@ inline void run_thread_ranks(
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
+  // Every rank keeps its group until all are done: a rank whose body ends at once (an argument
+  // check that throws before any collective) would otherwise close its Gloo pairs while a slower
+  // rank is still connecting to it ("Connection closed by peer").
+  std::latch all_done(world);
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
+      c10::intrusive_ptr<c10d::ProcessGroup> pg;
       try {
-        c10::intrusive_ptr<c10d::ProcessGroup> pg =
-            make_gloo_group(store, r, world, InitOptions{.timeout = options.timeout});
+        pg = make_gloo_group(store, r, world, InitOptions{.timeout = options.timeout});
         if (options.shm) {
           pg = c10::make_intrusive<ShmProcessGroup>(
               store, r, world, pg,
@@ -43,6 +48,7 @@ inline void run_thread_ranks(
       } catch (...) {
         errors[r] = std::current_exception();
       }
+      all_done.arrive_and_wait();
     });
   }
   for (auto& t : threads) t.join();
