@@ -425,8 +425,8 @@ void metrics_part(const Options& o, const fs::path& dir) {
       if (round.fetch_add(1) == 0) rss_after_first = rss_bytes();
       const auto next = round_start + std::chrono::milliseconds(o.heartbeat_every_ms);
       while (!stop.load() && Clock::now() < next)
-        std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100),
-                                                              next - Clock::now()));
+        std::this_thread::sleep_for(
+            std::min<Clock::duration>(std::chrono::milliseconds(100), next - Clock::now()));
     }
   });
   while (round.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -476,9 +476,9 @@ void metrics_part(const Options& o, const fs::path& dir) {
               rounds[0][0].size(), percentile(heartbeat_ms, 0.5), percentile(heartbeat_ms, 0.99),
               heartbeat_ms.back());
   std::printf("%-22s %9zu %10zu %8.2f %8.2f %8.2f  (%zu of %d points per series)\n",
-              "GET metrics/history", history_ms.size(), history_bytes,
-              percentile(history_ms, 0.5), percentile(history_ms, 0.99), history_ms.back(),
-              history_points, MetricsHistoryOptions::kDefaultPoints);
+              "GET metrics/history", history_ms.size(), history_bytes, percentile(history_ms, 0.5),
+              percentile(history_ms, 0.99), history_ms.back(), history_points,
+              MetricsHistoryOptions::kDefaultPoints);
   // What of the growth is memory the allocator keeps for reuse (glibc keeps an arena per HTTP
   // thread that parsed a body or rendered a scrape) rather than memory the head holds.
   malloc_trim(0);

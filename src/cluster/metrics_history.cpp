@@ -129,7 +129,9 @@ double value_of(const metrics::Snapshot& s, std::string_view name, const metrics
 }
 
 std::optional<int> parse_rank(const std::string& s) {
-  if (s.empty() || s.size() > 9 || !std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); })) return std::nullopt;
+  if (s.empty() || s.size() > 9 ||
+      !std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); }))
+    return std::nullopt;
   return std::stoi(s);
 }
 
