@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
   libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev libcivetweb-dev
   libicu-dev                                       # Unicode for the tokenizer (NFC, classes)
+  libturbojpeg0-dev libpng-dev                     # JPEG and PNG for the ImageFolder dataset
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   dataset-fashion-mnist fortunes                   # data sets
   python3-torch python3-torchvision                # the Python peer for comparisons

@@ -1,0 +1,269 @@
+#include "trainyard/data/image_folder.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "trainyard/error.h"
+#include "trainyard/log.h"
+
+namespace trainyard::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool has_image_extension(const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return std::any_of(std::begin(kImageExtensions), std::end(kImageExtensions),
+                     [&](const std::string& ext) { return lower.ends_with(ext); });
+}
+
+std::string extension_list() {
+  std::string out;
+  for (const char* ext : kImageExtensions) out += (out.empty() ? "" : " ") + std::string(ext);
+  return out;
+}
+
+// The images under one class folder, in torchvision's order: sorted(os.walk(folder)) sorts the
+// folders by path, then each folder's file names are sorted. Byte order of UTF-8 names is
+// Python's code point order.
+std::vector<std::string> scan_class_folder(const fs::path& folder) {
+  std::vector<std::pair<std::string, std::string>> found;  // (folder path, file name)
+  std::error_code ec;
+  const auto walk_options = fs::directory_options::follow_directory_symlink |
+                            fs::directory_options::skip_permission_denied;
+  fs::recursive_directory_iterator it(folder, walk_options, ec);
+  TY_CHECK_T(Error, !ec, "Cannot list ", folder.string(), ": ", ec.message(), ".");
+  for (const fs::recursive_directory_iterator end; it != end; it.increment(ec)) {
+    TY_CHECK_T(Error, !ec, "Cannot list ", folder.string(), ": ", ec.message(), ".");
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) continue;
+    const std::string name = it->path().filename().string();
+    if (has_image_extension(name)) found.emplace_back(it->path().parent_path().string(), name);
+  }
+  TY_CHECK_T(Error, !ec, "Cannot list ", folder.string(), ": ", ec.message(), ".");
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  paths.reserve(found.size());
+  for (const auto& [dir, name] : found) paths.push_back(dir + "/" + name);
+  return paths;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+}  // namespace
+
+// --- ImageFolder ------------------------------------------------------------------------------
+
+struct ImageFolder::State {
+  explicit State(std::size_t size) : corrupt(new std::atomic<bool>[size]()) {}
+
+  std::atomic<std::int64_t> decoded{0};
+  std::atomic<std::int64_t> skipped{0};
+  std::atomic<std::int64_t> corrupt_files{0};
+  std::unique_ptr<std::atomic<bool>[]> corrupt;  // per sample: its file could not be decoded
+};
+
+ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
+    : root_(std::move(root)), options_(options) {
+  const std::string layout_hint =
+      " HINT: ImageFolder expects torchvision's layout, root/<class>/<image>: one folder per "
+      "class holding its images (" +
+      extension_list() + ").";
+  std::error_code ec;
+  TY_CHECK(fs::exists(root_, ec), "The ImageFolder root ", root_, " does not exist.", layout_hint);
+  TY_CHECK(fs::is_directory(root_, ec), "The ImageFolder root ", root_, " is not a folder.",
+           layout_hint);
+  fs::directory_iterator it(root_, ec);
+  TY_CHECK_T(Error, !ec, "Cannot list ", root_, ": ", ec.message(), ".");
+  for (const fs::directory_iterator end; it != end; it.increment(ec)) {
+    TY_CHECK_T(Error, !ec, "Cannot list ", root_, ": ", ec.message(), ".");
+    std::error_code type_ec;
+    if (it->is_directory(type_ec)) classes_.push_back(it->path().filename().string());
+  }
+  std::sort(classes_.begin(), classes_.end());
+  TY_CHECK(!classes_.empty(), "The ImageFolder root ", root_, " has no class folders.",
+           layout_hint);
+
+  std::vector<std::string> empty_classes;
+  for (std::size_t c = 0; c < classes_.size(); ++c) {
+    auto paths = scan_class_folder(fs::path(root_) / classes_[c]);
+    if (paths.empty()) empty_classes.push_back(classes_[c]);
+    for (auto& path : paths)
+      samples_.push_back({.path = std::move(path), .label = static_cast<std::int64_t>(c)});
+  }
+  TY_CHECK(!samples_.empty(), "The ImageFolder root ", root_, " holds no images: none of its ",
+           classes_.size(), " class folders (", join(classes_), ") has a file ending in ",
+           extension_list(), ".", layout_hint);
+  TY_CHECK(empty_classes.empty(), "The ImageFolder root ", root_, " has ", empty_classes.size(),
+           " class folder(s) without images: ", join(empty_classes),
+           ". HINT: remove them or add images (", extension_list(),
+           "); an empty class would still take a label index.");
+  state_ = std::make_unique<State>(samples_.size());
+}
+
+ImageFolder::~ImageFolder() = default;
+ImageFolder::ImageFolder(ImageFolder&&) noexcept = default;
+ImageFolder& ImageFolder::operator=(ImageFolder&&) noexcept = default;
+
+ImageFolder::Loaded ImageFolder::load(std::int64_t index) const {
+  const std::int64_t n = size();
+  TY_CHECK(index >= 0 && index < n, "ImageFolder::load: index ", index, " is outside [0, ", n,
+           ").");
+  for (std::int64_t k = 0; k < n; ++k) {
+    const std::int64_t i = (index + k) % n;
+    if (state_->corrupt[i].load(std::memory_order_relaxed)) continue;
+    try {
+      RgbImage image = decode_image_file(samples_[i].path);
+      state_->decoded.fetch_add(1, std::memory_order_relaxed);
+      if (k > 0) state_->skipped.fetch_add(1, std::memory_order_relaxed);
+      return {.image = std::move(image), .label = samples_[i].label, .index = i};
+    } catch (const Error& e) {  // unreadable (Error) or undecodable (CorruptDataError)
+      if (options_.strict) throw;
+      if (!state_->corrupt[i].exchange(true)) {
+        state_->corrupt_files.fetch_add(1, std::memory_order_relaxed);
+        std::string reason = e.what();
+        if (!reason.ends_with('.')) reason += '.';
+        logger("data")->warn("{} Skipped: its samples are replaced by the next image that decodes.",
+                             reason);
+      }
+    }
+  }
+  throw CorruptDataError(detail::concat("None of the ", n, " images under ", root_,
+                                        " could be decoded (the warnings above name them)."));
+}
+
+ImageFolderStats ImageFolder::stats() const {
+  return {.decoded = state_->decoded.load(),
+          .skipped = state_->skipped.load(),
+          .corrupt_files = state_->corrupt_files.load()};
+}
+
+// --- ImageFolderLoader ------------------------------------------------------------------------
+// Note [Loader order]
+// Samples are claimed one at a time in the order of `indices`, by whichever thread is free, but
+// only from the prefetch_batches batches after the last one consumed. The first claim of a batch
+// allocates its tensors; each thread writes its sample into its row, so rows keep their places
+// whatever order the samples finish in, and the consumer takes a batch once all its rows are
+// written. A sample's content depends only on (seed, epoch, index) and the files, so the batches
+// are the same for any number of threads.
+
+void ImageLoaderOptions::validate() const {
+  TY_CHECK(batch_size >= 1, "ImageLoaderOptions.batch_size must be >= 1, got ", batch_size, ".");
+  TY_CHECK(threads >= 1, "ImageLoaderOptions.threads (--loader-threads) must be >= 1, got ",
+           threads, ".");
+  TY_CHECK(prefetch_batches >= 1, "ImageLoaderOptions.prefetch_batches must be >= 1, got ",
+           prefetch_batches, ".");
+  transform.validate();
+}
+
+ImageFolderLoader::ImageFolderLoader(const ImageFolder& dataset,
+                                     std::vector<std::int64_t> indices,
+                                     ImageLoaderOptions options)
+    : dataset_(dataset), indices_(std::move(indices)), options_(std::move(options)) {
+  options_.validate();
+  for (const auto index : indices_)
+    TY_CHECK(index >= 0 && index < dataset_.size(), "ImageFolderLoader: index ", index,
+             " is outside the data set's [0, ", dataset_.size(), ").");
+  const auto n = static_cast<std::int64_t>(indices_.size());
+  const auto b = options_.batch_size;
+  num_batches_ = options_.drop_last ? n / b : (n + b - 1) / b;
+  num_positions_ = std::min(n, num_batches_ * b);
+  try {
+    for (int t = 0; t < options_.threads; ++t) threads_.emplace_back([this] { work(); });
+  } catch (...) {
+    stop_threads();
+    throw;
+  }
+}
+
+ImageFolderLoader::~ImageFolderLoader() {
+  stop_threads();
+}
+
+void ImageFolderLoader::stop_threads() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  for (auto& thread : threads_)
+    if (thread.joinable()) thread.join();
+}
+
+std::int64_t ImageFolderLoader::batch_rows(std::int64_t batch) const {
+  return std::min(options_.batch_size, num_positions_ - batch * options_.batch_size);
+}
+
+void ImageFolderLoader::work() {
+  const std::int64_t b = options_.batch_size;
+  const std::int64_t size = options_.transform.size;
+  const std::int64_t image_floats = 3 * size * size;
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] {
+      return stop_ || error_ != nullptr || next_position_ >= num_positions_ ||
+             next_position_ / b < consumed_ + options_.prefetch_batches;
+    });
+    if (stop_ || error_ != nullptr || next_position_ >= num_positions_) return;
+    const std::int64_t position = next_position_++;
+    const std::int64_t batch = position / b;
+    const std::int64_t row = position % b;
+    if (batch - consumed_ == static_cast<std::int64_t>(pending_.size())) {
+      const std::int64_t rows = batch_rows(batch);
+      pending_.push_back({.batch = {.inputs = torch::empty({rows, 3, size, size}, torch::kFloat32),
+                                    .targets = torch::empty({rows}, torch::kInt64)},
+                          .remaining = rows});
+    }
+    // The tensors stay alive in pending_ until this row is written and the batch consumed.
+    Batch& slot = pending_[static_cast<std::size_t>(batch - consumed_)].batch;
+    float* image_out = slot.inputs.data_ptr<float>() + row * image_floats;
+    std::int64_t* label_out = slot.targets.data_ptr<std::int64_t>() + row;
+    const std::int64_t index = indices_[static_cast<std::size_t>(position)];
+    lock.unlock();
+
+    try {
+      ImageFolder::Loaded loaded = dataset_.load(index);
+      SampleRandom random(options_.seed, options_.epoch, index);
+      const RgbImage image = transform_image(loaded.image, options_.transform, random);
+      to_normalized_chw(image, options_.transform.mean, options_.transform.stddev, image_out);
+      *label_out = loaded.label;
+    } catch (...) {
+      lock.lock();
+      if (error_ == nullptr) error_ = std::current_exception();
+      changed_.notify_all();
+      return;
+    }
+
+    lock.lock();
+    if (--pending_[static_cast<std::size_t>(batch - consumed_)].remaining == 0)
+      changed_.notify_all();
+  }
+}
+
+std::optional<Batch> ImageFolderLoader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (consumed_ >= num_batches_) return std::nullopt;
+  auto front_ready = [&] { return !pending_.empty() && pending_.front().remaining == 0; };
+  changed_.wait(lock, [&] { return front_ready() || error_ != nullptr; });
+  if (!front_ready()) std::rethrow_exception(error_);
+  Batch batch = std::move(pending_.front().batch);
+  pending_.pop_front();
+  ++consumed_;
+  lock.unlock();
+  changed_.notify_all();
+  return batch;
+}
+
+}  // namespace trainyard::data
