@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "tools/bench_command.h"
 #include "tools/cluster_commands.h"
 #include "tools/daemon_commands.h"
 #include "tools/export_command.h"
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   trainyard::cli::add_export_command(app, exit_code);
   trainyard::cli::add_plan_command(app, exit_code);
   trainyard::cli::add_tokenize_command(app, exit_code);
+  trainyard::cli::add_bench_command(app, exit_code);
   trainyard::cli::add_daemon_commands(app, exit_code);
   trainyard::cli::add_cluster_commands(app, exit_code);
   try {

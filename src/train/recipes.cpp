@@ -4,8 +4,10 @@
 
 #include "trainyard/data/fashion_mnist.h"
 #include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/image_model.h"
 #include "trainyard/train/causal_lm.h"
 #include "trainyard/train/fashion_mnist.h"
+#include "trainyard/train/image_folder_recipe.h"
 #include "trainyard/train/recipe.h"
 
 namespace trainyard::train {
@@ -58,6 +60,45 @@ class FashionMnistRecipe final : public RecipeOf<FashionMnistOptions> {
   void run_rank() override { run_fashion_mnist_rank(resolved()); }
 };
 
+class ImageFolderRecipe final : public RecipeOf<ImageFolderRecipeOptions> {
+ public:
+  std::string name() const override { return "image-folder"; }
+  std::string summary() const override {
+    return "A torchvision image classifier (ResNet, EfficientNet) on DIR/train and DIR/val in "
+           "ImageFolder layout, as ImageNet is arranged, with DistributedDataParallel and top-1 / "
+           "top-5 accuracy on val/ after each epoch. Run bare it starts --workers local ranks "
+           "itself; under `trainyard run` it is one rank of that job.";
+  }
+  void add_flags(CLI::App& c) override {
+    std::string models;
+    for (const auto& m : models::image_model_names()) models += (models.empty() ? "" : ", ") + m;
+    c.add_option("--data", options_.data,
+                 "The folder holding train/ and val/, each with one folder of images per class");
+    c.add_option("--model", options_.model, "The model: " + models)->capture_default_str();
+    c.add_option("--image-size", options_.image_size,
+                 "Side of the training and evaluation crops, pixels (eval resizes to "
+                 "size * 256 / 224 first)")
+        ->capture_default_str();
+    c.add_option("--loader-threads", options_.loader_threads, "Image decoding threads per rank")
+        ->capture_default_str();
+    c.add_flag("--strict", options_.strict,
+               "Stop at an image that cannot be decoded instead of skipping it");
+    c.add_option("--epochs", options_.epochs, "Passes over train/")->capture_default_str();
+    c.add_option("--batch-size", options_.batch_size, "Batch size per rank")->capture_default_str();
+    c.add_option("--lr", options_.lr, "Adam learning rate")->capture_default_str();
+    c.add_option("--limit", options_.limit, "Train on N images spread evenly over train/ (-1: all)")
+        ->capture_default_str();
+    c.add_option("--val-limit", options_.val_limit,
+                 "Evaluate on N images spread evenly over val/ (-1: all)")
+        ->capture_default_str();
+    c.add_option("--bucket-cap-mb", options_.bucket_cap_mb, "DDP gradient bucket size in MiB")
+        ->capture_default_str();
+    c.add_option("--seed", options_.seed, "Seed for initialisation, shuffling and augmentation")
+        ->capture_default_str();
+  }
+  void run_rank() override { run_image_folder_rank(resolved()); }
+};
+
 class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
  public:
   std::string name() const override { return "causal-lm"; }
@@ -107,6 +148,7 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
 std::vector<std::unique_ptr<Recipe>> builtin_recipes() {
   std::vector<std::unique_ptr<Recipe>> out;
   out.push_back(std::make_unique<FashionMnistRecipe>());
+  out.push_back(std::make_unique<ImageFolderRecipe>());
   out.push_back(std::make_unique<CausalLmRecipe>());
   return out;
 }

@@ -36,7 +36,7 @@ class Recipe {
   bool progress = true;  // a progress bar on rank 0 when the output is a terminal
 };
 
-// fashion-mnist, causal-lm: fresh objects holding their defaults.
+// fashion-mnist, image-folder, causal-lm: fresh objects holding their defaults.
 std::vector<std::unique_ptr<Recipe>> builtin_recipes();
 
 }  // namespace trainyard::train
