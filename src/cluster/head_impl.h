@@ -186,7 +186,8 @@ struct Head::Impl {
   JobRecord& find_job(const std::string& id);
   json status_snapshot();
   // The history API's answer (`mu` not held; takes it).
-  json metrics_history(const std::optional<std::string>& job);
+  // max_points: 0 for every point, else each series thinned (Note [Thinned history]).
+  json metrics_history(const std::optional<std::string>& job, std::size_t max_points);
   void add_routes();
 
   // --- metrics (head_metrics.cpp) ----------------------------------------------------------------

@@ -1,3 +1,5 @@
+#include <cctype>
+
 #include "cluster/dashboard.h"
 #include "cluster/head_impl.h"
 #include "trainyard/cluster/auth.h"
@@ -297,7 +299,19 @@ void Head::Impl::add_routes() {
   s.route("GET", std::string(api::kMetricsHistoryPath), [this](const net::ServerRequest& req) {
     std::optional<std::string> job;
     if (auto q = req.query.find("job"); q != req.query.end()) job = q->second;
-    return json_response(metrics_history(job));
+    std::size_t max_points = 0;  // all; see Note [Thinned history]
+    if (auto q = req.query.find("max_points"); q != req.query.end()) {
+      const std::string& v = q->second;
+      const bool digits =
+          !v.empty() && v.size() <= 6 &&
+          std::all_of(v.begin(), v.end(), [](unsigned char c) { return std::isdigit(c); });
+      if (!digits || std::stoul(v) < 2) {
+        throw net::HttpStatusError(
+            400, "max_points must be a whole number from 2 to 999999; got '" + v + "'.");
+      }
+      max_points = std::stoul(v);
+    }
+    return json_response(metrics_history(job, max_points));
   });
 
   s.route("GET", std::string(api::kDashboardPath),
@@ -339,7 +353,7 @@ void Head::Impl::add_routes() {
   });
 }
 
-json Head::Impl::metrics_history(const std::optional<std::string>& job) {
+json Head::Impl::metrics_history(const std::optional<std::string>& job, std::size_t max_points) {
   std::vector<HistoryNodeInfo> node_info;
   std::vector<HistoryJobInfo> job_info;
   const double now = now_seconds();
@@ -355,7 +369,7 @@ json Head::Impl::metrics_history(const std::optional<std::string>& job) {
     }
   }
   return history->json(node_info, job_info, job, now,
-                       std::chrono::duration<double>(o.heartbeat_interval).count());
+                       std::chrono::duration<double>(o.heartbeat_interval).count(), max_points);
 }
 
 }  // namespace trainyard::cluster

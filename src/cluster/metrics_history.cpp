@@ -164,8 +164,8 @@ struct MetricsHistory::Impl {
                    double time,
                    const metrics::Snapshot& s);
   void prune();
-  Json node_json(const NodeSeries* series) const;
-  Json rank_json(const RankKey& key, const RankSeries& series) const;
+  Json node_json(const NodeSeries* series, std::size_t max_points) const;
+  Json rank_json(const RankKey& key, const RankSeries& series, std::size_t max_points) const;
 };
 
 MetricsHistory::MetricsHistory(MetricsHistoryOptions options) : impl_(std::make_unique<Impl>()) {
@@ -283,13 +283,31 @@ void MetricsHistory::Impl::prune() {
   }
 }
 
-Json MetricsHistory::Impl::node_json(const NodeSeries* series) const {
+// Note [Thinned history]
+// A full history is large: 16 nodes of 8 ranks with 900 points per series come to 11.5 MB of JSON
+// (docs/BENCHMARKS.md), too much for a page that polls every 2 s. The dashboard asks for
+// ?max_points=N instead: every k-th point with k = ceil(n / N), counted back from the newest, so
+// the newest point is always there, the whole window is still spanned, and a thinned series keeps
+// its shape (a gauge's value and a step time at each kept moment are exact, not averaged).
+namespace {
+std::vector<size_t> thinned(size_t n, size_t max_points) {
+  std::vector<size_t> kept;
+  if (n == 0) return kept;
+  const size_t stride = max_points == 0 || n <= max_points ? 1 : (n + max_points - 1) / max_points;
+  for (size_t back = 0; back < n; back += stride) kept.push_back(n - 1 - back);
+  std::reverse(kept.begin(), kept.end());
+  return kept;
+}
+}  // namespace
+
+Json MetricsHistory::Impl::node_json(const NodeSeries* series, std::size_t max_points) const {
   Json t = Json::array(), cpu = Json::array(), mem = Json::array(), gpus = Json::array();
   Json out = {{"cpus", nullptr}, {"memory_total_bytes", nullptr}};
   if (series) {
     const auto& pts = series->points;
+    const std::vector<size_t> kept = thinned(pts.size(), max_points);
     std::set<std::string> gpu_ids;
-    for (size_t i = 0; i < pts.size(); ++i) {
+    for (size_t i : kept) {
       t.push_back(pts[i].t);
       cpu.push_back(number(pts[i].cpu_ratio));
       mem.push_back(number(pts[i].memory_used));
@@ -302,7 +320,7 @@ Json MetricsHistory::Impl::node_json(const NodeSeries* series) const {
     for (const std::string& id : gpu_ids) {
       Json util = Json::array(), used = Json::array();
       double total = kNaN;
-      for (size_t i = 0; i < pts.size(); ++i) {
+      for (size_t i : kept) {
         auto g = pts[i].gpus.find(id);
         GpuPoint p = g == pts[i].gpus.end() ? GpuPoint{} : g->second;
         util.push_back(number(p.utilization));
@@ -322,12 +340,14 @@ Json MetricsHistory::Impl::node_json(const NodeSeries* series) const {
   return out;
 }
 
-Json MetricsHistory::Impl::rank_json(const RankKey& key, const RankSeries& r) const {
+Json MetricsHistory::Impl::rank_json(const RankKey& key,
+                                     const RankSeries& r,
+                                     std::size_t max_points) const {
   Json t = Json::array(), loss = Json::array(), sps = Json::array(), tps = Json::array(),
        cpu = Json::array(), rss = Json::array();
   std::array<Json, kPhases.size()> phases;
   phases.fill(Json::array());
-  for (size_t i = 0; i < r.points.size(); ++i) {
+  for (size_t i : thinned(r.points.size(), max_points)) {
     const RankPoint& p = r.points[i];
     t.push_back(p.t);
     loss.push_back(number(p.loss));
@@ -348,7 +368,8 @@ Json MetricsHistory::json(const std::vector<HistoryNodeInfo>& nodes,
                           const std::vector<HistoryJobInfo>& jobs,
                           const std::optional<std::string>& job,
                           double now,
-                          double interval_s) const {
+                          double interval_s,
+                          std::size_t max_points) const {
   // The series are copied under the lock and written out after it, so that heartbeats (record())
   // do not wait while a large answer is built.
   std::map<std::string, NodeSeries> node_series;
@@ -367,7 +388,7 @@ Json MetricsHistory::json(const std::vector<HistoryNodeInfo>& nodes,
                       Json age) {
     auto it = node_series.find(id);
     Json n = {{"node_id", id}, {"hostname", hostname}, {"state", state}, {"heartbeat_age_s", age}};
-    n.update(m.node_json(it == node_series.end() ? nullptr : &it->second));
+    n.update(m.node_json(it == node_series.end() ? nullptr : &it->second, max_points));
     out["nodes"].push_back(std::move(n));
     listed.insert(id);
   };
@@ -394,7 +415,7 @@ Json MetricsHistory::json(const std::vector<HistoryNodeInfo>& nodes,
     Json ranks = Json::array();
     for (auto it = rank_series.lower_bound({id, std::numeric_limits<int>::min()});
          it != rank_series.end() && it->first.first == id; ++it) {
-      ranks.push_back(m.rank_json(it->first, it->second));
+      ranks.push_back(m.rank_json(it->first, it->second, max_points));
     }
     if (ranks.empty() && !job) continue;  // without a filter: jobs with rank series only
     out["jobs"].push_back({{"job_id", id}, {"status", status}, {"ranks", std::move(ranks)}});

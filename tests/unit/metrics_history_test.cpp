@@ -121,6 +121,26 @@ TEST(MetricsHistoryTest, RingsWrapAroundKeepingTheNewestPoints) {
   for (const auto& v : rank["step_seconds"]["optimizer"]) EXPECT_NEAR(v.get<double>(), 0.1, 1e-12);
 }
 
+TEST(MetricsHistoryTest, MaxPointsThinsEverySeriesEvenlyKeepingTheNewest) {
+  MetricsHistory h;
+  for (int i = 0; i < 10; ++i) h.record("n1", 100 + i, node_snapshot(i / 10.0, 10 * (i + 1), i));
+  // 10 points, at most 4: every 3rd counted back from the newest (t 109, 106, 103, 100).
+  json got = h.json({{"n1", "host-1", "alive", 0.5}}, {}, std::nullopt, 110, 1, 4);
+  EXPECT_EQ(got["nodes"][0]["t"], json({100.0, 103.0, 106.0, 109.0}));
+  EXPECT_EQ(got["nodes"][0]["cpu_ratio"], json({0.0, 0.3, 0.6, 0.9}));
+  EXPECT_EQ(got["nodes"][0]["gpus"][0]["utilization_ratio"].size(), 4u);
+  const json& rank = got["jobs"][0]["ranks"][0];
+  EXPECT_EQ(rank["t"], json({100.0, 103.0, 106.0, 109.0}));
+  EXPECT_EQ(rank["step_seconds"]["data"].size(), 4u);
+  EXPECT_EQ(rank["cpu_cores"].size(), 4u);
+  // Enough room, or 0: every point.
+  EXPECT_EQ(h.json({}, {}, std::nullopt, 110, 1, 10)["nodes"][0]["t"].size(), 10u);
+  EXPECT_EQ(h.json({}, {}, std::nullopt, 110, 1, 0)["nodes"][0]["t"].size(), 10u);
+  // 9 of 10: a stride of 2, 5 points ending at the newest.
+  EXPECT_EQ(h.json({}, {}, std::nullopt, 110, 1, 9)["nodes"][0]["t"],
+            json({101.0, 103.0, 105.0, 107.0, 109.0}));
+}
+
 TEST(MetricsHistoryTest, PhasesAreNullAfterACounterResetAndWhenMissing) {
   MetricsHistory h;
   h.record("n1", 100, node_snapshot(0.5, 30, 3));
@@ -230,6 +250,12 @@ TEST(MetricsHistoryTest, HeadServesTheHistoryOfHeartbeats) {
   ASSERT_EQ(h["jobs"].size(), 1u);  // j1 is no job the head knows, but it has rank series
   EXPECT_EQ(h["jobs"][0]["job_id"], "j1");
   EXPECT_NEAR(h["jobs"][0]["ranks"][0]["step_seconds"]["optimizer"][1].get<double>(), 0.1, 1e-12);
+  EXPECT_EQ(test::http("GET", path + "?max_points=2", "", auth).json()["nodes"][0]["t"].size(), 2u);
+  for (const char* bad : {"1", "abc", "-3", "99999999"}) {
+    auto r400 = test::http("GET", path + "?max_points=" + bad, "", auth);
+    EXPECT_EQ(r400.status, 400) << bad;
+    EXPECT_NE(r400.json().value("error", "").find("max_points"), std::string::npos) << r400.body;
+  }
   auto missing = test::http("GET", path + "?job=nope", "", auth);
   EXPECT_EQ(missing.status, 404);
   EXPECT_NE(missing.json().value("error", "").find("'nope'"), std::string::npos) << missing.body;

@@ -59,11 +59,14 @@ class MetricsHistory {
   // that were not given (state ""); `jobs` with rank series in the order given, then the others
   // (status ""); only `job` when set (with no ranks when it has none). `now` (seconds since the
   // epoch) and `interval_s` (the heartbeat interval) are written as "time" and "interval_s".
+  // `max_points` > 0 thins each series to at most that many points, evenly spaced and always
+  // ending with the newest (see Note [Thinned history]); 0 gives every point.
   nlohmann::json json(const std::vector<HistoryNodeInfo>& nodes,
                       const std::vector<HistoryJobInfo>& jobs,
                       const std::optional<std::string>& job,
                       double now,
-                      double interval_s) const;
+                      double interval_s,
+                      std::size_t max_points = 0) const;
 
   // Whether any series of `job_id` is kept.
   bool has_job(const std::string& job_id) const;

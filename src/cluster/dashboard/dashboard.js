@@ -5,6 +5,7 @@
 "use strict";
 
 const REFRESH_MS = 2000;
+const MAX_POINTS = 300;
 const PHASES = ["data", "forward", "backward", "communication", "optimizer", "other"];
 const PHASE_COLORS = ["#8e24aa", "#1e88e5", "#43a047", "#e53935", "#fb8c00", "#9e9e9e"];
 const LINE_COLORS = ["#1e88e5", "#e53935", "#43a047", "#fb8c00", "#8e24aa", "#00897b",
@@ -229,7 +230,10 @@ async function refresh() {
   try {
     const [status, jobs] = await Promise.all([api("/api/cluster/status"), api("/api/jobs/")]);
     renderJobSelect(jobs);
-    const query = dashboard.selectedJob ? "?job=" + encodeURIComponent(dashboard.selectedJob) : "";
+    // At most MAX_POINTS per series (the head thins them evenly, newest kept): a chart is a few
+    // hundred pixels wide, and a full history of a large job is megabytes.
+    const query = "?max_points=" + MAX_POINTS +
+      (dashboard.selectedJob ? "&job=" + encodeURIComponent(dashboard.selectedJob) : "");
     const history = await api("/api/cluster/metrics/history" + query);
     renderNodes(status);
     renderJobs(jobs);
