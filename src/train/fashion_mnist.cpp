@@ -4,12 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cstdio>
 
+#include "train/classifier_training.h"
 #include "trainyard/blas_core.h"
-#include "trainyard/checkpoint/checkpointer.h"
-#include "trainyard/checkpoint/torch_state.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/data/batch_loader.h"
 #include "trainyard/data/distributed_sampler.h"
@@ -23,13 +21,8 @@
 #include "trainyard/train/trainer.h"
 
 namespace trainyard::train {
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 nlohmann::ordered_json config_json(const FashionMnistOptions& o, int world_size, int threads) {
   return {{"recipe", "fashion-mnist"},
@@ -92,31 +85,10 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
                                dist.process_group());
 
   // Rank 0 writes the files; the optimizer's moments are gathered to it from their owners.
-  auto io = root_checkpoint_io(
-      {.collect =
-           [&] {
-             auto optimizer_state = optimizer.state_to_bytes(/*root=*/0);
-             std::map<std::string, std::string> files;
-             if (rank != 0) return files;
-             files["model.pt"] = checkpoint::module_to_bytes(*model);
-             files["optimizer.pt"] = std::move(optimizer_state);
-             files["rng.pt"] = checkpoint::cpu_rng_state_to_bytes();
-             return files;
-           },
-       .restore =
-           [&](const checkpoint::LoadedCheckpoint& loaded) {
-             const auto where = storage::join_uri(options.run.uri(), loaded.name);
-             auto file = [&](const std::string& f) -> const std::string& {
-               auto it = loaded.checkpoint.files.find(f);
-               TY_CHECK_T(CheckpointCorruptError, it != loaded.checkpoint.files.end(), where,
-                          " has no ", f, ".");
-               return it->second;
-             };
-             checkpoint::load_module(*model, file("model.pt"), where + "/model.pt");
-             checkpoint::load_cpu_rng_state(file("rng.pt"), where + "/rng.pt");
-             optimizer.load_state_bytes(file("optimizer.pt"), where + "/optimizer.pt");
-           }},
-      dist);
+  auto io = classifier_checkpoint_io(*model, optimizer, options.run.uri(), trainer);
+  const DdpModel ddp_model{.module = *model,
+                           .forward = [&ddp](const at::Tensor& x) { return ddp.forward(x); },
+                           .reducer = ddp.reducer()};
   trainer.resume(*io);
 
   data::DistributedSampler sampler({.dataset_size = train_set.size(),
@@ -129,73 +101,19 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
     return data::Batch{x, y};
   };
 
-  const bool bar_enabled = options.progress && rank == 0 && interactive_output();
-  const std::string restarts = trainer.restart_count() > 0
-                                   ? detail::concat(" | Restarts: ", trainer.restart_count())
-                                   : std::string();
   double train_time = 0;
   std::int64_t samples_seen = 0;  // this rank, this attempt
   for (int epoch = trainer.progress().epoch; epoch < options.epochs; ++epoch) {
-    const auto epoch_start = Clock::now();
     sampler.set_epoch(epoch);
-    model->train();
     const std::int64_t first_position =
         trainer.progress().epoch == epoch ? trainer.progress().epoch_position : std::int64_t{0};
     data::BatchLoader loader(sampler.indices(first_position), make_batch,
                              {.batch_size = options.batch_size});
-    trainer.begin_epoch(epoch, loader.num_batches());
-    ProgressBar bar(bar_enabled, epoch, loader.num_batches());
-    // Seconds per phase over the epoch, for the debug summary.
-    double t_data = 0, t_forward = 0, t_backward = 0, t_optimizer = 0, t_comm = 0;
-    auto lap = Clock::now();
-    auto take = [&lap](double& into) {
-      auto now = Clock::now();
-      into += std::chrono::duration<double>(now - lap).count();
-      lap = now;
-    };
-    // The trainer's step timer records the same phases as metrics (metrics/step_timer.h).
-    using metrics::Phase;
-    while (auto batch = loader.next()) {
-      take(t_data);
-      trainer.phase(Phase::kForward);
-      optimizer.zero_grad();
-      auto loss = torch::cross_entropy_loss(ddp.forward(batch->inputs), batch->targets);
-      take(t_forward);
-      trainer.phase(Phase::kBackward);
-      loss.backward();
-      take(t_backward);
-      t_comm += ddp.reducer().last_step_stats().exposed_comm_ms / 1e3;
-      trainer.phase(Phase::kOptimizer);
-      optimizer.step();
-      take(t_optimizer);
-      trainer.phase(Phase::kOther);
-      samples_seen += batch->inputs.size(0);
-      const std::int64_t step = trainer.epoch_steps() + 1;
-      const bool show = bar_enabled && (step % 5 == 0 || step == loader.num_batches());
-      // The loss is read (a sync) only when it is shown or recorded as a metric.
-      const bool read_loss = show || trainer.step_timer().enabled();
-      const double loss_value = read_loss ? loss.item<double>() : 0;
-      trainer.step_done(options.batch_size,
-                        read_loss ? Metrics{{"loss", loss_value}, {"lr", options.lr}} : Metrics{});
-      if (show) bar.update(step, loss_value);
-      lap = Clock::now();
-    }
-    const std::int64_t step = trainer.epoch_steps();
-    trainer.end_epoch();
-    if (step > 0)
-      log->debug(
-          "epoch {}: per step {:.1f} ms data wait, {:.1f} ms forward, {:.1f} ms backward "
-          "(of which {:.1f} ms waiting for all-reduces), {:.1f} ms optimizer",
-          epoch, 1e3 * t_data / step, 1e3 * t_forward / step, 1e3 * t_backward / step,
-          1e3 * t_comm / step, 1e3 * t_optimizer / step);
-    const double epoch_time = seconds_since(epoch_start);
-    train_time += epoch_time;
-    std::printf(
-        "[Epoch %d | CPU%d: Process rank %d | Batchsize: %lld | Steps: %lld | Total epoch "
-        "time: %.4f%s]\n",
-        epoch, trainer.local_rank(), rank, static_cast<long long>(options.batch_size),
-        static_cast<long long>(step), epoch_time, restarts.c_str());
-    std::fflush(stdout);
+    const ClassifierEpoch done = train_classifier_epoch(
+        trainer, ddp_model, optimizer, epoch, loader.num_batches(), [&] { return loader.next(); },
+        {.batch_size = options.batch_size, .lr = options.lr, .progress = options.progress});
+    train_time += done.seconds;
+    samples_seen += done.samples;
   }
   const std::string last_checkpoint = trainer.finish_training();
 
