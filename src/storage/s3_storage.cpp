@@ -324,6 +324,13 @@ std::string S3Storage::object_key(const std::string& key) const {
 net::HttpResponse S3Storage::send(const Request& req) {
   using Clock = std::chrono::steady_clock;
   const std::string_view method = req.method;
+  // Per request, so that temporary credentials are refreshed mid-run (Note [Credential refresh]
+  // in aws_credentials.cpp).
+  const AwsCredentials creds = c_.credentials
+                                   ? c_.credentials->fetch()
+                                   : AwsCredentials{.access_key_id = c_.access_key_id,
+                                                    .secret_access_key = c_.secret_access_key,
+                                                    .session_token = c_.session_token};
   net::HttpRequest http{
       .method = req.method,
       .url =
@@ -336,12 +343,12 @@ net::HttpResponse S3Storage::send(const Request& req) {
       .timeout = c_.request_timeout,
       .stall_timeout = c_.stall_timeout,
       .aws_sigv4 = net::AwsSigV4{.provider = sigv4_,
-                                 .access_key_id = c_.access_key_id,
-                                 .secret_access_key = c_.secret_access_key}};
+                                 .access_key_id = creds.access_key_id,
+                                 .secret_access_key = creds.secret_access_key}};
   if (method == "PUT" || method == "POST")
     http.headers.emplace_back("Content-Type", req.content_type);
-  if (!c_.session_token.empty())
-    http.headers.emplace_back("x-amz-security-token", c_.session_token);
+  if (!creds.session_token.empty())
+    http.headers.emplace_back("x-amz-security-token", creds.session_token);
 
   const auto first = Clock::now();
   Waiting w{.last_warning = first - c_.warn_every};
@@ -441,16 +448,27 @@ std::string S3Storage::hint(net::TransportError transport, const net::HttpRespon
   if (code == "NoSuchBucket") {
     return detail::concat(" HINT: create bucket '", c_.bucket, "' or fix the URI.");
   }
+  // The static fields come from the environment (S3Config::from_uri) or the caller.
+  const std::string keys = c_.credentials ? "the credentials from " + c_.credentials->name()
+                                          : "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY";
   if (code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch") {
-    return " HINT: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.";
+    return " HINT: check " + keys + ".";
   }
   if (code == "ExpiredToken" || code == "InvalidToken" || code == "TokenRefreshRequired") {
-    return " HINT: the temporary credentials are stale; refresh AWS_SESSION_TOKEN with its keys.";
+    if (c_.credentials) {
+      return " HINT: " + keys +
+             " were refused as expired although they are refreshed before they expire; is this "
+             "machine's clock off? Sync it (NTP).";
+    }
+    return " HINT: the temporary credentials are stale; refresh AWS_SESSION_TOKEN with its keys, "
+           "or unset the AWS_ACCESS_KEY_ID variables so that trainyard finds and refreshes "
+           "credentials itself (web identity, ~/.aws profile, ECS task role, EC2 instance role).";
   }
   if (code == "RequestTimeTooSkewed") return " HINT: this machine's clock is off; sync it (NTP).";
   if (r->status == 403) {
-    return " HINT: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and that they may use this "
-           "bucket (S3 also answers 403, not 404, for a missing key without s3:ListBucket).";
+    return " HINT: check " + keys +
+           ", and that they may use this bucket (S3 also answers 403, not 404, for a missing key "
+           "without s3:ListBucket).";
   }
   if (transient(*r)) return " HINT: the service is overloaded or failing; try again later.";
   return "";
@@ -612,16 +630,24 @@ S3Config S3Config::from_uri(const std::string& uri, const EnvLookup& env) {
     while (prefix.ends_with('/')) prefix.remove_suffix(1);
     c.prefix = prefix;
   }
-  constexpr const char* kCredentialHint =
-      " HINT: export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
-      "temporary credentials); ~/.aws files and instance roles are not read.";
-  c.access_key_id = env_or(env, "AWS_ACCESS_KEY_ID");
-  TY_CHECK(!c.access_key_id.empty(), "S3 storage ", uri,
-           " needs credentials, but AWS_ACCESS_KEY_ID", " is not set.", kCredentialHint);
-  c.secret_access_key = env_or(env, "AWS_SECRET_ACCESS_KEY");
-  TY_CHECK(!c.secret_access_key.empty(), "S3 storage ", uri,
-           " needs credentials, but AWS_SECRET_ACCESS_KEY is not set.", kCredentialHint);
-  c.session_token = env_or(env, "AWS_SESSION_TOKEN");
+  if (!env_or(env, kAwsAccessKeyIdEnv).empty() || !env_or(env, kAwsSecretAccessKeyEnv).empty()) {
+    try {
+      AwsCredentials creds = EnvironmentProvider(env).fetch();
+      c.access_key_id = std::move(creds.access_key_id);
+      c.secret_access_key = std::move(creds.secret_access_key);
+      c.session_token = std::move(creds.session_token);
+    } catch (const InvalidArgumentError& e) {
+      throw InvalidArgumentError(detail::concat("S3 storage ", uri, ": ", e.what()));
+    }
+  } else {
+    // Asked once now, so that a job without credentials fails at start, not at its first save.
+    c.credentials = std::make_shared<CachingProvider>(default_credential_chain(env));
+    try {
+      c.credentials->fetch();
+    } catch (const Error& e) {
+      throw InvalidArgumentError(detail::concat("S3 storage ", uri, ": ", e.what()));
+    }
+  }
   if (std::string region = env_or(env, "AWS_REGION", "AWS_DEFAULT_REGION"); !region.empty()) {
     c.region = region;
   }
@@ -652,9 +678,9 @@ std::unique_ptr<Storage> make_s3_storage(S3Config config) {
   TY_CHECK(!c.region.empty() && c.region.find_first_not_of(
                                     "abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos,
            "S3Config.region '", c.region, "' is not a region name such as us-east-1 (AWS_REGION).");
-  TY_CHECK(!c.access_key_id.empty() && !c.secret_access_key.empty(),
+  TY_CHECK(c.credentials != nullptr || (!c.access_key_id.empty() && !c.secret_access_key.empty()),
            "S3Config needs access_key_id and secret_access_key (AWS_ACCESS_KEY_ID, "
-           "AWS_SECRET_ACCESS_KEY).");
+           "AWS_SECRET_ACCESS_KEY), or a credentials provider.");
   TY_CHECK(c.session_token.find_first_of("\r\n") == std::string::npos,
            "S3Config.session_token (AWS_SESSION_TOKEN) contains a line break.");
   TY_CHECK(c.part_size >= kMinPartSize && c.part_size <= kMaxObjectPut,

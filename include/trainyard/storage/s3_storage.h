@@ -14,6 +14,7 @@
 #include <string>
 
 #include "trainyard/comm/dist_env.h"
+#include "trainyard/storage/aws_credentials.h"
 #include "trainyard/storage/storage.h"
 
 namespace trainyard::storage {
@@ -31,7 +32,11 @@ struct S3Config {
   std::string region = "us-east-1";
   std::string access_key_id;
   std::string secret_access_key;
-  std::string session_token;                    // temporary credentials; empty when none
+  std::string session_token;  // temporary credentials; empty when none
+  // When set, every request takes its credentials from this provider (a CachingProvider keeps
+  // temporary ones fresh) and the three fields above are not used. Shared: copies of a config
+  // share one cache.
+  std::shared_ptr<AwsCredentialProvider> credentials;
   std::size_t multipart_threshold = 64u << 20;  // objects larger than this use multipart upload
   std::size_t part_size = 16u << 20;            // >= 5 MiB, as S3 requires (except the last part)
   // Retries of one request end when the next attempt would start after retry_deadline from the
@@ -44,12 +49,14 @@ struct S3Config {
   std::chrono::milliseconds request_timeout{300'000};  // one attempt in all (large parts)
   std::chrono::seconds warn_every{5};  // warn while a request waits or retries, this often at most
 
-  // Bucket and prefix from an s3://bucket/prefix URI; credentials from AWS_ACCESS_KEY_ID,
-  // AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN; region from AWS_REGION, else
+  // Bucket and prefix from an s3://bucket/prefix URI; region from AWS_REGION, else
   // AWS_DEFAULT_REGION, else us-east-1; endpoint from AWS_ENDPOINT_URL_S3, else
-  // AWS_ENDPOINT_URL; retry_deadline from TRAINYARD_S3_RETRY_DEADLINE (seconds). Throws
-  // InvalidArgumentError for a malformed URI or value, or missing credentials, naming the
-  // variable to set.
+  // AWS_ENDPOINT_URL; retry_deadline from TRAINYARD_S3_RETRY_DEADLINE (seconds). Credentials:
+  // with AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY set, the static fields from them and
+  // AWS_SESSION_TOKEN; otherwise `credentials` is a CachingProvider over
+  // default_credential_chain(env) (web identity, ~/.aws profile, ECS, EC2 instance metadata),
+  // asked once here, which may take a few seconds. Throws InvalidArgumentError for a malformed
+  // URI or value, or missing credentials, naming what was tried and the variable to set.
   static S3Config from_uri(const std::string& uri, const EnvLookup& env = process_env());
 };
 
