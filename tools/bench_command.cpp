@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "tools/bench_scaling_command.h"
 #include "trainyard/comm/collective_bench.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/comm/process_group.h"
@@ -98,6 +99,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1));
   c->callback([&exit_code] { exit_code = run_collectives(f); });
+  add_bench_scaling_command(*bench, exit_code);
 }
 
 }  // namespace trainyard::cli
