@@ -3,7 +3,11 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
@@ -13,6 +17,9 @@ namespace trainyard::checkpoint {
 namespace {
 
 constexpr std::string_view kFailed = "!failed: ";  // a store value that carries an error
+// How long rank 0 waits for the others to read a committed outcome (Note [Outcome acknowledged]):
+// they are alive and polling every 20 ms, so this is only reached when one died just then.
+constexpr std::chrono::milliseconds kAckTimeout{10'000};
 
 std::string as_string(const std::vector<std::uint8_t>& v) {
   return {v.begin(), v.end()};
@@ -26,10 +33,18 @@ std::string as_string(const std::vector<std::uint8_t>& v) {
 //   trainyard/save/<k>/name        rank 0: the claimed checkpoint name, or "!failed: why"
 //   trainyard/save/<k>/files/<r>   rank r: its files' digests as JSON, or "!failed: why"
 //   trainyard/save/<k>/outcome     rank 0: "committed", or "!failed: why"
+//   trainyard/save/<k>/ack/<r>     rank r: it has read the committed outcome
 // Rank 0 commits only when every rank reported digests, and so every file is stored; a rank
 // that reports failure makes rank 0 abort the checkpoint (its files are removed, it never
 // becomes complete). The store is the job's (one per rendezvous attempt), so keys of an earlier
 // attempt never mix with this one's.
+//
+// Note [Outcome acknowledged]
+// The job's store is served by rank 0's process. A save is often a program's last collective
+// act: rank 0 publishes "committed", returns and exits, while rank r, which polls for the
+// outcome, may not have read it yet, and then meets a closed store ("Connection reset by peer")
+// and fails a run that had finished. So each rank acknowledges the committed outcome and rank 0
+// waits (up to kAckTimeout, then warns: the checkpoint is committed either way) until all have.
 MultiWriterSave::MultiWriterSave(Checkpointer& checkpointer,
                                  c10d::Store& store,
                                  int rank,
@@ -114,6 +129,7 @@ std::string MultiWriterSave::commit(std::int64_t step) {
     publish("files/" + std::to_string(rank_), mine.dump());
     finished_ = true;
     wait_for("outcome", "rank 0 to commit " + name_);
+    publish("ack/" + std::to_string(rank_), "1");  // Note [Outcome acknowledged]
     return name_;
   }
   try {
@@ -136,6 +152,18 @@ std::string MultiWriterSave::commit(std::int64_t step) {
   }
   publish("outcome", "committed");
   finished_ = true;
+  // See Note [Outcome acknowledged].
+  std::vector<std::string> acks;
+  for (int r = 1; r < world_size_; ++r) acks.push_back(prefix_ + "ack/" + std::to_string(r));
+  if (!acks.empty()) {
+    try {
+      store_.wait(acks, kAckTimeout);
+    } catch (const std::exception& e) {
+      logger("checkpoint")
+          ->warn("{} is committed, but not every rank said it read that within {} s: {}", name_,
+                 std::chrono::duration_cast<std::chrono::seconds>(kAckTimeout).count(), e.what());
+    }
+  }
   return name_;
 }
 

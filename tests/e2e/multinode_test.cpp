@@ -214,10 +214,15 @@ TEST(MultiNode, FsdpJobThatLosesANodeReshardsItsCheckpointOntoTheSurvivors) {
       << read_file(dir.path() / "n0.log");
   hosts.kill_all(2);
   n2.wait_for(5s);
-  for (auto* n : {&n0, &n1}) {
-    auto status = n->wait_for(110s);
-    ASSERT_TRUE(status.has_value()) << read_file(dir.path() / "n0.log");
-    EXPECT_TRUE(status->success()) << read_file(dir.path() / "n0.log");
+  for (int i : {0, 1}) {
+    auto status = (i == 0 ? n0 : n1).wait_for(110s);
+    // The node's own log, and the other survivor's.
+    const std::string logs = "n" + std::to_string(i) + ".log:\n" +
+                             read_file(dir.path() / ("n" + std::to_string(i) + ".log")) + "\nn" +
+                             std::to_string(1 - i) + ".log:\n" +
+                             read_file(dir.path() / ("n" + std::to_string(1 - i) + ".log"));
+    ASSERT_TRUE(status.has_value()) << logs;
+    EXPECT_TRUE(status->success()) << logs;
   }
   const auto log = read_file(dir.path() / "n0.log") + read_file(dir.path() / "n1.log");
   EXPECT_TRUE(contains(log, "group_world_size=2")) << log;
