@@ -54,6 +54,12 @@ std::unique_ptr<CheckpointIO> classifier_checkpoint_io(torch::nn::Module& model,
       trainer.dist());
 }
 
+std::int64_t parameter_count(const torch::nn::Module& model) {
+  std::int64_t n = 0;
+  for (const auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
 ClassifierEpoch train_classifier_epoch(
     Trainer& trainer,
     const DdpModel& model,

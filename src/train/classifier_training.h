@@ -39,6 +39,10 @@ std::unique_ptr<CheckpointIO> classifier_checkpoint_io(torch::nn::Module& model,
                                                        const std::string& run_uri,
                                                        Trainer& trainer);
 
+// The model's parameters (elements), as recipes record it in config.json's "parameters" for
+// `trainyard bench scaling` (the gradient bytes its all-reduce model needs).
+std::int64_t parameter_count(const torch::nn::Module& model);
+
 struct ClassifierEpochOptions {
   std::int64_t batch_size = 0;  // per rank, as printed in the epoch line
   double lr = 0;                // reported with each step's loss

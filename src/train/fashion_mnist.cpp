@@ -73,10 +73,12 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
   auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
   auto resolved = options;
   resolved.data_dir = data_dir;
-  trainer.write_config(config_json(resolved, world, trainer.threads()).dump());
 
   torch::manual_seed(options.seed);
   auto model = models::resnet18(/*in_channels=*/1, /*num_classes=*/10);
+  auto config = config_json(resolved, world, trainer.threads());
+  config["parameters"] = parameter_count(*model);
+  trainer.write_config(config.dump());
   ddp::DistributedDataParallel ddp(model, dist.process_group(),
                                    ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(
                                                        options.bucket_cap_mb * (1 << 20))});

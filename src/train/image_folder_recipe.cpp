@@ -253,10 +253,6 @@ Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
   // Positions into each folder's samples that the run uses (all, or --limit of them).
   const auto train_positions = subset(train_set.size(), options.limit);
   const auto val_positions = subset(val_set.size(), options.val_limit);
-  trainer.write_config(config_json(options, world, trainer.threads(), train_set, val_set,
-                                   static_cast<std::int64_t>(train_positions.size()),
-                                   static_cast<std::int64_t>(val_positions.size()))
-                           .dump());
   if (rank == 0)
     log->info("{}: {} classes, {} training images ({} used), {} validation images ({} used)",
               options.data, num_classes, train_set.size(), train_positions.size(), val_set.size(),
@@ -264,6 +260,11 @@ Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
 
   torch::manual_seed(options.seed);
   auto model = models::image_model(options.model, /*in_channels=*/3, num_classes);
+  auto config = config_json(options, world, trainer.threads(), train_set, val_set,
+                            static_cast<std::int64_t>(train_positions.size()),
+                            static_cast<std::int64_t>(val_positions.size()));
+  config["parameters"] = parameter_count(*model);
+  trainer.write_config(config.dump());
   ddp::DistributedDataParallel ddp(model, dist.process_group(),
                                    ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(
                                                        options.bucket_cap_mb * (1 << 20))});

@@ -41,31 +41,11 @@ std::uint32_t big_endian(const std::string& bytes, std::size_t at) {
 TEST(BenchScaling, RunsEachWorldSizeAndDrawsTheCharts) {
   TempDir dir;
   const std::string out = (dir.path() / "scaling").string();
-  auto r = run_program({kCli,
-                        "bench",
-                        "scaling",
-                        "--world-sizes",
-                        "1,2",
-                        "--busbw",
-                        "1.0",
-                        "--gradient-bytes",
-                        "44.7M",
-                        "--predict",
-                        "4,16",
-                        "--out",
-                        out,
-                        "--",
-                        "train",
-                        "fashion-mnist",
-                        "--epochs",
-                        "1",
-                        "--limit",
-                        "256",
-                        "--batch-size",
-                        "32",
-                        "--threads",
-                        "1",
-                        "--no-progress"},
+  auto r = run_program({kCli,        "bench",   "scaling",      "--world-sizes", "1,2",
+                        "--busbw",   "1.0",     "--predict",    "4,16",          "--out",
+                        out,         "--",      "train",        "fashion-mnist", "--epochs",
+                        "1",         "--limit", "256",          "--batch-size",  "32",
+                        "--threads", "1",       "--no-progress"},
                        {}, 150s);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   ASSERT_TRUE(r.status.success()) << r.status.to_string() << "\n" << r.out << r.err;
@@ -96,6 +76,13 @@ TEST(BenchScaling, RunsEachWorldSizeAndDrawsTheCharts) {
   }
   EXPECT_DOUBLE_EQ(json["points"][0].at("efficiency").get<double>(), 1.0);
   EXPECT_EQ(json.at("predictions").size(), 3u) << json.dump(2);  // W = 2, 4, 16
+  // No --gradient-bytes: 4 bytes per parameter the recipe recorded in its config.json.
+  const auto config =
+      nlohmann::json::parse(read_file(std::filesystem::path(out) / "runs" / "w1" / "config.json"));
+  ASSERT_TRUE(config.contains("parameters")) << config.dump(2);
+  EXPECT_EQ(json.at("model").at("gradient_bytes").get<std::int64_t>(),
+            4 * config.at("parameters").get<std::int64_t>())
+      << json.dump(2);
 
   // The SVG: its size, and 2 measured + 3 predicted points.
   for (const char* name : {"scaling.svg", "throughput.svg"}) {
