@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "trainyard/error.h"
+#include "trainyard/net/xml_escape.h"
 
 namespace trainyard::cli {
 namespace {
@@ -93,29 +94,6 @@ std::string number(double v, double step) {
   const int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    switch (ch) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
 }
 
 std::string hex(Rgb c) {
@@ -295,7 +273,7 @@ std::string chart_svg(const ScalingChart& c) {
     << "\" viewBox=\"0 0 " << w << ' ' << h << "\" font-family=\"sans-serif\" font-size=\"13\">\n"
     << "<rect x=\"0\" y=\"0\" width=\"" << w << "\" height=\"" << h << "\" fill=\"white\"/>\n"
     << "<text x=\"" << w / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">"
-    << xml_escape(c.title) << "</text>\n";
+    << net::xml_escape(c.title) << "</text>\n";
   // Grid, ticks and labels.
   for (double v : g.y_ticks) {
     s << "<line x1=\"" << x0 << "\" y1=\"" << g.py(v) << "\" x2=\"" << x1 << "\" y2=\"" << g.py(v)
@@ -314,7 +292,7 @@ std::string chart_svg(const ScalingChart& c) {
     << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << h - 14
     << "\" text-anchor=\"middle\">workers (world size, log scale)</text>\n"
     << "<text transform=\"translate(20 " << (y0 + y1) / 2
-    << ") rotate(-90)\" text-anchor=\"middle\">" << xml_escape(c.y_label) << "</text>\n";
+    << ") rotate(-90)\" text-anchor=\"middle\">" << net::xml_escape(c.y_label) << "</text>\n";
   // The ideal line, then the measured line and points, then the predicted points.
   if (const auto one = value_at_one(c)) {
     s << "<polyline fill=\"none\" stroke=\"" << hex(kIdeal)

@@ -20,6 +20,7 @@
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 #include "trainyard/net/http_client.h"
+#include "trainyard/net/xml_escape.h"
 #include "trainyard/seconds.h"
 
 namespace trainyard::storage {
@@ -57,29 +58,6 @@ std::string uri_encode(std::string_view s, bool keep_slash) {
       out += '%';
       out += kHex[c >> 4];
       out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
-std::string xml_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
     }
   }
   return out;
@@ -519,7 +497,7 @@ void S3Storage::write_multipart(const std::string& object, std::string_view data
       if (failed(part, r)) fail(part, r);
       const std::string etag = r.header("etag").value_or("");
       TY_CHECK_T(Error, !etag.empty(), "S3 ", part.what, " answered no ETag.");
-      xml += "<Part><PartNumber>" + number + "</PartNumber><ETag>" + xml_escape(etag) +
+      xml += "<Part><PartNumber>" + number + "</PartNumber><ETag>" + net::xml_escape(etag) +
              "</ETag></Part>";
     }
     xml += "</CompleteMultipartUpload>";
