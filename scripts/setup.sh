@@ -22,6 +22,7 @@ packages=(
   curl jq                                          # bench/cluster.sh talks to the head
   libjs-chart.js                                   # Chart.js, embedded into the head's dashboard
   chromium chromium-driver                         # the dashboard's browser test
+  golang-go golang-github-hashicorp-hcl-v2-dev     # Terraform's HCL parser, for the deploy/terraform test
 )
 # Node.js and npm run s3rver. A nodejs package that bundles npm (NodeSource's) provides and
 # conflicts with Debian's npm, so Debian's pair is asked for only when there is no npm at all.
