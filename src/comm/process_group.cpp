@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 
+#include "torch_compat.h"
 #include "trainyard/comm/address.h"
 #include "trainyard/comm/collectives.h"
 #include "trainyard/comm/env_contract.h"
@@ -56,10 +57,51 @@ InitOptions init_options_from_env(const EnvLookup& env) {
   InitOptions options;
   if (auto t = seconds_from_env(env, kCollectiveTimeoutEnv)) options.timeout = *t;
   if (auto t = seconds_from_env(env, kJoinTimeoutEnv)) options.join_timeout = *t;
+  if (auto d = env(kDeviceEnv); d && !d->empty()) options.device = *d;
+  if (auto b = env(kBackendEnv); b && !b->empty()) options.backend = *b;
   return options;
 }
 
+c10::Device resolve_device(const InitOptions& options, int local_rank) {
+  if (options.device == "cpu") return c10::Device(c10::kCPU);
+  TY_CHECK(options.device == "cuda", "InitOptions.device (", kDeviceEnv, ", --device) is '",
+           options.device, "'. HINT: cpu or cuda.");
+  const int gpus = comm::compat::cuda_device_count();
+  TY_CHECK_T(Error, gpus > 0, "--device cuda (", kDeviceEnv,
+             "): this process sees no GPU: ", "this build's LibTorch (", comm::compat::torch_line(),
+             ") has no CUDA, or no device is visible (CUDA_VISIBLE_DEVICES, driver). HINT: build "
+             "against a CUDA LibTorch 2.x (README, \"GPUs\"), or train with --device cpu.");
+  // Ranks beyond the GPU count share them round-robin; NCCL refuses that (use_nccl).
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
+}
+
+// Note [Choosing the backend]
+// NCCL when the rank trains on a GPU, this build has NCCL, and every rank on this node has a GPU
+// of its own (NCCL cannot run two ranks of one communicator on one device); otherwise Gloo, which
+// takes CUDA tensors too (staged through the host) and so lets ranks share a GPU, as the tests on
+// a one-GPU machine do. "nccl" insists, with an error where it cannot work; "gloo" never uses it.
+bool use_nccl(const InitOptions& options, c10::Device device, int local_world_size) {
+  TY_CHECK(options.backend == "auto" || options.backend == "gloo" || options.backend == "nccl",
+           "InitOptions.backend (", kBackendEnv, ") is '", options.backend,
+           "'. HINT: auto, gloo or nccl.");
+  if (options.backend == "gloo") return false;
+  const bool own_gpu = device.is_cuda() && comm::compat::cuda_device_count() >= local_world_size;
+  if (options.backend == "auto") return own_gpu && comm::compat::nccl_available();
+  TY_CHECK(device.is_cuda(), kBackendEnv, "=nccl needs --device cuda (", kDeviceEnv,
+           "=cuda): NCCL runs collectives on GPU tensors only.");
+  TY_CHECK(own_gpu, kBackendEnv, "=nccl: ", local_world_size, " ranks on this node but ",
+           comm::compat::cuda_device_count(),
+           " GPU(s) visible; NCCL needs a GPU per rank. HINT: --nproc-per-node at most the "
+           "GPU count, or ",
+           kBackendEnv, "=gloo to share GPUs.");
+  return true;
+}
+
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (comm::compat::completes_on_device(work)) {  // Note [Waiting on NCCL work]
+    work->wait();
+    return;
+  }
   // Work::wait(timeout) throws when the timeout passes first, and the work goes on; a work that
   // completed with an error rethrows it from a plain wait(). See Note [Hang watchdog].
   while (!work->isCompleted()) {
@@ -91,8 +133,9 @@ void wait_collective(const c10::intrusive_ptr<c10d::Work>& work,
 
 Distributed::Distributed(DistEnv env,
                          c10::intrusive_ptr<c10d::Store> store,
-                         c10::intrusive_ptr<c10d::ProcessGroup> pg)
-    : env_(std::move(env)), store_(std::move(store)), pg_(std::move(pg)) {}
+                         c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                         c10::Device device)
+    : env_(std::move(env)), store_(std::move(store)), pg_(std::move(pg)), device_(device) {}
 
 Distributed::~Distributed() = default;
 
@@ -111,7 +154,29 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices.push_back(make_device(options, master_addr));
   gloo_options->threads = options.gloo_threads;
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options);
+  return comm::compat::gloo_group(
+      store, rank, world_size,
+      c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, gloo_options));
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank,
+                                                       int world_size,
+                                                       c10::Device device,
+                                                       const InitOptions& options,
+                                                       const std::string& master_addr) {
+  TY_CHECK(device.is_cuda() && device.has_index(),
+           "make_nccl_group: the rank's device must be a CUDA device with an index, got ",
+           device.str(), ".");
+  // The Gloo half (CPU tensors) and NCCL keep apart in the store.
+  auto gloo_store = c10::make_intrusive<c10d::PrefixStore>("gloo", store);
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices.push_back(make_device(options, master_addr));
+  gloo_options->threads = options.gloo_threads;
+  auto gloo =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, world_size, gloo_options);
+  return comm::compat::nccl_group(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank,
+                                  world_size, device.index(), options.timeout, std::move(gloo));
 }
 
 std::shared_ptr<Distributed> init() {
@@ -205,27 +270,31 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
         "/worker/attempt_" + std::to_string(env.restart_count), store);
   }
 
+  const c10::Device device = resolve_device(options, env.local_rank);
+  const bool nccl = use_nccl(options, device, env.local_world_size);
+  if (device.is_cuda()) comm::compat::set_cuda_device(device.index());
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   try {
-    pg = make_gloo_group(store, env.rank, env.world_size, options, env.master_addr);
+    pg = nccl ? make_nccl_group(store, env.rank, env.world_size, device, options, env.master_addr)
+              : make_gloo_group(store, env.rank, env.world_size, options, env.master_addr);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw NetworkError(detail::concat("Rank ", env.rank, "/", env.world_size,
-                                      " could not form the Gloo process group through ",
-                                      env.master_addr, ":", env.master_port, ": ", e.what()));
+    throw NetworkError(detail::concat(
+        "Rank ", env.rank, "/", env.world_size, " could not form the ", nccl ? "NCCL" : "Gloo",
+        " process group through ", env.master_addr, ":", env.master_port, ": ", e.what()));
   }
   const char* shm_env = std::getenv("TRAINYARD_SHM");
   const bool shm_allowed = shm_env == nullptr || std::string(shm_env) != "0";
-  if (options.shared_memory && shm_allowed && env.world_size > 1 &&
+  if (!nccl && options.shared_memory && shm_allowed && env.world_size > 1 &&
       env.local_world_size == env.world_size) {
     pg = make_local_group(store, env.rank, env.world_size, pg,
                           ShmOptions{.timeout = options.timeout,
                                      .name = "init-" + std::to_string(env.restart_count)});
   }
-  log->debug("{} process group ready: master {}:{}, timeout {} ms", pg->getBackendName(),
-             env.master_addr, env.master_port, options.timeout.count());
-  return std::make_shared<Distributed>(env, std::move(store), std::move(pg));
+  log->debug("{} process group ready on {}: master {}:{}, timeout {} ms", pg->getBackendName(),
+             device.str(), env.master_addr, env.master_port, options.timeout.count());
+  return std::make_shared<Distributed>(env, std::move(store), std::move(pg), device);
 }
 
 }  // namespace trainyard

@@ -4,6 +4,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #include <sys/mman.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -151,17 +152,34 @@ void give_back(void* ptr) {
   c10::free_cpu(ptr);
 }
 
+c10::DataPtr allocate_cached(std::size_t nbytes) {
+  if (nbytes < kCachedMinBytes) {
+    void* ptr = c10::alloc_cpu(nbytes);
+    return {ptr, ptr, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)};
+  }
+  void* ptr = take(cache_size_class(nbytes));
+  return {ptr, ptr, &give_back, c10::Device(c10::DeviceType::CPU)};
+}
+
+// c10::Allocator's interface is one of the places the two LibTorch lines differ (Note [Two
+// LibTorch lines] in src/comm/torch_compat.cpp): 2.x made allocate() non-const and added copy_data.
 class CachingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(std::size_t nbytes) const override {
-    if (nbytes < kCachedMinBytes) {
-      void* ptr = c10::alloc_cpu(nbytes);
-      return {ptr, ptr, &c10::free_cpu, c10::Device(c10::DeviceType::CPU)};
-    }
-    void* ptr = take(cache_size_class(nbytes));
-    return {ptr, ptr, &give_back, c10::Device(c10::DeviceType::CPU)};
+#if TORCH_VERSION_MAJOR >= 2
+  c10::DataPtr allocate(std::size_t nbytes) override {
+    return allocate_cached(nbytes);
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &give_back; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(std::size_t nbytes) const override {
+    return allocate_cached(nbytes);
+  }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &give_back;
+  }
 };
 
 CachingAllocator* const g_allocator = new CachingAllocator();  // never destroyed, as cache()

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "adam_update.h"
+#include "trainyard/optim/state_key.h"
 
 namespace trainyard::optim::detail {
 
@@ -60,7 +61,7 @@ torch::Tensor fused_adam_step(std::vector<torch::optim::OptimizerParamGroup>& gr
     const auto& options = static_cast<const Options&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const auto key = optimizer_state_key(p);
       auto it = states.find(key);
       if (it == states.end()) {
         auto fresh = std::make_unique<ParamState>();

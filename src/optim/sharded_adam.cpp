@@ -13,6 +13,7 @@
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/optim/fused_adam.h"
+#include "trainyard/optim/state_key.h"
 
 namespace trainyard::optim {
 
@@ -36,8 +37,8 @@ namespace trainyard::optim {
 
 namespace {
 
-std::string state_key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+OptimizerStateKey state_key(const torch::Tensor& p) {
+  return optimizer_state_key(p);
 }
 
 void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works,

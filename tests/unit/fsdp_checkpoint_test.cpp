@@ -18,6 +18,7 @@
 #include "trainyard/error.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/fsdp/state_dict.h"
+#include "trainyard/optim/state_key.h"
 
 namespace trainyard::fsdp {
 namespace {
@@ -83,7 +84,7 @@ struct Rank {
     OptState out;
     for (auto& p : fsdp.parameters()) {
       auto& s = static_cast<torch::optim::AdamWParamState&>(
-          *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+          *opt.state().at(optim::optimizer_state_key(p)));
       out.push_back({{"exp_avg", s.exp_avg().clone()},
                      {"exp_avg_sq", s.exp_avg_sq().clone()},
                      {"step", torch::tensor(s.step())}});

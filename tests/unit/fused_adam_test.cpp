@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "trainyard/optim/fused_adam.h"
+#include "trainyard/optim/state_key.h"
 
 namespace {
 
@@ -45,7 +46,7 @@ TEST_P(FusedAdamMatches, LibTorchAdam) {
   EXPECT_TRUE(torch::equal(a[2], b[2])) << "no gradient, no update";
   // The state is Adam's own: the fused optimizer's step counts and moments are there.
   auto& state = static_cast<torch::optim::AdamParamState&>(
-      *fused.state().at(c10::guts::to_string(b[0].unsafeGetTensorImpl())));
+      *fused.state().at(trainyard::optim::optimizer_state_key(b[0])));
   EXPECT_EQ(state.step(), 20);
 }
 

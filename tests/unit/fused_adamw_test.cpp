@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "trainyard/optim/fused_adamw.h"
+#include "trainyard/optim/state_key.h"
 
 namespace {
 
@@ -33,8 +34,8 @@ void expect_close(const torch::Tensor& fused,
   EXPECT_LE(err, kRelTol) << what << ": max |fused - AdamW| / max |AdamW| = " << err;
 }
 
-std::string key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+trainyard::optim::OptimizerStateKey key(const torch::Tensor& p) {
+  return trainyard::optim::optimizer_state_key(p);
 }
 
 // Sets at::get_num_threads() for one test and restores it.

@@ -20,6 +20,10 @@ inline constexpr const char* kJoinTimeoutEnv = "TRAINYARD_JOIN_TIMEOUT";
 // How init() keeps freed memory for reuse: caching (default), glibc-reuse or glibc (Note
 // [Reusing freed memory] in src/comm/process_group.cpp).
 inline constexpr const char* kCpuAllocatorEnv = "TRAINYARD_CPU_ALLOCATOR";
+// InitOptions::device: cpu (default) or cuda.
+inline constexpr const char* kDeviceEnv = "TRAINYARD_DEVICE";
+// InitOptions::backend: auto (default), gloo or nccl.
+inline constexpr const char* kBackendEnv = "TRAINYARD_BACKEND";
 
 struct DistEnv {
   int rank = 0;

@@ -1,8 +1,9 @@
 // init(): the process group for this rank, built from the environment contract: a c10d TCPStore
-// (rank 0 hosts it unless the agent does) and a ProcessGroupGloo whose collectives time out, so a
-// dead peer surfaces as an error instead of a hang.
+// (rank 0 hosts it unless the agent does) and a Gloo process group (NCCL for ranks on GPUs) whose
+// collectives time out, so a dead peer surfaces as an error instead of a hang.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -39,6 +40,14 @@ struct InitOptions {
   // training on these VMs). Left to glibc when the environment sets glibc's own malloc
   // variables (MALLOC_MMAP_MAX_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES).
   bool reuse_freed_memory = true;
+  // Where this rank's model and tensors live: "cpu", or "cuda" for the GPU numbered LOCAL_RANK
+  // (modulo the GPUs visible, when ranks share them over Gloo), which init() makes the current
+  // CUDA device. $TRAINYARD_DEVICE when set.
+  std::string device = "cpu";
+  // The process group: "auto" (NCCL when device is cuda, this build has NCCL and every local rank
+  // has a GPU of its own; else Gloo), "gloo" or "nccl". $TRAINYARD_BACKEND when set. Under NCCL,
+  // CPU tensors still go through Gloo (compat::nccl_group).
+  std::string backend = "auto";
 };
 
 // One rank's membership of a job: who it is, the store, and the process group.
@@ -46,7 +55,8 @@ class Distributed {
  public:
   Distributed(DistEnv env,
               c10::intrusive_ptr<c10d::Store> store,
-              c10::intrusive_ptr<c10d::ProcessGroup> pg);
+              c10::intrusive_ptr<c10d::ProcessGroup> pg,
+              c10::Device device = c10::Device(c10::kCPU));
   ~Distributed();
   Distributed(const Distributed&) = delete;
   Distributed& operator=(const Distributed&) = delete;
@@ -57,6 +67,8 @@ class Distributed {
   const DistEnv& env() const { return env_; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  // The device this rank trains on (InitOptions::device resolved to an index).
+  c10::Device device() const { return device_; }
 
   // Blocks until every rank has called it (bounded by the group's timeout).
   void barrier();
@@ -65,10 +77,12 @@ class Distributed {
   DistEnv env_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::Device device_;
 };
 
 // The defaults, with timeout and join_timeout from $TRAINYARD_COLLECTIVE_TIMEOUT and
-// $TRAINYARD_JOIN_TIMEOUT (seconds, > 0) when set. Throws InvalidArgumentError naming a bad one.
+// $TRAINYARD_JOIN_TIMEOUT (seconds, > 0), device from $TRAINYARD_DEVICE and backend from
+// $TRAINYARD_BACKEND when set. Throws InvalidArgumentError naming a bad one.
 InitOptions init_options_from_env(const EnvLookup& env = process_env());
 
 // Reads the contract from the environment, connects to the store and builds the Gloo group.
@@ -85,7 +99,8 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
 // Waits for a collective like work->wait() (rethrowing its error), calling trainyard::heartbeat()
 // about every second while it waits, so that the launcher's hang watchdog sees a rank waiting for
 // a slow peer as alive (Note [Hang watchdog] in src/elastic/rank_monitor.cpp). Blocks; the work's
-// own timeout still bounds it. Thread-safe as Work::wait is.
+// own timeout still bounds it. Thread-safe as Work::wait is. NCCL work is not waited for on the
+// host: the current CUDA stream waits for it (Note [Waiting on NCCL work]).
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work);
 
 // wait_work, with a failure rethrown as NetworkError naming `who` ("DistributedDataParallel"),
@@ -95,6 +110,24 @@ void wait_collective(const c10::intrusive_ptr<c10d::Work>& work,
                      const char* what,
                      int rank,
                      int world_size);
+
+// The device `options.device` names for a rank with this LOCAL_RANK and local world size: cpu, or
+// cuda:i. Throws Error naming the fix when there is no GPU or this build has no CUDA.
+c10::Device resolve_device(const InitOptions& options, int local_rank);
+
+// Whether init() would form an NCCL group for these options on `device` (options.backend
+// resolved: Note [Choosing the backend]). Throws InvalidArgumentError for a backend name it does
+// not know or nccl without a GPU.
+bool use_nccl(const InitOptions& options, c10::Device device, int local_world_size);
+
+// An NCCL process group (CPU tensors over Gloo) over an existing store, this rank on `device`.
+c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    int rank,
+    int world_size,
+    c10::Device device,
+    const InitOptions& options = {},
+    const std::string& master_addr = "127.0.0.1");
 
 // A Gloo process group over an existing store: for tests that run ranks as threads over a
 // c10d::HashStore, and for agents that own the store.

@@ -1,0 +1,120 @@
+#include "torch_compat.h"
+
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "trainyard/error.h"
+
+// Note [Two LibTorch lines]
+// trainyard builds against Debian's LibTorch 1.13 (CPU; the line CI builds and tests) and against
+// LibTorch 2.x (what most users download, and what a pip PyTorch ships, with CUDA and NCCL).
+// Between them c10d changed shape: in 1.13 ProcessGroupGloo *is* a c10d::ProcessGroup; in 2.x it
+// is a c10d::Backend, and a c10d::ProcessGroup holds one backend per device type and dispatches
+// each collective to the backend of its tensors' device. Everything above this file sees only
+// c10d::ProcessGroup, whose collective methods (allreduce, broadcast, _allgather_base, ...) are
+// the same virtual functions in both lines, so the difference stays here: how a group is made
+// from a backend, and how one kind of work is waited for. NCCL exists only in the 2.x line (the
+// Debian build has no CUDA).
+
+namespace trainyard::comm::compat {
+
+const char* torch_line() {
+  return TORCH_VERSION_MAJOR >= 2 ? "2.x" : "1.13";
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank,
+                                                  int world_size,
+                                                  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo) {
+#if TORCH_VERSION_MAJOR >= 2
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+  c10::intrusive_ptr<c10d::Backend> backend = gloo;
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
+  if (torch::cuda::is_available())
+    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, backend);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  return group;
+#else
+  (void)store;
+  (void)rank;
+  (void)world_size;
+  return gloo;
+#endif
+}
+
+bool nccl_available() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank,
+                                                  int world_size,
+                                                  int device_index,
+                                                  std::chrono::milliseconds timeout,
+                                                  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo) {
+#ifdef USE_C10D_NCCL
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+  c10::intrusive_ptr<c10d::Backend> cpu = gloo;
+  c10::intrusive_ptr<c10d::Backend> cuda = nccl;
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, cpu);
+  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, cuda);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  (void)device_index;
+  return group;
+#else
+  (void)store;
+  (void)rank;
+  (void)world_size;
+  (void)device_index;
+  (void)timeout;
+  (void)gloo;
+  throw Error(detail::concat(
+      "NCCL was asked for, but this build of trainyard has no NCCL: it was built against LibTorch ",
+      torch_line(),
+      " without CUDA. HINT: build against a CUDA LibTorch 2.x (see README, \"GPUs\"), or use the "
+      "Gloo backend (TRAINYARD_BACKEND=gloo)."));
+#endif
+}
+
+// Note [Waiting on NCCL work]
+// NCCL work completes on a CUDA stream. Its wait() makes the caller's current stream wait for it
+// and returns: the host need not block, and reading a result on the host synchronises anyway. Its
+// wait(timeout), by contrast, blocks the host until the work is done, and when the timeout passes
+// (counted from the work's start, not from the call) it marks the work failed and aborts the
+// communicator: polling it in slices, as wait_work does for Gloo to keep the rank's heartbeat
+// going, would kill any collective longer than one slice. So NCCL work gets one plain wait();
+// a dead peer is caught by NCCL's watchdog, which fails the rank after the group's timeout.
+bool completes_on_device(const c10::intrusive_ptr<c10d::Work>& work) {
+#ifdef USE_C10D_NCCL
+  return dynamic_cast<c10d::ProcessGroupNCCL::WorkNCCL*>(work.get()) != nullptr;
+#else
+  (void)work;
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+  return static_cast<int>(torch::cuda::device_count());
+}
+
+void set_cuda_device(int index) {
+#ifdef USE_C10D_NCCL
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+#else
+  (void)index;
+#endif
+}
+
+}  // namespace trainyard::comm::compat

@@ -1,0 +1,47 @@
+// What differs between the two LibTorch lines trainyard builds against, behind functions the rest
+// of comm/ calls: see Note [Two LibTorch lines] in torch_compat.cpp. Private to comm/.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <chrono>
+
+namespace trainyard::comm::compat {
+
+// "1.13" or "2.x": the line this build was compiled against.
+const char* torch_line();
+
+// A process group whose collectives run on `gloo` (for CPU tensors, and CUDA tensors, which Gloo
+// stages through the host itself).
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank,
+                                                  int world_size,
+                                                  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo);
+
+// Whether this build has LibTorch's NCCL process group (a CUDA LibTorch 2.x).
+bool nccl_available();
+
+// A process group whose collectives on CUDA tensors run on NCCL (one GPU per rank: `device_index`)
+// and on CPU tensors on `gloo`, so that the small CPU tensors the library exchanges (counts,
+// flags, metrics) need no copies to the GPU. Every collective, and NCCL's watchdog, time out
+// after `timeout`: a dead peer ends the rank with an error instead of a hang. Throws Error when
+// nccl_available() is false.
+c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank,
+                                                  int world_size,
+                                                  int device_index,
+                                                  std::chrono::milliseconds timeout,
+                                                  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo);
+
+// True for work that completes on a GPU stream (NCCL): waiting for it is queueing the wait on the
+// current stream, not blocking the host (Note [Waiting on NCCL work]).
+bool completes_on_device(const c10::intrusive_ptr<c10d::Work>& work);
+
+// CUDA devices this process sees (0 without CUDA).
+int cuda_device_count();
+
+// Makes `index` the calling thread's current CUDA device. No-op without CUDA.
+void set_cuda_device(int index);
+
+}  // namespace trainyard::comm::compat
