@@ -25,6 +25,7 @@
 #include "trainyard/fsdp/state_dict.h"
 #include "trainyard/memory/caching_allocator.h"
 #include "trainyard/models/gpt_neox.h"
+#include "trainyard/nn/autocast.h"
 #include "trainyard/optim/fused_adamw.h"
 
 namespace fsdp = trainyard::fsdp;
@@ -55,9 +56,9 @@ int main(int argc, char** argv) try {
   // 1. Flags.
   CLI::App app{"GPT-NeoX with FSDP"};
   std::string preset = "pythia-14m", strategy = "full_shard", precision = "fp32", data_path;
-  std::string storage;
+  std::string storage, device_name;
   bool checkpointing = false, memory_trace = false;
-  std::int64_t seq_len = 256, batch = 4, steps = 10, checkpoint_every = 0;
+  std::int64_t seq_len = 256, batch = 4, steps = 10, checkpoint_every = 0, warmup = 0;
   std::uint64_t seed = 0;
   double lr = 1e-4;
   app.add_option("--preset", preset, "model preset")
@@ -72,6 +73,11 @@ int main(int argc, char** argv) try {
   app.add_option("--batch-size", batch, "sequences per rank")->check(CLI::Range(1, 1 << 16));
   app.add_option("--steps", steps)->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", seed);
+  app.add_option("--warmup-steps", warmup,
+                 "steps left out of tokens/s (on a GPU the first loads kernels and handles)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--device", device_name, "cpu or cuda (default: $TRAINYARD_DEVICE, else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--lr", lr);
   app.add_option("--data", data_path, "train on this file's bytes")->check(CLI::ExistingFile);
   app.add_option("--storage", storage, "run folder for checkpoints (path, file://, s3://)");
@@ -81,11 +87,18 @@ int main(int argc, char** argv) try {
   TY_CHECK(storage.empty() || strategy != "ddp", "--storage needs an FSDP --strategy.");
 
   // 2. Join the job and build the model (the same initial values on every rank: seeded per name).
-  auto dist = trainyard::init();
+  auto init_options = trainyard::init_options_from_env();
+  if (!device_name.empty()) init_options.device = device_name;
+  auto dist = trainyard::init(init_options);
+  const auto device = dist->device();
   torch::set_num_threads(1);
   auto config = models::GptNeoXConfig::preset(preset);
-  // Under FSDP the model is deferred: FSDP materialises it one unit at a time.
-  models::GptNeoX model(config, models::GptNeoXInit{.seed = seed, .deferred = strategy != "ddp"});
+  // Under FSDP on the CPU the model is deferred: FSDP materialises it one unit at a time. On a GPU
+  // it is built there whole and sharded where it is.
+  models::GptNeoX model(
+      config,
+      models::GptNeoXInit{
+          .device = device, .seed = seed, .deferred = strategy != "ddp" && device.is_cpu()});
   const bool bf16 = precision == "bf16-mixed";
 
   // 3. Wrap it: one FSDP unit per transformer layer and per embedding (or DDP over the model).
@@ -149,17 +162,21 @@ int main(int argc, char** argv) try {
   };
 
   // 6. Train: print the mean loss over all ranks' tokens each step. DDP's bf16-mixed is autocast.
-  at::autocast::set_cpu_enabled(bf16 && replicated);
-  at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
-  const auto start = std::chrono::steady_clock::now();
+  trainyard::nn::set_autocast(device, bf16 && replicated != nullptr);
+  auto start = std::chrono::steady_clock::now();
   double exposed_ms = 0;  // FSDP: time compute waited for communication
+  const std::int64_t timed_from = std::min(steps - 1, first + warmup);
   for (std::int64_t step = first; step < steps; ++step) {
+    if (step == timed_from) {  // the steps before have finished: each ends reading the loss
+      start = std::chrono::steady_clock::now();
+      exposed_ms = 0;
+    }
     std::vector<torch::Tensor> rows;
     for (std::int64_t i = 0; i < batch; ++i) {
       std::int64_t w = ((step * dist->world_size() + dist->rank()) * batch + i) % windows;
       rows.push_back(tokens.narrow(0, w * seq_len, seq_len));
     }
-    auto ids = torch::stack(rows);  // (batch, seq_len)
+    auto ids = torch::stack(rows).to(device);  // (batch, seq_len)
     auto trace = [&](const char* phase) {
       if (memory_trace) trace_memory(dist->rank(), phase, step);
     };
@@ -177,8 +194,9 @@ int main(int argc, char** argv) try {
     trace("optimizer");
     std::vector<torch::Tensor> mean{loss.detach().clone() / dist->world_size()};
     trainyard::wait_work(dist->process_group()->allreduce(mean));
+    const double mean_loss = mean[0].item<double>();  // on a GPU, waits for the step on every rank
     if (dist->rank() == 0)
-      std::printf("step %lld loss %.6f\n", static_cast<long long>(step), mean[0].item<double>());
+      std::printf("step %lld loss %.6f\n", static_cast<long long>(step), mean_loss);
     if (ckpt && (step + 1 == steps || (checkpoint_every && (step + 1) % checkpoint_every == 0)))
       save(step + 1);
   }
@@ -196,7 +214,7 @@ int main(int argc, char** argv) try {
   std::printf(
       "rank %d: %.1f tokens/s, peak RSS %.1f MiB, model state %.1f MiB%s, exposed comm %.1f%% "
       "(%s, %s%s)\n",
-      dist->rank(), (steps - first) * batch * seq_len * dist->world_size() / seconds,
+      dist->rank(), (steps - timed_from) * batch * seq_len * dist->world_size() / seconds,
       usage.ru_maxrss / 1024.0, state / 1048576.0, pool.c_str(), exposed_ms / 10 / seconds,
       strategy.c_str(), precision.c_str(), checkpointing ? ", activation checkpointing" : "");
   return 0;

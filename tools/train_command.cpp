@@ -62,6 +62,10 @@ void add_shared_flags(CLI::App& c, train::Recipe& r, bool& no_progress) {
       ->capture_default_str();
   c.add_option("--threads", r.scaling.threads, "Intra-op threads per rank (0: cores / ranks)")
       ->capture_default_str();
+  c.add_option("--device", r.scaling.device,
+               "cpu, or cuda: each rank on the GPU numbered LOCAL_RANK, collectives on NCCL")
+      ->envname(kDeviceEnv)
+      ->capture_default_str();
   c.add_option("--collective-timeout", r.run.collective_timeout_s,
                "Seconds a collective or store wait may take before it fails")
       ->envname(kCollectiveTimeoutEnv)

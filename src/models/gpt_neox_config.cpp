@@ -39,6 +39,7 @@ const std::vector<Preset>& presets() {
       {"pythia-70m", pythia(50304, 512, 6, 8, 2048)},
       {"pythia-160m", pythia(50304, 768, 12, 12, 3072)},
       {"pythia-410m", pythia(50304, 1024, 24, 16, 4096)},
+      {"pythia-1b", pythia(50304, 2048, 16, 8, 8192)},
       {"dolly-v2-7b", pythia(50280, 4096, 32, 32, 16384)},
       // For tests: head_size 8 with rotary_pct 0.5 rotates 4 dimensions (two frequencies).
       {"tiny", GptNeoXConfig{.vocab_size = 128,

@@ -29,6 +29,7 @@
 #include "trainyard/log.h"
 #include "trainyard/models/gpt_neox.h"
 #include "trainyard/models/hf_weights.h"
+#include "trainyard/nn/autocast.h"
 #include "trainyard/optim/fused_adamw.h"
 #include "trainyard/train/trainer.h"
 
@@ -417,8 +418,13 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   // transformer wrapping policy), or DDP over the whole model.
   const bool ddp_strategy = o.strategy == "ddp";
   const bool bf16 = o.precision == "bf16-mixed";
-  models::GptNeoX model(source.config,
-                        models::GptNeoXInit{.seed = o.seed, .deferred = !ddp_strategy});
+  // On a GPU the model is built there whole, and FSDP shards it where it is; on the CPU FSDP's
+  // model is deferred and materialised one unit at a time.
+  const auto device = trainer.device();
+  models::GptNeoX model(
+      source.config,
+      models::GptNeoXInit{
+          .device = device, .seed = o.seed, .deferred = !ddp_strategy && device.is_cpu()});
   // A Hugging Face folder's weights: FSDP reads each rank's slices of them (Note [Initialising
   // by slices]), DDP the whole model on every rank.
   std::shared_ptr<const hf::WeightReader> weights;
@@ -502,16 +508,15 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   trainer.resume(*io);
 
   // 4. Train. DDP's bf16-mixed is autocast; FSDP's is its MixedPrecision.
-  at::autocast::set_cpu_enabled(bf16 && replicated);
-  at::autocast::set_autocast_cpu_dtype(torch::kBFloat16);
+  nn::set_autocast(device, bf16 && replicated);
   data::DistributedSampler sampler({.dataset_size = text.lines.size(),
                                     .num_replicas = world,
                                     .rank = rank,
                                     .shuffle = true,
                                     .seed = o.seed});
-  auto make_batch = [&text](const std::vector<std::int64_t>& idx) {
+  auto make_batch = [&text, device](const std::vector<std::int64_t>& idx) {
     auto b = data::causal_lm_batch(text.lines, idx);
-    return data::Batch{b.input_ids, b.labels};
+    return data::Batch{b.input_ids.to(device), b.labels.to(device)};
   };
   const bool bar_enabled = o.progress && rank == 0 && interactive_output();
   double train_time = 0;

@@ -76,6 +76,8 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
 
   torch::manual_seed(options.seed);
   auto model = models::resnet18(/*in_channels=*/1, /*num_classes=*/10);
+  const auto device = trainer.device();
+  model->to(device);
   auto config = config_json(resolved, world, trainer.threads());
   config["parameters"] = parameter_count(*model);
   trainer.write_config(config.dump());
@@ -98,9 +100,9 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
                                     .rank = rank,
                                     .shuffle = true,
                                     .seed = options.seed});
-  auto make_batch = [&train_set](const std::vector<std::int64_t>& idx) {
+  auto make_batch = [&train_set, device](const std::vector<std::int64_t>& idx) {
     auto [x, y] = data::fashion_mnist_batch(train_set, idx);
-    return data::Batch{x, y};
+    return data::Batch{x.to(device), y.to(device)};
   };
 
   double train_time = 0;
@@ -134,7 +136,9 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
     for (std::size_t b = 0; b < mine.size(); b += 512) {
       std::vector<std::int64_t> idx(mine.begin() + b,
                                     mine.begin() + std::min(mine.size(), b + 512));
-      auto [x, y] = data::fashion_mnist_batch(test_set, idx);
+      auto [cpu_x, cpu_y] = data::fashion_mnist_batch(test_set, idx);
+      const auto x = cpu_x.to(device);
+      const auto y = cpu_y.to(device);
       auto logits = model->forward(x);
       loss_sum += torch::cross_entropy_loss(logits, y, {}, torch::Reduction::Sum).item<double>();
       correct += logits.argmax(1).eq(y).sum().item<double>();

@@ -200,6 +200,8 @@ SkippedImages skipped_images(const data::ImageFolder& train_set,
 void ImageFolderRecipeOptions::validate() const {
   run.validate();
   scaling.validate();
+  TY_CHECK(scaling.device == "cpu", "image-folder trains on the CPU so far (--device ",
+           scaling.device, "). HINT: --device cuda works for fashion-mnist and causal-lm.");
   const std::string layout_hint =
       " HINT: --data is a folder holding train/ and val/, each with one folder per class "
       "holding its images (.jpg, .jpeg, .png), as torchvision's ImageFolder reads ImageNet.";

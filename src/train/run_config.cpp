@@ -26,6 +26,8 @@ void ScalingConfig::validate() const {
   TY_CHECK(max_restarts >= 0, "--max-restarts must be >= 0, got ", max_restarts, ".");
   TY_CHECK(hang_timeout_s >= 0 && hang_timeout_s <= 1e6,
            "--hang-timeout must be in [0, 1000000] seconds (0: off), got ", hang_timeout_s, ".");
+  TY_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device,
+           "'.");
 }
 
 }  // namespace trainyard::train

@@ -250,14 +250,19 @@ std::unique_ptr<CheckpointIO> fsdp_checkpoint_io(fsdp::FullyShardedDataParallelB
   return std::make_unique<FsdpCheckpointIO>(model, optimizer, dist);
 }
 
+c10::Device Trainer::device() const {
+  return dist_->device();
+}
+
 Trainer::Trainer(std::string recipe, RunConfig run, ScalingConfig scaling)
     : recipe_(std::move(recipe)), run_(std::move(run)), scaling_(std::move(scaling)) {
   run_.validate();
   scaling_.validate();
   start_s_ = now_s();
-  auto init_options = init_options_from_env();  // the join timeout
+  auto init_options = init_options_from_env();  // the join timeout, TRAINYARD_BACKEND
   init_options.timeout =
       std::chrono::milliseconds(static_cast<std::int64_t>(run_.collective_timeout_s * 1000));
+  init_options.device = scaling_.device;
   dist_ = init(init_options);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int local_ranks = std::max(1, dist_->env().local_world_size);

@@ -29,6 +29,9 @@ struct ScalingConfig {
   // When the recipe launches itself: the launcher's hang watchdog (LaunchOptions::hang_timeout),
   // in seconds; 0 turns it off. See Note [Hang watchdog].
   double hang_timeout_s = 30;
+  // Where each rank trains: "cpu", or "cuda" (the GPU numbered LOCAL_RANK; collectives on NCCL
+  // where every rank has a GPU of its own): InitOptions::device. Ray's ScalingConfig(use_gpu).
+  std::string device = "cpu";
 
   // Throws InvalidArgumentError naming the flag and the fix.
   void validate() const;

@@ -26,6 +26,8 @@
 // across world sizes] in trainer.cpp), so a run resumes at another world size where it stopped.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -140,6 +142,8 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   Distributed& dist() { return *dist_; }
+  // The device this rank trains on (ScalingConfig::device resolved: cpu or cuda:LOCAL_RANK).
+  c10::Device device() const;
   const std::shared_ptr<Distributed>& dist_ptr() { return dist_; }
   int rank() const;
   int world_size() const;
