@@ -45,6 +45,30 @@ namespace trainyard::comm {
 // the same call but whose successor did not cannot see it; it fails when its successor stops
 // answering (the group's timeout). After such an error the group's ring is out of step.
 
+// Note [Flat collectives on devices]
+// The paths above run on CPU memory. Tensors on a device (CUDA) take one of two others:
+//   native:  a group with a GPU backend (GroupCapabilities::device_tensors: NCCL) runs
+//            _allgather_base / _reduce_scatter_base on them directly, ordered on the caller's
+//            current stream. The work returned (DeviceWork) waits as Note [Waiting on NCCL work]
+//            (torch_compat.cpp) says NCCL work must, with a timeout or without: the caller's
+//            stream waits for the collective and the host does not, so slices of wait_work never
+//            trip NCCL's wait(timeout), which aborts the communicator; NCCL's watchdog bounds the
+//            collective instead. all_reduce, broadcast and barrier on such a group return their
+//            work the same way. NCCL reduces in one dtype, so a reduce-scatter whose output dtype
+//            differs reduces into a temporary of input's dtype (partial sums in that dtype, as on
+//            the ring) that the work's wait() converts into output on the waiting thread's
+//            current stream. CPU tensors on such a group take the ring over its CPU backend.
+//   staged:  any other group (Gloo, the shared-memory group) runs the CPU path on host copies:
+//            the caller's thread copies input into a pinned CPU buffer (a synchronous copy, so
+//            the caller's stream has finished everything issued before the call), issues the
+//            CPU collective in its place in the issue order, and a thread of the work's own
+//            waits for it, copies the result into output (synchronously, on that thread's
+//            stream) and only then completes the work. A caller that waited for the work may
+//            read output on any stream. Staging costs two copies and a stream synchronisation
+//            per call; NCCL is the fast path.
+// One rank with a group that is not native copies input into output on the device (the CPU
+// path's shortcut), ordered on the caller's stream like any device kernel.
+
 namespace {
 
 // The send/recv tag of every ring step; Gloo matches tags per pair of one group. Other users of
@@ -121,6 +145,82 @@ class RingWork : public c10d::Work {
   at::Tensor result_;
   std::thread thread_;  // runs the ring; joined by the destructor
 };
+
+// A flat collective on device tensors run on host copies: see Note [Flat collectives on devices].
+// The destructor waits for its thread, so dropping the work without waiting blocks until the
+// host collective ends (bounded by the group's timeout).
+class StagedWork : public c10d::Work {
+ public:
+  StagedWork(c10d::OpType type, at::Tensor result)
+      : c10d::Work(-1, type), result_(std::move(result)) {}
+  ~StagedWork() override {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // On this work's thread: waits for `host_work`, copies `host_result` into the result, then
+  // completes the work with the error of either, if any. `keep` stays alive until then. Call once.
+  void start(c10::intrusive_ptr<c10d::Work> host_work, at::Tensor host_result, at::Tensor keep) {
+    thread_ = std::thread([this, host_work = std::move(host_work),
+                           host_result = std::move(host_result), keep = std::move(keep)] {
+      std::exception_ptr error;
+      try {
+        host_work->wait();
+        result_.copy_(host_result);  // synchronous: on the device when it returns
+      } catch (...) {
+        error = std::current_exception();
+      }
+      finish(error);
+    });
+  }
+
+  std::vector<at::Tensor> result() override { return {result_}; }
+
+ private:
+  at::Tensor result_;
+  std::thread thread_;  // waits and copies back; joined by the destructor
+};
+
+// Work on a group's GPU backend: see Note [Flat collectives on devices]. wait(), with a timeout
+// or without, is the backend's plain wait; then, when `reduced` is defined (a reduce-scatter into
+// another dtype), it converts `reduced` into `output`, once, on the waiting thread's stream.
+class DeviceWork : public c10d::Work {
+ public:
+  DeviceWork(c10::intrusive_ptr<c10d::Work> inner,
+             c10d::OpType type,
+             at::Tensor output = {},
+             at::Tensor reduced = {})
+      : c10d::Work(-1, type),
+        inner_(std::move(inner)),
+        output_(std::move(output)),
+        reduced_(std::move(reduced)) {}
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  std::vector<at::Tensor> result() override {
+    return output_.defined() ? std::vector<at::Tensor>{output_} : inner_->result();
+  }
+  bool wait(std::chrono::milliseconds /*timeout: NCCL's watchdog bounds it*/) override {
+    const bool ok = inner_->wait();
+    if (reduced_.defined()) std::call_once(converted_, [&] { output_.copy_(reduced_); });
+    return ok;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  at::Tensor output_;
+  at::Tensor reduced_;  // input's dtype, alive until converted; undefined: nothing to convert
+  std::once_flag converted_;
+};
+
+// `work` as this file returns it: wrapped in DeviceWork when it runs on `group`'s GPU backend,
+// which is the case when the group has one and `tensor` (any of the collective's) is on a GPU.
+c10::intrusive_ptr<c10d::Work> on_backend_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+                                             bool cuda_tensor,
+                                             c10::intrusive_ptr<c10d::Work> work,
+                                             c10d::OpType type) {
+  if (!cuda_tensor || !capabilities_of(group).device_tensors) return work;
+  return c10::make_intrusive<DeviceWork>(std::move(work), type);
+}
 
 // The bound on each of the group's waits: Gloo's own timeout, else the default.
 std::chrono::milliseconds collective_timeout(c10d::ProcessGroup& group) {
@@ -327,8 +427,7 @@ void ring_all_gather(c10d::ProcessGroup& group, at::Tensor output, at::Tensor in
 }
 
 bool is_flat(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
-         t.dim() == 1;
+  return t.defined() && t.layout() == at::kStrided && t.is_contiguous() && t.dim() == 1;
 }
 
 void check_pair(const at::Tensor& big,
@@ -338,8 +437,10 @@ void check_pair(const at::Tensor& big,
                 const char* big_name,
                 const char* small_name) {
   TY_CHECK(is_flat(big) && is_flat(small), what, ": ", big_name, " and ", small_name,
-           " must be 1-D contiguous dense CPU tensors, got ", big_name, " ", big.sizes(), " and ",
+           " must be 1-D contiguous dense tensors, got ", big_name, " ", big.sizes(), " and ",
            small_name, " ", small.sizes(), ".");
+  TY_CHECK(big.device() == small.device(), what, ": ", big_name, " and ", small_name,
+           " must be on one device, got ", big.device(), " and ", small.device(), ".");
   TY_CHECK(big.numel() == small.numel() * world, what, ": ", big_name, " has ", big.numel(),
            " elements; with ", world, " ranks and a ", small_name, " of ", small.numel(),
            " it must have ", small.numel() * world, ".");
@@ -349,13 +450,34 @@ bool low_or_single(at::ScalarType t) {
   return t == at::kFloat || t == at::kBFloat16;
 }
 
+// Whether the group runs flat collectives natively on t's device: Note [Flat collectives on
+// devices].
+bool native_on(const GroupCapabilities& caps, const at::Tensor& t) {
+  return caps.native_flat_collectives && (caps.device_tensors ? t.is_cuda() : t.is_cpu());
+}
+
+// (numel,) of like's dtype in CPU memory, pinned when `like` is a CUDA tensor (faster copies).
+at::Tensor host_buffer(std::int64_t numel, const at::Tensor& like) {
+  return at::empty({numel},
+                   at::TensorOptions().dtype(like.scalar_type()).pinned_memory(like.is_cuda()));
+}
+
+// The name ProcessGroupNCCL gives its backend (c10d's NCCL_BACKEND_NAME), in 1.13 and 2.x.
+constexpr const char* kNcclBackendName = "nccl";
+
 }  // namespace
 
 GroupCapabilities capabilities_of(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
   TY_CHECK(group, "capabilities_of: the process group is null.");
-  const bool shm = dynamic_cast<const ShmProcessGroup*>(group.get()) != nullptr;
-  return GroupCapabilities{
-      .shared_memory = shm, .average_in_collective = shm, .native_flat_collectives = shm};
+  if (dynamic_cast<const ShmProcessGroup*>(group.get()) != nullptr)
+    return GroupCapabilities{
+        .shared_memory = true, .average_in_collective = true, .native_flat_collectives = true};
+  // LibTorch's groups are told apart by name, not type: in 2.x every group is a c10d::ProcessGroup
+  // holding backends, and this build need not link NCCL at all.
+  if (group->getBackendName() == kNcclBackendName)
+    return GroupCapabilities{
+        .average_in_collective = true, .native_flat_collectives = true, .device_tensors = true};
+  return GroupCapabilities{};
 }
 
 namespace {
@@ -382,6 +504,8 @@ c10::intrusive_ptr<c10d::Work> all_reduce(const c10::intrusive_ptr<c10d::Process
   TY_CHECK(group, "all_reduce: the process group is null.");
   const auto issued = std::chrono::steady_clock::now();
   auto work = group->allreduce(tensors, options);
+  work = on_backend_of(group, !tensors.empty() && tensors[0].is_cuda(), std::move(work),
+                       c10d::OpType::ALLREDUCE);
   return track_collective(CollectiveOp::kAllReduce, bytes_of(tensors), issued, std::move(work));
 }
 
@@ -391,6 +515,8 @@ c10::intrusive_ptr<c10d::Work> broadcast(const c10::intrusive_ptr<c10d::ProcessG
   TY_CHECK(group, "broadcast: the process group is null.");
   const auto issued = std::chrono::steady_clock::now();
   auto work = group->broadcast(tensors, options);
+  work = on_backend_of(group, !tensors.empty() && tensors[0].is_cuda(), std::move(work),
+                       c10d::OpType::BROADCAST);
   return track_collective(CollectiveOp::kBroadcast, bytes_of(tensors), issued, std::move(work));
 }
 
@@ -398,6 +524,8 @@ c10::intrusive_ptr<c10d::Work> barrier(const c10::intrusive_ptr<c10d::ProcessGro
   TY_CHECK(group, "barrier: the process group is null.");
   const auto issued = std::chrono::steady_clock::now();
   auto work = group->barrier();
+  // A group with a GPU backend runs barriers there (2.x: its default backend).
+  work = on_backend_of(group, /*cuda_tensor=*/true, std::move(work), c10d::OpType::BARRIER);
   return track_collective(CollectiveOp::kBarrier, 0, issued, std::move(work));
 }
 
@@ -430,8 +558,22 @@ c10::intrusive_ptr<c10d::Work> all_gather_flat_untracked(
   TY_CHECK(output.scalar_type() == input.scalar_type(),
            "all_gather_flat: output and input must have one dtype, got ", output.scalar_type(),
            " and ", input.scalar_type(), ".");
-  if (capabilities_of(group).native_flat_collectives)
-    return group->_allgather_base(output, input, c10d::AllgatherOptions());
+  const auto caps = capabilities_of(group);
+  if (native_on(caps, output)) {
+    auto work = group->_allgather_base(output, input, c10d::AllgatherOptions());
+    if (!caps.device_tensors) return work;
+    return c10::make_intrusive<DeviceWork>(std::move(work), c10d::OpType::_ALLGATHER_BASE, output);
+  }
+  if (!output.is_cpu() && group->getSize() > 1) {  // Note [Flat collectives on devices]
+    const std::int64_t n = input.numel();
+    auto host_output = host_buffer(output.numel(), output);  // (W * n,)
+    auto host_input = host_output.narrow(0, group->getRank() * n, n);
+    host_input.copy_(input);  // synchronises the caller's stream
+    auto host_work = all_gather_flat_untracked(group, host_output, host_input);
+    auto work = c10::make_intrusive<StagedWork>(c10d::OpType::_ALLGATHER_BASE, output);
+    work->start(std::move(host_work), host_output, host_output);
+    return work;
+  }
   auto work = c10::make_intrusive<RingWork>(c10d::OpType::_ALLGATHER_BASE, output);
   if (group->getSize() == 1) {
     if (output.data_ptr() != input.data_ptr()) output.copy_(input);
@@ -452,10 +594,28 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat_untracked(
   TY_CHECK(low_or_single(input.scalar_type()) && low_or_single(output.scalar_type()),
            "reduce_scatter_flat: input and output must be float32 or bfloat16, got ",
            input.scalar_type(), " and ", output.scalar_type(), ".");
-  if (capabilities_of(group).native_flat_collectives) {
+  const auto caps = capabilities_of(group);
+  if (native_on(caps, output)) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = op == ReduceOp::kAvg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
-    return group->_reduce_scatter_base(output, input, opts);
+    if (!caps.device_tensors) return group->_reduce_scatter_base(output, input, opts);
+    constexpr auto type = c10d::OpType::_REDUCE_SCATTER_BASE;
+    if (output.scalar_type() == input.scalar_type())
+      return c10::make_intrusive<DeviceWork>(group->_reduce_scatter_base(output, input, opts), type,
+                                             output);
+    // One dtype on NCCL: Note [Flat collectives on devices]. (n,) input's dtype.
+    auto reduced = at::empty({output.numel()}, input.options());
+    auto work = group->_reduce_scatter_base(reduced, input, opts);
+    return c10::make_intrusive<DeviceWork>(std::move(work), type, output, reduced);
+  }
+  if (!output.is_cpu() && group->getSize() > 1) {            // Note [Flat collectives on devices]
+    auto host_input = host_buffer(input.numel(), input);     // (W * n,)
+    host_input.copy_(input);                                 // synchronises the caller's stream
+    auto host_output = host_buffer(output.numel(), output);  // (n,)
+    auto host_work = reduce_scatter_flat_untracked(group, host_output, host_input, op);
+    auto work = c10::make_intrusive<StagedWork>(c10d::OpType::_REDUCE_SCATTER_BASE, output);
+    work->start(std::move(host_work), host_output, host_input);
+    return work;
   }
   auto work = c10::make_intrusive<RingWork>(c10d::OpType::_REDUCE_SCATTER_BASE, output);
   if (group->getSize() == 1) {
