@@ -98,6 +98,7 @@ class FsdpState {
 
  private:
   class Hook;
+  torch::Device choose_device() const;
   void select_units();
   void build_flat(Unit& unit, std::vector<ParamSlot> slots, bool trainable);
   void sync_initial_values(torch::Tensor& full);
@@ -117,14 +118,17 @@ class FsdpState {
   void finalize_backward();
   void abandon_backward();
   std::string where() const;
-  // (numel,) of `dtype`, uninitialised, from the caching allocator (Note [FSDP buffers]).
+  // (numel,) of `dtype` on device_, uninitialised, from a caching allocator (Note [FSDP buffers]).
   torch::Tensor cached_buffer(std::int64_t numel, torch::ScalarType dtype);
+  // nbytes on device_ for a gathered buffer, from the same allocators.
+  at::DataPtr gathered_memory(std::size_t nbytes);
 
   std::shared_ptr<torch::nn::Module> root_;
   FsdpGroups groups_;
   int shard_rank_ = 0;
   int shard_size_ = 1;
   int replicate_size_ = 1;
+  torch::Device device_ = torch::kCPU;  // of everything FSDP allocates: Note [FSDP device]
   torch::ScalarType compute_dtype_ = torch::kFloat32;
   torch::ScalarType reduce_dtype_ = torch::kFloat32;
   bool reshard_after_forward_ = true;

@@ -47,13 +47,26 @@ namespace trainyard::fsdp {
 //                          [Settling reductions])
 //   end of backward:       reduce what is left, wait for every reduction (and the all-reduce
 //                          across replicas for NO_SHARD and HYBRID), free every unit
-// Note [FSDP buffers]: the memory for gathered parameters, flat gradients and reduction outputs
-// comes from trainyard's caching allocator whether or not init() made it LibTorch's (Note
-// [Caching CPU allocator] in src/memory/caching_allocator.cpp): their sizes repeat every step,
-// so after the first step they fault in no pages and fragment no heap.
+// Note [FSDP buffers]: on the CPU, the memory for gathered parameters, flat gradients and
+// reduction outputs comes from trainyard's caching allocator whether or not init() made it
+// LibTorch's (Note [Caching CPU allocator] in src/memory/caching_allocator.cpp): their sizes
+// repeat every step, so after the first step they fault in no pages and fragment no heap. On a
+// GPU it comes from LibTorch's caching allocator for the device, on the current stream.
 // Every rank runs the same graph, so all ranks issue the same collectives in the same order,
 // which Gloo and the shared-memory group require. A parameter that gets no gradient counts as a
 // zero gradient, reduced at the end of backward.
+
+// Note [FSDP device]
+// Everything FSDP allocates (shards, gathered parameters, flat gradients, reduction outputs,
+// mixed-precision copies) lives on one device: FsdpOptions.device if set, else the parameters'
+// device, on which every parameter with values must be (choose_device names one that is not). A
+// deferred parameter, a CPU tensor without memory, joins any device: set_data() points it at
+// the gathered storage there. Values made on the CPU (param_init, param_slice_init, a loaded
+// checkpoint) are staged there and copied over; what FSDP hands out to be kept (full_parameters,
+// the state dicts' files) is copied to the CPU. The collectives get tensors on the device
+// (Note [Flat collectives on devices] in src/comm/collectives.cpp). FSDP creates no streams:
+// its copies, casts and collectives are ordered on the current stream, and a collective's wait
+// orders what follows after it. On the CPU every path is the one it always was.
 
 namespace {
 
@@ -72,12 +85,13 @@ bool is_deferred(const torch::Tensor& p) {
   return p.numel() > 0 && !p.is_meta() && p.storage().nbytes() == 0;
 }
 
-// A tensor of `shape` and `dtype` over `storage` from element `offset`, not an autograd view.
+// A tensor of `shape` and `dtype` over `storage` (on its device) from element `offset`, not an
+// autograd view.
 torch::Tensor view_of(const c10::Storage& storage,
                       std::int64_t offset,
                       at::IntArrayRef shape,
                       torch::ScalarType dtype) {
-  return torch::empty({0}, torch::TensorOptions().dtype(dtype))
+  return torch::empty({0}, torch::TensorOptions().dtype(dtype).device(storage.device()))
       .set_(storage, offset, shape, c10::contiguous_strides(shape));
 }
 
@@ -129,6 +143,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
              dtype, ".");
   reshard_after_forward_ = options_.sharding == ShardingStrategy::kFullShard ||
                            options_.sharding == ShardingStrategy::kHybridShard;
+  device_ = choose_device();
 
   select_units();
 
@@ -146,10 +161,12 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
     unit_hooks_.push_back(std::make_shared<Hook>(this, units_[i].get()));
     nn::set_unit_hook(*units_[i]->module, unit_hooks_.back());
   }
-  if (mp.buffer_dtype) {
+  if (mp.buffer_dtype || !device_.is_cpu()) {
     torch::NoGradGuard no_grad;
-    for (auto& b : root_->buffers(/*recurse=*/true))
-      if (b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype));
+    for (auto& b : root_->buffers(/*recurse=*/true)) {
+      if (!device_.is_cpu() && b.device() != device_) b.set_data(b.to(device_));  // deferred
+      if (mp.buffer_dtype && b.is_floating_point()) b.set_data(b.to(*mp.buffer_dtype));
+    }
   }
   logger("fsdp")->info(
       "FullyShardedDataParallel: {} units, {} parameter elements, shard group {} x replicas {}, "
@@ -175,6 +192,31 @@ FsdpState::~FsdpState() {
 std::string FsdpState::where() const {
   return detail::concat("FullyShardedDataParallel on rank ", shard_rank_, " of its shard group of ",
                         shard_size_);
+}
+
+// See Note [FSDP device].
+torch::Device FsdpState::choose_device() const {
+  std::optional<torch::Device> device = options_.device;
+  TY_CHECK(!device || device->is_cpu() || device->has_index(),
+           "FsdpOptions.device must name a device index, e.g. cuda:0 (the rank's LOCAL_RANK), "
+           "got ",
+           device.value_or(torch::kCPU), ".");
+  std::string first;  // the parameter whose device it is, unless the options gave it
+  for (const auto& item : root_->named_parameters(/*recurse=*/true)) {
+    const auto& p = item.value();
+    if (p.is_meta() || is_deferred(p)) continue;  // meta: build_flat says why it cannot be
+    if (!device) {
+      device = p.device();
+      first = item.key();
+      continue;
+    }
+    TY_CHECK(
+        p.device() == *device, where(), ": parameter ", item.key(), " is on ", p.device(), ", but ",
+        first.empty() ? std::string("FsdpOptions.device is ") : "parameter " + first + " is on ",
+        *device,
+        ". HINT: move the whole model to one device (model->to(device)) before wrapping it.");
+  }
+  return device.value_or(torch::kCPU);
 }
 
 // Innermost modules first: a unit claims the parameters of its subtree that no inner unit holds.
@@ -252,8 +294,6 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
              " is on the meta device, which LibTorch cannot turn into a CPU tensor in place. "
              "HINT: build the model for deferred initialisation (shapes without memory, e.g. "
              "GptNeoXInit{.deferred = true}) and give FsdpOptions.param_init.");
-    TY_CHECK(s.param.device().is_cpu(), where(), ": parameter ", s.name, " is on ",
-             s.param.device(), "; this build shards CPU parameters only.");
     TY_CHECK(s.param.scalar_type() == torch::kFloat32, where(), ": parameter ", s.name, " is ",
              s.param.scalar_type(),
              "; FSDP keeps fp32 shards and casts for compute (MixedPrecision.param_dtype). "
@@ -278,16 +318,16 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
     TY_CHECK(std::all_of(slots.begin(), slots.end(),
                          [](const ParamSlot& s) { return is_deferred(s.param); }),
              where(), ": FsdpOptions.param_slice_init needs every parameter of a unit deferred.");
-    auto shard = torch::zeros({flat->shard_numel}, torch::kFloat32);
+    auto shard = torch::zeros({flat->shard_numel}, torch::kFloat32);  // CPU: Note [FSDP device]
     const std::int64_t lo = shard_rank_ * flat->shard_numel, hi = lo + flat->shard_numel;
     for (const auto& s : slots) {
       const auto b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
       if (b < e)
         options_.param_slice_init(s.name, b - s.offset, e - b, shard.data_ptr<float>() + (b - lo));
     }
-    flat->shard = shard;
+    flat->shard = shard.to(device_);
   } else {
-    // (padded_numel,) fp32: the unit's full values, alive only here.
+    // (padded_numel,) fp32 on device_: the unit's full values, alive only here.
     auto full = cached_buffer(flat->padded_numel, torch::kFloat32).zero_();
     for (auto& s : slots) {
       auto dst = full.narrow(0, s.offset, s.numel).view(s.shape);
@@ -295,7 +335,7 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
         TY_CHECK(options_.param_init != nullptr, where(), ": parameter ", s.name,
                  " has no values yet (deferred initialisation) and FsdpOptions.param_init is not "
                  "set. HINT: pass the model's initialiser, e.g. GptNeoXImpl::init_parameter.");
-        auto t = torch::empty(s.shape, torch::kFloat32);
+        auto t = torch::empty(s.shape, torch::kFloat32);  // CPU: Note [FSDP device]
         options_.param_init(s.name, t);
         dst.copy_(t);
       } else {
@@ -310,10 +350,12 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   if (flat->aliases_shard) {
     flat->gathered = flat->shard.storage();
     flat->is_gathered = true;
-  } else {
+  } else if (device_.is_cpu()) {
     flat->gathered = c10::Storage(c10::Storage::use_byte_size_t(),
                                   flat->padded_numel * c10::elementSize(compute_dtype_),
                                   c10::GetCPUAllocator(), /*resizable=*/true);
+  } else {
+    flat->gathered = cached_buffer(flat->padded_numel, compute_dtype_).storage();
   }
   flat->shard.set_requires_grad(trainable);
   for (auto& s : slots)
@@ -329,11 +371,20 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
 }
 
 torch::Tensor FsdpState::cached_buffer(std::int64_t numel, torch::ScalarType dtype) {
+  if (!device_.is_cpu())
+    return torch::empty({numel}, torch::TensorOptions().dtype(dtype).device(device_));
   const auto nbytes = static_cast<std::size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                        memory::caching_allocator()->allocate(nbytes), memory::caching_allocator(),
                        /*resizable=*/false);
   return view_of(storage, 0, {numel}, dtype);
+}
+
+at::DataPtr FsdpState::gathered_memory(std::size_t nbytes) {
+  if (device_.is_cpu()) return memory::caching_allocator()->allocate(nbytes);
+  // The memory of a fresh tensor, from the device's allocator, taken out of its storage.
+  auto bytes = cached_buffer(static_cast<std::int64_t>(nbytes), torch::kUInt8);
+  return bytes.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, device_));
 }
 
 void FsdpState::gather(Unit& unit, bool prefetch) {
@@ -342,7 +393,7 @@ void FsdpState::gather(Unit& unit, bool prefetch) {
     if (flat->aliases_shard || flat->is_gathered) continue;
     auto* impl = flat->gathered.unsafeGetStorageImpl();
     const auto nbytes = flat->padded_numel * c10::elementSize(compute_dtype_);
-    impl->set_data_ptr_noswap(memory::caching_allocator()->allocate(nbytes));
+    impl->set_data_ptr_noswap(gathered_memory(nbytes));
     impl->set_nbytes(nbytes);
     flat->is_gathered = true;
     gathered_bytes_ += nbytes;
@@ -385,7 +436,7 @@ void FsdpState::free_unit(Unit& unit) {
     }
     auto* impl = flat->gathered.unsafeGetStorageImpl();
     gathered_bytes_ -= static_cast<std::int64_t>(impl->nbytes());
-    impl->set_data_ptr_noswap(at::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    impl->set_data_ptr_noswap(at::DataPtr(nullptr, impl->device()));  // keeps its device
     impl->set_nbytes(0);
     flat->is_gathered = false;
   }
@@ -716,7 +767,7 @@ double FsdpState::clip_grad_norm(double max_norm) {
   torch::NoGradGuard no_grad;
   // Padding is zero and every element lives in exactly one shard of the shard group (replicas
   // hold equal shards), so the squares summed over the shard group are the full gradient's.
-  auto sum = torch::zeros({1}, torch::kFloat64);
+  auto sum = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
   for (auto& p : parameters())
     if (p.grad().defined()) sum += p.grad().to(torch::kFloat64).pow(2).sum();
   if (shard_size_ > 1) {
@@ -741,8 +792,9 @@ std::vector<std::pair<std::string, torch::Tensor>> FsdpState::full_parameters(
     if (unit_name && unit->name != *unit_name) continue;
     found = true;
     for (auto& flat : unit->flats) {
-      // (padded_numel,) fp32, only this unit's
-      auto full = torch::empty({flat->padded_numel}, torch::kFloat32);
+      // (padded_numel,) fp32 on device_, only this unit's
+      auto full = torch::empty({flat->padded_numel},
+                               torch::TensorOptions().dtype(torch::kFloat32).device(device_));
       if (shard_size_ > 1) {
         auto own = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel);
         own.copy_(flat->shard);
@@ -751,8 +803,9 @@ std::vector<std::pair<std::string, torch::Tensor>> FsdpState::full_parameters(
       } else {
         full.copy_(flat->shard);
       }
+      const auto host = full.to(torch::kCPU);  // itself on the CPU: Note [FSDP device]
       for (auto& s : flat->slots)
-        out.emplace_back(s.name, full.narrow(0, s.offset, s.numel).view(s.shape).clone());
+        out.emplace_back(s.name, host.narrow(0, s.offset, s.numel).view(s.shape).clone());
     }
   }
   TY_CHECK(found, where(), ": full_parameters: no unit is named '", unit_name.value_or(""),
@@ -761,7 +814,7 @@ std::vector<std::pair<std::string, torch::Tensor>> FsdpState::full_parameters(
 }
 
 std::int64_t FsdpState::all_min(std::int64_t value) {
-  auto t = torch::tensor({value}, torch::kInt64);
+  auto t = torch::tensor({value}, torch::kInt64).to(device_);  // where the groups take it
   for (const auto& group : {groups_.shard, groups_.replicate}) {
     if (!group || group->getSize() == 1) continue;
     std::vector<torch::Tensor> v{t};

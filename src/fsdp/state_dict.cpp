@@ -30,7 +30,9 @@ namespace trainyard::fsdp {
 // the overlap, so nothing is converted offline and no rank reads more than the files its
 // elements are in. Replicas (HYBRID, NO_SHARD) hold equal shards: the first one writes.
 // Everything is staged and checked before the live shards change, so a failed load changes
-// nothing and the ranks can agree to fall back to an older checkpoint together.
+// nothing and the ranks can agree to fall back to an older checkpoint together. Files hold CPU
+// tensors: saving copies slices of the shards (on FSDP's device) to the CPU, loading stages on
+// the CPU and copies onto the device when applying (Note [FSDP device]).
 
 namespace {
 
@@ -360,6 +362,7 @@ void apply(FsdpState& st, torch::optim::Optimizer* opt, Staged& staged) {
   torch::NoGradGuard no_grad;
   for (auto& sf : staged.flats) {
     sf.flat->shard.copy_(sf.values);
+    for (auto& [name, t] : sf.optimizer) t = t.to(sf.flat->shard.device());  // staged on the CPU
     if (opt != nullptr && sf.flat->trainable)
       set_optimizer_state(*opt, staged.optimizer_kind, sf.flat->shard, staged.optimizer_step,
                           sf.optimizer);
@@ -382,8 +385,8 @@ std::optional<std::pair<std::string, std::string>> sharded_state_file(
       std::optional<ShardOptState> state;
       if (optimizer != nullptr && flat->trainable) state = optimizer_state(*optimizer, flat->shard);
       for (const auto& piece : pieces_of(*flat, st.shard_rank())) {
-        auto slice = [&](const torch::Tensor& t) {
-          return t.detach().narrow(0, piece.shard_offset, piece.size());
+        auto slice = [&](const torch::Tensor& t) {  // on the CPU: Note [Sharded state]
+          return t.detach().narrow(0, piece.shard_offset, piece.size()).to(torch::kCPU);
         };
         const auto& name = piece.slot->name;
         tensors.emplace_back(name, slice(flat->shard));

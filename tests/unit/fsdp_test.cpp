@@ -335,6 +335,27 @@ TEST(Fsdp, AWrapPolicyNamingAMissingModuleIsAnError) {
   });
 }
 
+// FsdpOptions.device is checked before anything is allocated, so both errors show without a GPU:
+// a device without an index, and a parameter with values that is not on the device named.
+TEST(Fsdp, ADeviceWithoutIndexOrAParameterElsewhereIsAnError) {
+  GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
+  trainyard::testing::run_thread_ranks(1, [&](int, auto pg) {
+    const std::pair<torch::Device, std::string> cases[] = {
+        {torch::Device(torch::kCUDA), "FsdpOptions.device must name a device index"},
+        {torch::Device(torch::kCUDA, 0), "is on cpu, but FsdpOptions.device is cuda:0"}};
+    for (const auto& [device, message] : cases) {
+      try {
+        FullyShardedDataParallel fsdp(model,
+                                      trainyard::fsdp::FsdpGroups{.shard = pg, .world_size = 1},
+                                      FsdpOptions{.device = device});
+        FAIL() << "expected an error for " << device;
+      } catch (const trainyard::InvalidArgumentError& e) {
+        EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      }
+    }
+  });
+}
+
 // The embeddings as units of their own (wrap_any_of), with activation checkpointing (which skips
 // the token-id-fed embedding) and prefetch: still the one-process result.
 TEST(Fsdp, EmbeddingsAsUnitsMatchOneProcess) {

@@ -70,8 +70,9 @@ struct MixedPrecision {
 };
 
 // Gives a parameter created on the meta device its initial values (filled in place into an fp32
-// CPU tensor of its shape). Called with the qualified parameter name; it must depend only on the
-// name (and a seed), never on the rank, so every world size builds the same model.
+// CPU tensor of its shape; FSDP copies them to its device). Called with the qualified parameter
+// name; it must depend only on the name (and a seed), never on the rank, so every world size builds
+// the same model.
 using ParamInit = std::function<void(const std::string& name, torch::Tensor& tensor)>;
 
 // Like ParamInit, for elements [begin, begin + count) of the flattened parameter only, written
@@ -98,6 +99,12 @@ struct FsdpOptions {
   ParamInit param_init;
   // For a deferred model: see ParamSliceInit. Takes precedence over param_init.
   ParamSliceInit param_slice_init;
+  // The device of the shards, the gathered parameters and every buffer FSDP allocates, with an
+  // index (cuda:LOCAL_RANK). nullopt: the parameters' device, which must be one for all of them.
+  // Set it to shard a deferred model (whose parameters are CPU tensors without memory) on a GPU;
+  // its buffers are moved there. A parameter with values must already be on it. See Note [FSDP
+  // device] in src/fsdp/fully_sharded_data_parallel.cpp.
+  std::optional<torch::Device> device;
 };
 
 // The process groups FSDP runs over. `shard`: the ranks that split each unit (all of them for
@@ -158,8 +165,9 @@ class FullyShardedDataParallelBase {
   // Collective.
   double clip_grad_norm_(double max_norm);
 
-  // Every parameter's full value in fp32, by qualified name: one unit gathered at a time (or only
-  // `unit`, a unit's qualified name, "" for the root's own parameters). Collective.
+  // Every parameter's full value in fp32, by qualified name, as CPU tensors: one unit gathered at
+  // a time (or only `unit`, a unit's qualified name, "" for the root's own parameters).
+  // Collective.
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters(
       const std::optional<std::string>& unit = std::nullopt);
 
