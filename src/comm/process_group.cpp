@@ -286,7 +286,8 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
   }
   const char* shm_env = std::getenv("TRAINYARD_SHM");
   const bool shm_allowed = shm_env == nullptr || std::string(shm_env) != "0";
-  if (!nccl && options.shared_memory && shm_allowed && env.world_size > 1 &&
+  // Shared memory carries CPU tensors only: ranks on GPUs keep the plain group.
+  if (!nccl && device.is_cpu() && options.shared_memory && shm_allowed && env.world_size > 1 &&
       env.local_world_size == env.world_size) {
     pg = make_local_group(store, env.rank, env.world_size, pg,
                           ShmOptions{.timeout = options.timeout,

@@ -14,6 +14,7 @@
 #include "trainyard/checkpoint/safetensors.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/optim/state_key.h"
 #include "trainyard/storage/storage.h"
 
 namespace trainyard::fsdp {
@@ -83,8 +84,8 @@ std::string optimizer_kind(torch::optim::Optimizer* opt) {
       "optimizer is none of them. HINT: save its state yourself, or use one of those.");
 }
 
-std::string state_key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());  // how LibTorch's optimizers key state
+optim::OptimizerStateKey state_key(const torch::Tensor& p) {
+  return optim::optimizer_state_key(p);
 }
 
 struct ShardOptState {

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "trainyard/error.h"
+#include "trainyard/nn/attention.h"
 #include "trainyard/nn/unit_hook.h"
 
 #include <charconv>
@@ -226,6 +227,12 @@ torch::Tensor GptNeoXAttentionImpl::forward_cached(const torch::Tensor& x, KvCac
     }
     cache->key = k;
     cache->value = v;
+  }
+  if (past == 0 && nn::fused_causal_attention_available(q)) {  // Note [Fused attention on GPUs]
+    const auto out = nn::fused_causal_attention(q, k, v, is_training() ? attention_dropout_ : 0.0)
+                         .permute({0, 2, 1, 3})
+                         .reshape({batch, seq, num_heads_ * hs});
+    return dense->forward(out);
   }
   // Scores and softmax in fp32 whatever the activations' dtype, as HF upcasts.
   auto scores = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2))

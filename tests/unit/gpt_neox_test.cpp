@@ -538,8 +538,8 @@ TEST(GptNeoXConfigTest, BadConfigsNameTheFieldAndValue) {
   expect_invalid([&] { GptNeoX model(config, GptNeoXInit{.device = torch::kMeta}); },
                  {"vocab_size", "0"});
 
-  expect_invalid([] { GptNeoXConfig::preset("pythia-1b"); },
-                 {"pythia-1b", "pythia-14m", "pythia-70m", "dolly-v2-7b", "tiny"});
+  expect_invalid([] { GptNeoXConfig::preset("pythia-2.8b"); },
+                 {"pythia-2.8b", "pythia-14m", "pythia-70m", "dolly-v2-7b", "tiny"});
   expect_invalid([] { GptNeoXConfig::from_json("{\"hidden_size\": 512,"); }, {"not valid JSON"});
   expect_invalid([] { GptNeoXConfig::from_json(R"({"hidden_size": "512"})"); },
                  {"\"hidden_size\"", "integer", "\"512\""});
