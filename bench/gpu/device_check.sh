@@ -5,7 +5,8 @@
 # (trainyard FSDP FULL_SHARD and DDP, bf16-mixed, sequence 2048) next to PyTorch's own FSDP2 and
 # DDP from the same install (bench/gpu/pytorch_peer.py). Logs go to $OUT (or /tmp/device-check).
 #
-#   bash bench/gpu/device_check.sh [STAGES]    # STAGES: build,tests,recipes,bench,peer (default all)
+#   bash bench/gpu/device_check.sh [STAGES]    # STAGES: build,tests,bench,peer,recipes (default all,
+#                                              # in that order)
 #
 # The machine lacks some of trainyard's Debian -dev packages: they travel as .deb files in
 # .devdeps/ (git-ignored; see the issue-14 note in docs/BENCHMARKS.md for the list) and are
@@ -15,7 +16,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/device-check}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-STAGES=${1:-build,tests,recipes,bench,peer}
+STAGES=${1:-build,tests,bench,peer,recipes}
 DEPS=/tmp/deps
 B=/tmp/ty-build
 L=$DEPS/usr/lib/x86_64-linux-gnu
@@ -51,27 +52,15 @@ fi
 
 if has tests; then
   stamp gpu_tests
-  timeout 240 $B/tests/gpu/gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|error|Expected|Which is|rel" | head -60
+  timeout 150 $B/tests/gpu/gpu_tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) |Failure|error|Expected|Which is|rel" | head -60
 fi
 
-if has recipes; then
-  stamp fashion-mnist
-  timeout 120 $B/trainyard train fashion-mnist --device cuda --workers 1 --data "$ROOT/.devdeps/fmnist" \
-    --epochs 2 --batch-size 128 --storage /tmp/runs --name fm-gpu --no-progress 2>&1 | tail -12 | tee "$OUT/fashion_mnist.log"
-  stamp "fashion-mnist, 2 CPU ranks (the 2.x line's CPU path, shared memory included)"
-  timeout 120 $B/trainyard train fashion-mnist --workers 2 --threads 4 --limit 4000 \
-    --data "$ROOT/.devdeps/fmnist" --epochs 1 --storage /tmp/runs --name fm-cpu --no-progress 2>&1 | tail -6 | tee "$OUT/fashion_mnist_cpu.log"
-  stamp causal-lm
-  timeout 150 $B/trainyard train causal-lm --device cuda --workers 1 --model pythia-70m \
-    --data "$ROOT/.devdeps/fortunes.txt" --strategy full_shard --precision bf16-mixed \
-    --seq-len 256 --batch-size 16 --epochs 1 --storage /tmp/runs --name lm-gpu --no-progress 2>&1 | tail -12 | tee "$OUT/causal_lm.log"
-fi
 
 if has bench; then
   for preset in pythia-70m pythia-1b; do
     for strategy in full_shard ddp; do
       stamp "trainyard $preset $strategy"
-      timeout 150 $B/trainyard run --nproc-per-node 1 -- $B/examples/train_gpt_fsdp --device cuda \
+      timeout 75 $B/trainyard run --nproc-per-node 1 -- $B/examples/train_gpt_fsdp --device cuda \
         --preset $preset --strategy $strategy --precision bf16-mixed --seq-len 2048 --batch-size 8 \
         --steps 12 --warmup-steps 2 2>&1 | grep -E "step (0|11) loss|tokens/s|rror" | tee -a "$OUT/bench.log"
     done
@@ -80,7 +69,20 @@ fi
 
 if has peer; then
   stamp "pytorch peer"
-  PYTHONUNBUFFERED=1 timeout 200 python3 "$ROOT/bench/gpu/pytorch_peer.py" --steps 10 2>&1 \
+  PYTHONUNBUFFERED=1 timeout 120 python3 "$ROOT/bench/gpu/pytorch_peer.py" --steps 10 2>&1 \
     | grep -E "^peer|^torch" | tee "$OUT/peer.log"
 fi
+if has recipes; then
+  stamp fashion-mnist
+  timeout 60 $B/trainyard train fashion-mnist --device cuda --workers 1 --data "$ROOT/.devdeps/fmnist" \
+    --epochs 1 --batch-size 128 --storage /tmp/runs --name fm-gpu --no-progress 2>&1 | tail -12 | tee "$OUT/fashion_mnist.log"
+  stamp "fashion-mnist, 2 CPU ranks (the 2.x line's CPU path, shared memory included)"
+  timeout 60 $B/trainyard train fashion-mnist --workers 2 --threads 4 --limit 4000 \
+    --data "$ROOT/.devdeps/fmnist" --epochs 1 --storage /tmp/runs --name fm-cpu --no-progress 2>&1 | tail -6 | tee "$OUT/fashion_mnist_cpu.log"
+  stamp causal-lm
+  timeout 60 $B/trainyard train causal-lm --device cuda --workers 1 --model pythia-70m \
+    --data "$ROOT/.devdeps/fortunes.txt" --strategy full_shard --precision bf16-mixed \
+    --seq-len 256 --batch-size 16 --epochs 1 --storage /tmp/runs --name lm-gpu --no-progress 2>&1 | tail -12 | tee "$OUT/causal_lm.log"
+fi
+
 stamp done
