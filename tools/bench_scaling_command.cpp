@@ -1,5 +1,6 @@
 #include "tools/bench_scaling_command.h"
 
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tools/scaling_chart.h"
@@ -32,7 +34,9 @@ struct ScalingFlags {
   bool measure_busbw = false;
   std::string gradient_bytes;  // empty: from the run's config.json
   std::string predict;
-  double timeout_s = 1800;  // per run
+  double timeout_s = 1800;    // per run
+  std::string nodes_via;      // empty: local ranks; else a per-node launcher prefix
+  std::string rdzv_endpoint;  // with nodes_via: HOST:PORT of node 0
   std::vector<std::string> command;
 };
 
@@ -54,36 +58,167 @@ std::string tail(const std::string& text, int lines) {
   return text.substr(pos + 1);
 }
 
-// Runs argv to completion with stdout and stderr into `log`, at most timeout_s. Throws
-// TimeoutError or Error (with the log's tail) unless it exits 0.
-void run_logged(const std::vector<std::string>& argv, const fs::path& log, double timeout_s) {
-  elastic::Subprocess child(
-      elastic::SubprocessOptions{.argv = {"/bin/sh", "-c",
-                                          "exec " + elastic::shell_quote(argv) + " >" +
-                                              elastic::shell_quote({log.string()}) + " 2>&1"}});
-  const auto status =
-      child.wait_for(std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
-  if (!status) {
-    child.terminate(std::chrono::seconds(10));
-    throw TimeoutError("`" + elastic::shell_quote(argv) + "` did not finish within " +
-                       std::to_string(timeout_s) + " s; it was stopped. Its output is in " +
-                       log.string() + ". HINT: raise --timeout.");
+// One process to run to completion, its stdout and stderr into `log`.
+struct Logged {
+  std::string shell;  // a /bin/sh -c command line, exec'ed
+  fs::path log;
+};
+
+// Runs every process at once and waits at most timeout_s for all of them. When one fails (or the
+// time is up) the others are stopped. Throws TimeoutError or Error (with the failed one's log's
+// tail) unless all exit 0.
+void run_all_logged(const std::vector<Logged>& procs, double timeout_s) {
+  std::vector<elastic::Subprocess> children;
+  for (const auto& p : procs)
+    children.emplace_back(elastic::SubprocessOptions{
+        .argv = {"/bin/sh", "-c",
+                 "exec " + p.shell + " >" + elastic::shell_quote({p.log.string()}) + " 2>&1"}});
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  auto stop_all = [&] {
+    for (auto& c : children) c.terminate(std::chrono::seconds(10));
+  };
+  while (true) {
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      const auto status = children[i].poll();
+      if (!status) continue;
+      if (!status->success()) {
+        stop_all();
+        throw Error(detail::concat("`", procs[i].shell, "` ended with ", status->to_string(),
+                                   ". The end of its output (all of it in ", procs[i].log.string(),
+                                   "):\n", tail(read_text(procs[i].log), 15)));
+      }
+      ++done;
+    }
+    if (done == children.size()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      stop_all();
+      std::string logs;
+      for (const auto& p : procs) logs += (logs.empty() ? "" : ", ") + p.log.string();
+      throw TimeoutError(detail::concat(
+          "`", procs.front().shell, "`", procs.size() > 1 ? " and the other nodes" : "",
+          " did not finish within ", timeout_s, " s; stopped. The output is in ", logs,
+          ". HINT: raise --timeout",
+          procs.size() > 1 ? "; or, if the logs show the nodes waiting "
+                             "for the rendezvous store, give --rdzv-endpoint an address of node 0, "
+                             "whose agent serves it"
+                           : "",
+          "."));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  TY_CHECK_T(Error, status->success(), "`", elastic::shell_quote(argv), "` ended with ",
-             status->to_string(), ". The end of its output (all of it in ", log.string(), "):\n",
-             tail(read_text(log), 15));
 }
 
-// Rank 0's "# Avg bus bandwidth : X" of an all_reduce sweep over two local ranks, GB/s.
-double measure_busbw(const std::string& self, const fs::path& out, double timeout_s) {
-  const fs::path log = out / "busbw.log";
-  std::printf("Measuring all_reduce bus bandwidth over 2 local ranks (log: %s)\n",
-              log.string().c_str());
+// How a job of W ranks starts: `trainyard run --standalone` with W local ranks, or, with
+// --nodes-via, W agents of one rank each, one per node, meeting at a c10d rendezvous.
+struct Launch {
+  std::string self;           // this trainyard binary
+  std::string nodes_via;      // empty: local ranks
+  std::string rdzv_endpoint;  // node 0's HOST:PORT, with nodes_via
+  double timeout_s = 0;
+
+  bool nodes() const { return !nodes_via.empty(); }
+  std::string unit(int w) const {
+    return std::to_string(w) +
+           (nodes() ? (w == 1 ? " node" : " nodes") : (w == 1 ? " rank" : " ranks"));
+  }
+};
+
+// TEMPLATE with {node} and {nodes} replaced.
+std::string expand_nodes_via(const std::string& tmpl, int node, int nodes) {
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size();) {
+    if (tmpl.compare(i, 6, "{node}") == 0) {
+      out += std::to_string(node);
+      i += 6;
+    } else if (tmpl.compare(i, 7, "{nodes}") == 0) {
+      out += std::to_string(nodes);
+      i += 7;
+    } else {
+      out += tmpl[i++];
+    }
+  }
+  return out;
+}
+
+// Checks --nodes-via's placeholders: {node} and {nodes} only.
+void validate_nodes_via(const std::string& tmpl) {
+  static const std::regex kBrace(R"(\{[^{}]*\})");
+  for (auto it = std::sregex_iterator(tmpl.begin(), tmpl.end(), kBrace);
+       it != std::sregex_iterator(); ++it) {
+    const std::string p = it->str();
+    TY_CHECK(p == "{node}" || p == "{nodes}", "--nodes-via '", tmpl, "' has the placeholder ", p,
+             "; it knows {node} (0..N-1) and {nodes} (N). HINT: --nodes-via 'ip netns exec "
+             "myns{node}'.");
+  }
+}
+
+// Runs `command` (a trainyard subcommand and its arguments) as a job of W ranks through `launch`;
+// the output goes to LOG_STEM.log (local ranks) or LOG_STEM.nodeI.log (one per node). `id` names
+// the rendezvous of a multi-node job.
+void run_job(const Launch& launch,
+             int world_size,
+             const std::vector<std::string>& command,
+             const fs::path& log_stem,
+             const std::string& id) {
+  std::vector<std::string> job = {launch.self};
+  job.insert(job.end(), command.begin(), command.end());
+  std::vector<Logged> procs;
+  if (!launch.nodes()) {
+    std::vector<std::string> argv = {
+        launch.self, "run", "--nproc-per-node", std::to_string(world_size), "--standalone", "--"};
+    argv.insert(argv.end(), job.begin(), job.end());
+    procs.push_back({elastic::shell_quote(argv), log_stem.string() + ".log"});
+  } else {
+    // Node ranks come from the rendezvous; the agent whose address is the endpoint serves it.
+    std::vector<std::string> argv = {launch.self,
+                                     "run",
+                                     "--nnodes",
+                                     std::to_string(world_size),
+                                     "--nproc-per-node",
+                                     "1",
+                                     "--rdzv-backend",
+                                     "c10d",
+                                     "--rdzv-endpoint",
+                                     launch.rdzv_endpoint,
+                                     "--rdzv-id",
+                                     id,
+                                     "--max-restarts",
+                                     "0",
+                                     "--"};
+    argv.insert(argv.end(), job.begin(), job.end());
+    for (int node = 0; node < world_size; ++node)
+      procs.push_back(
+          {expand_nodes_via(launch.nodes_via, node, world_size) + " " + elastic::shell_quote(argv),
+           log_stem.string() + ".node" + std::to_string(node) + ".log"});
+  }
+  run_all_logged(procs, launch.timeout_s);
+}
+
+// The first log of a job run by run_job: rank 0's output is in it for local ranks; for nodes, in
+// whichever node's log has "[rank0]".
+fs::path rank0_log(const Launch& launch, int world_size, const fs::path& log_stem) {
+  if (!launch.nodes()) return log_stem.string() + ".log";
+  for (int node = 0; node < world_size; ++node) {
+    const fs::path log = log_stem.string() + ".node" + std::to_string(node) + ".log";
+    if (read_text(log).find("[rank0]") != std::string::npos) return log;
+  }
+  return log_stem.string() + ".node0.log";
+}
+
+// Rank 0's "# Avg bus bandwidth : X" of an all_reduce sweep over two ranks (local ranks, or two
+// nodes with --nodes-via), GB/s.
+double measure_busbw(const Launch& launch, const fs::path& out, const std::string& id) {
+  const fs::path stem = out / "busbw";
+  std::printf("Measuring all_reduce bus bandwidth over %s (log: %s%s)\n", launch.unit(2).c_str(),
+              stem.string().c_str(), launch.nodes() ? ".node*.log" : ".log");
   std::fflush(stdout);
-  run_logged(
-      {self, "run", "--nproc-per-node", "2", "--standalone", "--", self, "bench", "collectives",
-       "--ops", "all_reduce", "--min-bytes", "1M", "--max-bytes", "64M", "--check", "0"},
-      log, timeout_s);
+  run_job(launch, 2,
+          {"bench", "collectives", "--ops", "all_reduce", "--min-bytes", "1M", "--max-bytes", "64M",
+           "--check", "0"},
+          stem, id);
+  const fs::path log = rank0_log(launch, 2, stem);
   static const std::regex kAvg(R"(# Avg bus bandwidth\s*:\s*([0-9.eE+-]+))");
   std::smatch m;
   const std::string text = read_text(log);
@@ -155,6 +290,19 @@ int run_scaling(const ScalingFlags& f) {
   TY_CHECK(!sizes.empty() && sizes.front() == 1,
            "--world-sizes must include 1: efficiency is relative to one rank; got '", f.world_sizes,
            "'.");
+  if (!f.nodes_via.empty()) {
+    validate_nodes_via(f.nodes_via);
+    TY_CHECK(!f.rdzv_endpoint.empty(),
+             "--nodes-via needs --rdzv-endpoint HOST:PORT: an address of node 0 (the node "
+             "{node} = 0 reaches), where its agent serves the c10d rendezvous store, reachable "
+             "from every node. HINT: --nodes-via 'ip netns exec ns{node}' --rdzv-endpoint "
+             "198.18.0.1:29400.");
+  } else {
+    TY_CHECK(f.rdzv_endpoint.empty(),
+             "--rdzv-endpoint is for runs across nodes; without --nodes-via every run is local "
+             "ranks with their own rendezvous. HINT: add --nodes-via TEMPLATE, or drop "
+             "--rdzv-endpoint.");
+  }
   const auto predict = plan::parse_world_sizes(f.predict, "--predict");
   TY_CHECK(f.busbw_gbps >= 0, "--busbw must be > 0 GB/s, got ", f.busbw_gbps, ".");
   TY_CHECK(!(f.busbw_gbps > 0 && f.measure_busbw), "Give --busbw or --measure-busbw, not both.");
@@ -166,25 +314,27 @@ int run_scaling(const ScalingFlags& f) {
   if (!f.gradient_bytes.empty())
     gradient_bytes = plan::parse_byte_count(f.gradient_bytes, "--gradient-bytes");
 
-  const std::string self = elastic::self_executable();
+  const Launch launch{.self = elastic::self_executable(),
+                      .nodes_via = f.nodes_via,
+                      .rdzv_endpoint = f.rdzv_endpoint,
+                      .timeout_s = f.timeout_s};
   const fs::path out = fs::absolute(f.out);
   const fs::path runs = out / "runs";
   fs::create_directories(runs);
   const std::string recipe = elastic::shell_quote(f.command);
+  const std::string id = "scaling-" + std::to_string(getpid());  // the rendezvous' run ids
 
   // One run per world size, each a fresh run folder (an old one would be resumed).
   std::vector<ScalingPoint> points;
   for (int w : sizes) {
     const std::string name = "w" + std::to_string(w);
     fs::remove_all(runs / name);
-    std::vector<std::string> argv = {
-        self, "run", "--nproc-per-node", std::to_string(w), "--standalone", "--", self};
-    argv.insert(argv.end(), f.command.begin(), f.command.end());
-    argv.insert(argv.end(), {"--storage", runs.string(), "--name", name});
-    std::printf("Running %s at %d rank(s) (log: %s)\n", recipe.c_str(), w,
-                (runs / (name + ".log")).string().c_str());
+    std::vector<std::string> command = f.command;
+    command.insert(command.end(), {"--storage", runs.string(), "--name", name});
+    std::printf("Running %s at %s (log: %s%s)\n", recipe.c_str(), launch.unit(w).c_str(),
+                (runs / name).string().c_str(), launch.nodes() ? ".node*.log" : ".log");
     std::fflush(stdout);
-    run_logged(argv, runs / (name + ".log"), f.timeout_s);
+    run_job(launch, w, command, runs / name, id + "-" + name);
     const Measured m = read_result(runs / name, w);
     if (!gradient_bytes && m.parameters) gradient_bytes = *m.parameters * 4;  // fp32 gradients
     points.push_back(m.point);
@@ -193,7 +343,7 @@ int run_scaling(const ScalingFlags& f) {
 
   // The model, when it has its three inputs. See Note [Scaling model] in scaling_model.cpp.
   double busbw = f.busbw_gbps;
-  if (f.measure_busbw) busbw = measure_busbw(self, out, f.timeout_s);
+  if (f.measure_busbw) busbw = measure_busbw(launch, out, id + "-busbw");
   std::optional<plan::ScalingModelOptions> model;
   std::string no_model;
   if (busbw <= 0)
@@ -209,6 +359,10 @@ int run_scaling(const ScalingFlags& f) {
   // The table, the JSON and the charts.
   nlohmann::ordered_json json;
   json["command"] = f.command;
+  json["launch"] = launch.nodes() ? nlohmann::ordered_json{{"workers", "nodes of 1 rank each"},
+                                                           {"nodes_via", f.nodes_via},
+                                                           {"rdzv_endpoint", f.rdzv_endpoint}}
+                                  : nlohmann::ordered_json{{"workers", "local ranks"}};
   json["efficiency"] = "samples_per_s(W) / (W x samples_per_s(1)), per-rank batch fixed";
   json["model"] = model ? nlohmann::ordered_json{{"compute_time_s", model->compute_time_s},
                                                  {"gradient_bytes", model->gradient_bytes},
@@ -219,12 +373,18 @@ int run_scaling(const ScalingFlags& f) {
                                                   "efficiency = T(1) / T(W)"}}
                         : nlohmann::ordered_json(nullptr);
   auto& rows = json["points"] = nlohmann::ordered_json::array();
-  ScalingChart time_chart{.title = "Epoch time against workers", .y_label = "epoch time (s)"};
-  ScalingChart rate_chart{
-      .title = "Throughput against workers", .y_label = "samples/s", .ideal_falls = false};
+  const std::string workers = launch.nodes() ? "nodes (1 rank each)" : "workers";
+  ScalingChart time_chart{.title = "Epoch time against " + workers.substr(0, workers.find(' ')),
+                          .y_label = "epoch time (s)",
+                          .x_label = workers};
+  ScalingChart rate_chart{.title = "Throughput against " + workers.substr(0, workers.find(' ')),
+                          .y_label = "samples/s",
+                          .x_label = workers,
+                          .ideal_falls = false};
 
-  std::printf("\n%4s %15s %12s %11s %10s\n", "W", "epoch time (s)", "samples/s", "efficiency",
-              "predicted");
+  std::printf("\nW = %s\n%4s %15s %12s %11s %10s\n",
+              launch.nodes() ? "nodes of 1 rank each (--nodes-via)" : "local ranks", "W",
+              "epoch time (s)", "samples/s", "efficiency", "predicted");
   for (const auto& p : points) {
     const double eff = plan::measured_efficiency(p, one);
     std::optional<double> pred;
@@ -287,13 +447,17 @@ void add_bench_scaling_command(CLI::App& bench, int& exit_code) {
   static ScalingFlags f;  // CLI11 binds flags to storage that outlives parsing
   auto* c = bench.add_subcommand(
       "scaling",
-      "Run a recipe at several world sizes (local ranks, through `trainyard run --standalone`), "
-      "print epoch time, throughput and weak-scaling efficiency with the efficiency a ring "
+      "Run a recipe at several world sizes (local ranks, through `trainyard run --standalone`; "
+      "or with --nodes-via, as that many nodes of one rank each, an agent per node meeting at a "
+      "c10d rendezvous), print epoch time, throughput and weak-scaling efficiency with the "
+      "efficiency a ring "
       "all-reduce model predicts, and write OUT/scaling.json and charts (scaling.svg/png: epoch "
       "time; throughput.svg/png). Example: trainyard bench scaling --world-sizes 1,2 --busbw 2 "
-      "--predict 4,8 -- train fashion-mnist --epochs 1 --limit 1024 --threads 1");
+      "--predict 4,8 -- train fashion-mnist --epochs 1 --limit 1024 --threads 1. Across nodes: "
+      "... --nodes-via 'ip netns exec ns{node}' --rdzv-endpoint 198.18.0.1:29400 -- train ...");
   c->positionals_at_end();
-  c->add_option("--world-sizes", f.world_sizes, "Comma-separated ranks per run; must include 1")
+  c->add_option("--world-sizes", f.world_sizes,
+                "Comma-separated ranks per run (nodes with --nodes-via); must include 1")
       ->capture_default_str();
   c->add_option("--out", f.out, "Folder for runs/, their logs, scaling.json and the charts")
       ->capture_default_str();
@@ -301,14 +465,26 @@ void add_bench_scaling_command(CLI::App& bench, int& exit_code) {
                 "all_reduce bus bandwidth for the model, GB/s (nccl-tests' busbw, as `trainyard "
                 "bench collectives` prints it)");
   c->add_flag("--measure-busbw", f.measure_busbw,
-              "Measure the bus bandwidth first: trainyard bench collectives --ops all_reduce over "
-              "2 local ranks, 1M to 64M, its Avg bus bandwidth");
+              "Measure the bus bandwidth after the runs: trainyard bench collectives --ops "
+              "all_reduce over 2 local ranks (2 nodes with --nodes-via), 1M to 64M, its Avg bus "
+              "bandwidth");
   c->add_option("--gradient-bytes", f.gradient_bytes,
                 "Bytes all-reduced per step (K, M, G: powers of 1024); default: 4 x the "
                 "\"parameters\" of the run's config.json");
   c->add_option("--predict", f.predict, "Comma-separated world sizes to predict efficiency at");
   c->add_option("--timeout", f.timeout_s, "Seconds each run may take before it is stopped")
       ->capture_default_str();
+  c->add_option(
+       "--nodes-via", f.nodes_via,
+       "Run each world size N as N nodes: N `trainyard run --nnodes N --nproc-per-node 1 "
+       "--rdzv-backend c10d` agents, each started through this shell command prefix with "
+       "{node} (0..N-1) and {nodes} (N) replaced, e.g. 'ip netns exec ns{node}' (--out must be a "
+       "folder every node sees at the same path)")
+      ->type_name("TEMPLATE");
+  c->add_option("--rdzv-endpoint", f.rdzv_endpoint,
+                "With --nodes-via: node 0's HOST:PORT, where its agent serves the rendezvous "
+                "store")
+      ->type_name("HOST:PORT");
   c->add_option("command", f.command,
                 "The trainyard subcommand to run as each rank, then its arguments (after --)")
       ->expected(1, -1);

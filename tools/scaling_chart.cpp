@@ -289,8 +289,8 @@ std::string chart_svg(const ScalingChart& c) {
   }
   s << "<path d=\"M" << x0 << ' ' << y1 << " V" << y0 << " H" << x1
     << "\" fill=\"none\" stroke=\"black\"/>\n"
-    << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << h - 14
-    << "\" text-anchor=\"middle\">workers (world size, log scale)</text>\n"
+    << "<text x=\"" << (x0 + x1) / 2 << "\" y=\"" << h - 14 << "\" text-anchor=\"middle\">"
+    << net::xml_escape(c.x_label) << " (world size, log scale)</text>\n"
     << "<text transform=\"translate(20 " << (y0 + y1) / 2
     << ") rotate(-90)\" text-anchor=\"middle\">" << net::xml_escape(c.y_label) << "</text>\n";
   // The ideal line, then the measured line and points, then the predicted points.
@@ -360,7 +360,7 @@ void write_chart_png(const ScalingChart& c, const std::string& path) {
   }
   canvas.line(x0, y1, x0, y0, kBlack);
   canvas.line(x0, y0, x1, y0, kBlack);
-  const std::string x_label = "workers (log scale)";
+  const std::string x_label = c.x_label + " (log scale)";
   canvas.text((x0 + x1 - Canvas::text_width(x_label)) / 2, h - 24, x_label, kBlack);
   canvas.text(x0 - 60, y1 - 18, c.y_label, kBlack, 1);
   if (const auto one = value_at_one(c)) {
