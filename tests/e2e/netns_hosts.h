@@ -54,6 +54,8 @@ class Hosts {
   bool ok() const { return ok_; }
   const std::string& error() const { return error_; }
   const std::string& addr(int i) const { return addrs_[i]; }
+  // Namespace i's name, for `ip netns exec NAME`.
+  const std::string& name(int i) const { return names_[i]; }
 
   // argv run inside namespace i.
   std::vector<std::string> in(int i, std::vector<std::string> argv) const {
