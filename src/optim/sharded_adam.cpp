@@ -73,10 +73,12 @@ ShardedAdam::ShardedAdam(std::vector<torch::Tensor> params,
   std::set<const void*> seen;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
-    TY_CHECK(p.defined() && p.device().is_cpu() && p.layout() == torch::kStrided &&
-                 p.scalar_type() == torch::kFloat32,
-             "ShardedAdam supports dense float32 CPU parameters; parameter ", i, " is ",
+    TY_CHECK(p.defined() && p.layout() == torch::kStrided && p.scalar_type() == torch::kFloat32,
+             "ShardedAdam supports dense float32 parameters; parameter ", i, " is ",
              p.defined() ? p.toString() : std::string("undefined"), ".");
+    TY_CHECK(p.device() == params_.front().device(), "ShardedAdam: parameter ", i, " is on ",
+             p.device().str(), " but parameter 0 on ", params_.front().device().str(),
+             "; all parameters must share one device (the rank's).");
     TY_CHECK(seen.insert(p.unsafeGetTensorImpl()).second, "ShardedAdam: parameter ", i,
              " appears twice in the list (a weight tied between modules?). Pass it once.");
   }
@@ -114,7 +116,8 @@ void ShardedAdam::move_into_flat_buffers() {
       offset_[i] = numel;
       numel += params_[i].numel();
     }
-    flat_.push_back(allocate_collective_buffer(pg_, numel, torch::dtype(torch::kFloat32)));
+    flat_.push_back(allocate_collective_buffer(
+        pg_, numel, torch::dtype(torch::kFloat32).device(params_.front().device())));
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto slot = slot_of(i);
@@ -263,7 +266,15 @@ void ShardedAdam::load_state_bytes(const std::string& bytes, const std::string& 
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (owner_[i] != rank_) continue;
     auto it = full.state().find(state_key(params_[i]));
-    if (it != full.state().end()) local_->state()[it->first] = it->second->clone();
+    if (it == full.state().end()) continue;
+    // Checkpoints hold CPU tensors; the moments live where their parameter does.
+    auto state = it->second->clone();
+    auto& adam = static_cast<torch::optim::AdamParamState&>(*state);
+    const auto device = params_[i].device();
+    adam.exp_avg(adam.exp_avg().to(device));
+    adam.exp_avg_sq(adam.exp_avg_sq().to(device));
+    if (adam.max_exp_avg_sq().defined()) adam.max_exp_avg_sq(adam.max_exp_avg_sq().to(device));
+    local_->state()[it->first] = std::move(state);
   }
 }
 
