@@ -74,11 +74,11 @@ if has peer; then
 fi
 if has recipes; then
   stamp fashion-mnist
-  timeout 60 $B/trainyard train fashion-mnist --device cuda --workers 1 --data "$ROOT/.devdeps/fmnist" \
+  timeout 60 $B/trainyard train fashion-mnist --device cuda --workers 1 --data-dir "$ROOT/.devdeps/fmnist" \
     --epochs 1 --batch-size 128 --storage /tmp/runs --name fm-gpu --no-progress 2>&1 | tail -12 | tee "$OUT/fashion_mnist.log"
   stamp "fashion-mnist, 2 CPU ranks (the 2.x line's CPU path, shared memory included)"
   timeout 60 $B/trainyard train fashion-mnist --workers 2 --threads 4 --limit 4000 \
-    --data "$ROOT/.devdeps/fmnist" --epochs 1 --storage /tmp/runs --name fm-cpu --no-progress 2>&1 | tail -6 | tee "$OUT/fashion_mnist_cpu.log"
+    --data-dir "$ROOT/.devdeps/fmnist" --epochs 1 --storage /tmp/runs --name fm-cpu --no-progress 2>&1 | tail -6 | tee "$OUT/fashion_mnist_cpu.log"
   stamp causal-lm
   timeout 60 $B/trainyard train causal-lm --device cuda --workers 1 --model pythia-70m \
     --data "$ROOT/.devdeps/fortunes.txt" --strategy full_shard --precision bf16-mixed \
