@@ -57,6 +57,7 @@
 #include "trainyard/log.h"
 #include "trainyard/metrics/node_sampler.h"
 #include "trainyard/net/base_url.h"
+#include "trainyard/remove_tree.h"
 
 namespace trainyard::cluster {
 namespace {
@@ -387,8 +388,8 @@ json Worker::Impl::heartbeat_body(std::vector<Job*>& finals) {
 // NodeSampler's node families, unlabelled (the head adds the node label), the CPU and memory of
 // each running job's rank processes, and each running job's rank files (what the ranks' own
 // registries publish to $TRAINYARD_METRICS_DIR = state_dir/jobs/<id>/metrics), all labelled
-// {job_id, rank}. The rank files are cleared when a round starts, so the ranks of an earlier, larger
-// world do not linger; a job that ended is no longer reported. Building it reads a few small
+// {job_id, rank}. The rank files are cleared when a round starts, so the ranks of an earlier,
+// larger world do not linger; a job that ended is no longer reported. Building it reads a few small
 // files in /proc and one file per rank: about a millisecond for a node of 8 ranks
 // (docs/BENCHMARKS.md), logged at debug level each time and warned about when it takes longer
 // than a quarter of the heartbeat interval.
@@ -515,7 +516,7 @@ void Worker::Impl::loop_once(milliseconds& backoff,
     }
     if (done) {
       std::error_code ec;
-      fs::remove_all(job.dir, ec);
+      remove_tree(job.dir.string(), ec);
       it = jobs.erase(it);
     } else {
       ++it;

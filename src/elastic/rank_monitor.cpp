@@ -19,6 +19,7 @@
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/remove_tree.h"
 
 namespace trainyard::elastic {
 namespace {
@@ -101,7 +102,7 @@ ScratchDir::ScratchDir(const std::string& name, const std::string& hint) {
 
 ScratchDir::~ScratchDir() {
   std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  remove_tree(path_, ec);
 }
 
 std::string ScratchDir::file(int local_rank) const {

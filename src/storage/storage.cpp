@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "trainyard/error.h"
+#include "trainyard/remove_tree.h"
 #include "trainyard/storage/s3_storage.h"
 
 namespace trainyard::storage {
@@ -137,7 +138,7 @@ class FileStorage final : public Storage {
     if (!prefix.ends_with('/')) return Storage::remove_all(prefix);
     check_key(prefix.substr(0, prefix.size() - 1));
     std::error_code ec;
-    fs::remove_all(root_ / prefix, ec);
+    remove_tree((root_ / prefix).string(), ec);
     if (ec) throw_io("Cannot remove", root_ / prefix, ec.value());
   }
 
