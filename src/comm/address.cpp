@@ -151,11 +151,12 @@ std::string first_interface_address() {
         (i->ifa_flags & IFF_LOOPBACK)) {
       continue;
     }
+    const auto& addr = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+    // Link-local 169.254.0.0/16 (an ECS awsvpc task's ecs-eth0, the metadata endpoints) is not
+    // an address the other nodes can reach.
+    if ((ntohl(addr.s_addr) >> 16) == ((169u << 8) | 254u)) continue;
     char text[INET_ADDRSTRLEN] = {};
-    if (inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text,
-                  sizeof text) != nullptr) {
-      out = text;
-    }
+    if (inet_ntop(AF_INET, &addr, text, sizeof text) != nullptr) out = text;
   }
   freeifaddrs(list);
   return out;

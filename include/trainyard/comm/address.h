@@ -37,7 +37,8 @@ struct RouteNames {
 // NetworkError naming `names.what` and the flags when the host does not resolve or has no route.
 std::string route_address(const std::string& host, int port, const RouteNames& names = {});
 
-// The first IPv4 address of an interface that is up and not loopback, or "".
+// The first IPv4 address of an interface that is up, not loopback and not link-local
+// (169.254.0.0/16), or "".
 std::string first_interface_address();
 
 void wait_until_reachable(const std::string& host,
