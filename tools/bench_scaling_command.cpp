@@ -373,13 +373,13 @@ int run_scaling(const ScalingFlags& f) {
                                                   "efficiency = T(1) / T(W)"}}
                         : nlohmann::ordered_json(nullptr);
   auto& rows = json["points"] = nlohmann::ordered_json::array();
-  const std::string workers = launch.nodes() ? "nodes (1 rank each)" : "workers";
-  ScalingChart time_chart{.title = "Epoch time against " + workers.substr(0, workers.find(' ')),
-                          .y_label = "epoch time (s)",
-                          .x_label = workers};
-  ScalingChart rate_chart{.title = "Throughput against " + workers.substr(0, workers.find(' ')),
+  const std::string workers = launch.nodes() ? "nodes" : "workers";  // the charts' x axis
+  const std::string x_label = launch.nodes() ? "nodes of 1 rank" : "workers";
+  ScalingChart time_chart{
+      .title = "Epoch time against " + workers, .y_label = "epoch time (s)", .x_label = x_label};
+  ScalingChart rate_chart{.title = "Throughput against " + workers,
                           .y_label = "samples/s",
-                          .x_label = workers,
+                          .x_label = x_label,
                           .ideal_falls = false};
 
   std::printf("\nW = %s\n%4s %15s %12s %11s %10s\n",

@@ -20,7 +20,7 @@ struct ScalingChart {
 
   std::string title;                  // "FashionMNIST: epoch time against workers"
   std::string y_label;                // "epoch time (s)"
-  std::string x_label = "workers";    // what W counts: "workers", "nodes (1 rank each)"
+  std::string x_label = "workers";    // what W counts: "workers", "nodes of 1 rank"
   std::vector<ChartPoint> measured;   // filled circles joined by a line
   std::vector<ChartPoint> predicted;  // hollow circles
   // The ideal line through the W = 1 measurement: value(1) / W when `ideal_falls` (times), value(1)

@@ -78,7 +78,7 @@ TEST(BenchScalingNodes, RunsEachWorldSizeAsNodesAndDrawsTheCharts) {
   EXPECT_NE(read_file(out / "runs" / "w2.node0.log").find("(198.18.213.1)"), std::string::npos);
   EXPECT_NE(read_file(out / "runs" / "w2.node1.log").find("(198.18.213.2)"), std::string::npos);
   // The chart's axis says what W counts.
-  EXPECT_NE(read_file(out / "scaling.svg").find("nodes (1 rank each)"), std::string::npos);
+  EXPECT_NE(read_file(out / "scaling.svg").find("nodes of 1 rank"), std::string::npos);
 }
 
 TEST(BenchScalingNodes, AFailedNodeStopsTheOthersAndNamesItsLog) {
