@@ -196,8 +196,8 @@ void run_job(const Launch& launch,
   run_all_logged(procs, launch.timeout_s);
 }
 
-// The first log of a job run by run_job: rank 0's output is in it for local ranks; for nodes, in
-// whichever node's log has "[rank0]".
+// The log of a job run by run_job that holds rank 0's output: the only one for local ranks; for
+// nodes, whichever node's log has "[rank0]" (the rendezvous decides which node that is).
 fs::path rank0_log(const Launch& launch, int world_size, const fs::path& log_stem) {
   if (!launch.nodes()) return log_stem.string() + ".log";
   for (int node = 0; node < world_size; ++node) {
