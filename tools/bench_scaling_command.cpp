@@ -20,6 +20,7 @@
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
 #include "trainyard/plan/scaling_model.h"
+#include "trainyard/remove_tree.h"
 
 namespace trainyard::cli {
 namespace {
@@ -328,7 +329,10 @@ int run_scaling(const ScalingFlags& f) {
   std::vector<ScalingPoint> points;
   for (int w : sizes) {
     const std::string name = "w" + std::to_string(w);
-    fs::remove_all(runs / name);
+    std::error_code removed;
+    remove_tree((runs / name).string(), removed);
+    TY_CHECK_T(Error, !removed, "Cannot remove the old run folder ", (runs / name).string(), ": ",
+               removed.message(), ". HINT: check its permissions, or pick another --out.");
     std::vector<std::string> command = f.command;
     command.insert(command.end(), {"--storage", runs.string(), "--name", name});
     std::printf("Running %s at %s (log: %s%s)\n", recipe.c_str(), launch.unit(w).c_str(),
