@@ -93,12 +93,12 @@ int main(int argc, char** argv) try {
   const auto device = dist->device();
   torch::set_num_threads(1);
   auto config = models::GptNeoXConfig::preset(preset);
-  // Under FSDP on the CPU the model is deferred: FSDP materialises it one unit at a time. On a GPU
-  // it is built there whole and sharded where it is.
+  // Under FSDP the model is deferred: FSDP materialises it one unit at a time, on the rank's
+  // device (FsdpOptions.device). DDP's is built on the device.
+  const bool fsdp = strategy != "ddp";
   models::GptNeoX model(
       config,
-      models::GptNeoXInit{
-          .device = device, .seed = seed, .deferred = strategy != "ddp" && device.is_cpu()});
+      models::GptNeoXInit{.device = fsdp ? torch::kCPU : device, .seed = seed, .deferred = fsdp});
   const bool bf16 = precision == "bf16-mixed";
 
   // 3. Wrap it: one FSDP unit per transformer layer and per embedding (or DDP over the model).
@@ -119,9 +119,9 @@ int main(int argc, char** argv) try {
         .forward_prefetch = true,
         .limit_all_gathers = true,
         .activation_checkpointing = checkpointing,
-        .param_init = [model](const std::string& name, torch::Tensor& t) {
-          model->init_parameter(name, t);
-        }};
+        .param_init = [model](const std::string& name,
+                              torch::Tensor& t) { model->init_parameter(name, t); },
+        .device = device};
     if (bf16)
       options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
     sharded =

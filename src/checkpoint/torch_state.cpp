@@ -20,11 +20,16 @@ std::string archive_bytes(Fill&& fill) {
   return std::move(out).str();
 }
 
+// Tensors come back on `device`: an archive remembers where each tensor was saved (rank 0's GPU,
+// say), which need not exist, or be this rank's, where it is loaded.
 template <typename Read>
-void read_archive(const std::string& bytes, const std::string& what, Read&& read) {
+void read_archive(const std::string& bytes,
+                  const std::string& what,
+                  Read&& read,
+                  torch::Device device = torch::kCPU) {
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size());
+    archive.load_from(bytes.data(), bytes.size(), device);
     read(archive);
   } catch (const c10::Error& e) {
     throw CheckpointCorruptError(
@@ -73,7 +78,15 @@ void load_module(torch::nn::Module& module, const std::string& bytes, const std:
 void load_optimizer(torch::optim::Optimizer& optimizer,
                     const std::string& bytes,
                     const std::string& what) {
-  read_archive(bytes, what, [&](auto& archive) { optimizer.load(archive); });
+  // The state goes where the parameters are (Adam's moments next to their parameter).
+  torch::Device device = torch::kCPU;
+  for (const auto& group : optimizer.param_groups())
+    if (!group.params().empty()) {
+      device = group.params().front().device();
+      break;
+    }
+  read_archive(
+      bytes, what, [&](auto& archive) { optimizer.load(archive); }, device);
 }
 
 std::string cpu_rng_state_to_bytes() {

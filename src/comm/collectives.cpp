@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "torch_compat.h"
 #include "trainyard/comm/collective_metrics.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
@@ -224,9 +225,7 @@ c10::intrusive_ptr<c10d::Work> on_backend_of(const c10::intrusive_ptr<c10d::Proc
 
 // The bound on each of the group's waits: Gloo's own timeout, else the default.
 std::chrono::milliseconds collective_timeout(c10d::ProcessGroup& group) {
-  if (auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(&group))
-    return gloo->getOptions()->timeout;
-  return kDefaultCollectiveTimeout;
+  return compat::gloo_timeout(group).value_or(kDefaultCollectiveTimeout);
 }
 
 int mod(int a, int w) {
@@ -441,6 +440,8 @@ void check_pair(const at::Tensor& big,
            small_name, " ", small.sizes(), ".");
   TY_CHECK(big.device() == small.device(), what, ": ", big_name, " and ", small_name,
            " must be on one device, got ", big.device(), " and ", small.device(), ".");
+  TY_CHECK(big.is_cpu() || big.is_cuda(), what, ": tensors on ", big.device(),
+           " are not supported; CPU or CUDA tensors.");
   TY_CHECK(big.numel() == small.numel() * world, what, ": ", big_name, " has ", big.numel(),
            " elements; with ", world, " ranks and a ", small_name, " of ", small.numel(),
            " it must have ", small.numel() * world, ".");

@@ -3,8 +3,9 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #ifdef USE_C10D_NCCL
-#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -45,6 +46,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(const c10::intrusive_ptr<c10d:
   (void)world_size;
   return gloo;
 #endif
+}
+
+std::optional<std::chrono::milliseconds> gloo_timeout(c10d::ProcessGroup& group) {
+  c10d::ProcessGroupGloo* gloo = nullptr;
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    gloo = dynamic_cast<c10d::ProcessGroupGloo*>(group.getBackend(c10::DeviceType::CPU).get());
+  } catch (const std::exception&) {
+    return std::nullopt;  // no CPU backend (the shared-memory group registers none)
+  }
+#else
+  gloo = dynamic_cast<c10d::ProcessGroupGloo*>(&group);
+#endif
+  if (gloo == nullptr) return std::nullopt;
+  return gloo->getOptions()->timeout;
 }
 
 bool nccl_available() {
@@ -110,11 +126,8 @@ int cuda_device_count() {
 }
 
 void set_cuda_device(int index) {
-#ifdef USE_C10D_NCCL
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
-#else
-  (void)index;
-#endif
+  c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
+      .setDevice(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
 }
 
 }  // namespace trainyard::comm::compat

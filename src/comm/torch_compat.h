@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <chrono>
+#include <optional>
 
 namespace trainyard::comm::compat {
 
@@ -18,6 +19,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(const c10::intrusive_ptr<c10d:
                                                   int rank,
                                                   int world_size,
                                                   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo);
+
+// The timeout of `group`'s Gloo (its own, or on 2.x its CPU backend's), or nullopt when it has
+// none (the shared-memory group, a group of another kind).
+std::optional<std::chrono::milliseconds> gloo_timeout(c10d::ProcessGroup& group);
 
 // Whether this build has LibTorch's NCCL process group (a CUDA LibTorch 2.x).
 bool nccl_available();
@@ -41,7 +46,8 @@ bool completes_on_device(const c10::intrusive_ptr<c10d::Work>& work);
 // CUDA devices this process sees (0 without CUDA).
 int cuda_device_count();
 
-// Makes `index` the calling thread's current CUDA device. No-op without CUDA.
+// Makes `index` the calling thread's current CUDA device (through c10's device guard, so no CUDA
+// headers are needed). Call only when cuda_device_count() > 0.
 void set_cuda_device(int index);
 
 }  // namespace trainyard::comm::compat

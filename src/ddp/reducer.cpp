@@ -68,7 +68,9 @@ DdpReducer::DdpReducer(std::shared_ptr<torch::nn::Module> module,
            ".");
   rank_ = pg_->getRank();
   world_size_ = pg_->getSize();
-  average_in_collective_ = comm::capabilities_of(pg_).average_in_collective;
+  const auto caps = comm::capabilities_of(pg_);
+  average_in_collective_ = caps.average_in_collective;
+  device_group_ = caps.device_tensors;
 
   for (auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
@@ -247,7 +249,9 @@ void DdpReducer::launch_ready_buckets(bool from_hook) {
     auto& b = *buckets_[next_bucket_];
     std::vector<torch::Tensor> tensors{b.flat};
     c10d::AllreduceOptions opts;
-    if (average_in_collective_ && b.flat.is_floating_point() && b.flat.element_size() >= 4) {
+    // On a group with a GPU backend, AVG is that backend's (NCCL); CPU buckets go through Gloo.
+    const bool average_here = average_in_collective_ && (!device_group_ || b.flat.is_cuda());
+    if (average_here && b.flat.is_floating_point() && b.flat.element_size() >= 4) {
       opts.reduceOp = c10d::ReduceOp::AVG;  // scaled inside the reduction pass
     } else {
       b.flat.div_(world_size_);  // Gloo has no AVG (nor the shm group below float32)

@@ -309,6 +309,11 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
 
   torch::NoGradGuard no_grad;
   flat->aliases_shard = shard_size_ == 1 && compute_dtype_ == torch::kFloat32;
+  TY_CHECK(deferred || !options_.param_slice_init, where(),
+           ": FsdpOptions.param_slice_init is set, but this unit's parameters already hold values "
+           "(the model was not built deferred), so the slices would never be read. HINT: build "
+           "the model deferred (e.g. GptNeoXInit{.deferred = true}), or leave param_slice_init "
+           "unset.");
   if (deferred && options_.param_slice_init) {
     // Note [Initialising by slices]
     // Every parameter of a deferred unit is asked for the slice that falls in this rank's shard

@@ -418,13 +418,13 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   // transformer wrapping policy), or DDP over the whole model.
   const bool ddp_strategy = o.strategy == "ddp";
   const bool bf16 = o.precision == "bf16-mixed";
-  // On a GPU the model is built there whole, and FSDP shards it where it is; on the CPU FSDP's
-  // model is deferred and materialised one unit at a time.
+  // Under FSDP the model is deferred, on any device: FSDP materialises it one unit at a time on
+  // FsdpOptions.device (Hugging Face weights read slice by slice); DDP's is built on the device.
   const auto device = trainer.device();
-  models::GptNeoX model(
-      source.config,
-      models::GptNeoXInit{
-          .device = device, .seed = o.seed, .deferred = !ddp_strategy && device.is_cpu()});
+  models::GptNeoX model(source.config,
+                        models::GptNeoXInit{.device = ddp_strategy ? device : torch::kCPU,
+                                            .seed = o.seed,
+                                            .deferred = !ddp_strategy});
   // A Hugging Face folder's weights: FSDP reads each rank's slices of them (Note [Initialising
   // by slices]), DDP the whole model on every rank.
   std::shared_ptr<const hf::WeightReader> weights;
@@ -456,9 +456,9 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
         .forward_prefetch = true,
         .limit_all_gathers = true,
         .activation_checkpointing = o.activation_checkpointing,
-        .param_init = [model](const std::string& name, torch::Tensor& t) {
-          model->init_parameter(name, t);
-        }};
+        .param_init = [model](const std::string& name,
+                              torch::Tensor& t) { model->init_parameter(name, t); },
+        .device = device};
     if (weights) {
       std::map<std::string, std::vector<std::int64_t>> shapes;
       for (const auto& p : model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();

@@ -172,6 +172,35 @@ Params train_fsdp(int world, bool nccl, ShardingStrategy strategy, bool bf16 = f
   return result;
 }
 
+// FSDP takes a deferred model (CPU shapes without memory) to the GPU named by FsdpOptions.device,
+// materialising it unit by unit there: what causal-lm and train_gpt_fsdp do on GPUs.
+TEST(GpuFsdp, DeferredModelIsMaterialisedOnFsdpOptionsDevice) {
+  REQUIRE_GPU();
+  const auto expected = train_reference(1);
+  Params result;
+  run_ranks(1, /*nccl=*/true, [&](int, auto pg, auto store) {
+    GptNeoX model(trainyard::testing::tiny_gpt_neox_config(),
+                  GptNeoXInit{.seed = kSeed, .deferred = true});
+    FsdpOptions options{.sharding = ShardingStrategy::kFullShard,
+                        .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>(),
+                        .param_init = [model](const std::string& name,
+                                              torch::Tensor& t) { model->init_parameter(name, t); },
+                        .device = gpu()};
+    auto groups = trainyard::fsdp::make_fsdp_groups(ShardingStrategy::kFullShard, pg, store, 1);
+    FullyShardedDataParallel fsdp(model, groups, options);
+    for (auto& p : fsdp.parameters()) EXPECT_TRUE(p.device().is_cuda());
+    auto opt = make_optimizer(fsdp.parameters());
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      auto ids = batch_for_step(step, 1);
+      trainyard::models::causal_lm_loss(fsdp.forward(ids), ids).backward();
+      opt.step();
+    }
+    for (auto& [name, t] : fsdp.full_parameters()) result[name] = t.to(torch::kCPU);
+  });
+  expect_same(expected, result, "FSDP from a deferred model onto cuda:0");
+}
+
 TEST(GpuDdp, MatchesOneProcessAtW1OverNccl) {
   REQUIRE_GPU();
   expect_same(train_reference(1), train_ddp(1, /*nccl=*/true), "DDP W=1 NCCL");

@@ -194,6 +194,17 @@ TEST_P(Collectives, RejectsTensorsThatDoNotFitTheWorldSize) {
     EXPECT_THROW(comm::reduce_scatter_flat(pg, torch::empty({10}, torch::kInt64),
                                            torch::empty({world * 10}, torch::kInt64)),
                  trainyard::InvalidArgumentError);
+    // Neither CPU nor CUDA: refused before any communication.
+    const auto meta = torch::TensorOptions().device(torch::kMeta);
+    try {
+      comm::all_gather_flat(pg, torch::empty({world * 10}, meta), torch::empty({10}, meta));
+      ADD_FAILURE() << "no error for meta tensors";
+    } catch (const trainyard::InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("CPU or CUDA tensors"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(comm::all_gather_flat(pg, torch::empty({world * 10}), torch::empty({10}, meta)),
+                 trainyard::InvalidArgumentError);  // two devices
+    EXPECT_FALSE(comm::capabilities_of(pg).device_tensors) << "a CPU group";
   });
 }
 

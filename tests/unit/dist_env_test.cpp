@@ -105,6 +105,36 @@ TEST(InitOptions, TimeoutsFromTheEnvironment) {
   }
 }
 
+TEST(InitOptions, DeviceAndBackendFromTheEnvironment) {
+  const auto defaults = trainyard::init_options_from_env(env_of({}));
+  EXPECT_EQ(defaults.device, "cpu");
+  EXPECT_EQ(defaults.backend, "auto");
+  const auto set = trainyard::init_options_from_env(
+      env_of({{trainyard::kDeviceEnv, "cuda"}, {trainyard::kBackendEnv, "gloo"}}));
+  EXPECT_EQ(set.device, "cuda");
+  EXPECT_EQ(set.backend, "gloo");
+}
+
+// Note [Choosing the backend], for what a CPU machine can check: Gloo on the CPU whatever
+// "auto" or "gloo" say, and clear errors for a backend that does not exist or NCCL on the CPU.
+TEST(InitOptions, BackendChoiceAndItsErrors) {
+  const c10::Device cpu(c10::kCPU);
+  EXPECT_FALSE(trainyard::use_nccl(trainyard::InitOptions{}, cpu, 1));
+  EXPECT_FALSE(trainyard::use_nccl(trainyard::InitOptions{.backend = "gloo"}, cpu, 1));
+  auto message = [&](const char* backend) {
+    try {
+      trainyard::use_nccl(trainyard::InitOptions{.backend = backend}, cpu, 1);
+    } catch (const trainyard::InvalidArgumentError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("mpi").find("TRAINYARD_BACKEND) is 'mpi'"), std::string::npos)
+      << message("mpi");
+  EXPECT_NE(message("mpi").find("auto, gloo or nccl"), std::string::npos);
+  EXPECT_NE(message("nccl").find("needs --device cuda"), std::string::npos) << message("nccl");
+}
+
 // A socket on 127.0.0.1 bound to a free port but not listening: connects to it are refused until
 // it listens.
 struct RefusingPort {

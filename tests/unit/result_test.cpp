@@ -107,6 +107,8 @@ TEST(RunConfigs, BadValuesNameTheFlag) {
             std::string::npos);
   EXPECT_NE(message(ScalingConfig{.workers = 0}).find("--workers must be >= 1, got 0"),
             std::string::npos);
+  EXPECT_NE(message(ScalingConfig{.device = "gpu"}).find("--device must be cpu or cuda, got 'gpu'"),
+            std::string::npos);
   EXPECT_NE(message(ScalingConfig{.hang_timeout_s = -1}).find("--hang-timeout must be in"),
             std::string::npos);
   EXPECT_EQ((RunConfig{.storage = "s3://b/runs", .name = "x"}.uri()), "s3://b/runs/x");

@@ -32,7 +32,8 @@ struct InitOptions {
   // Gloo threads per process group (each runs collectives off the caller's thread).
   int gloo_threads = 2;
   // When every rank is on this host, all-reduce and broadcast dense CPU tensors through shared
-  // memory (ShmProcessGroup) instead of loopback sockets. TRAINYARD_SHM=0 turns it off too.
+  // memory (ShmProcessGroup) instead of loopback sockets. TRAINYARD_SHM=0 turns it off too. Ranks
+  // on GPUs never use it (their tensors are not in host memory).
   bool shared_memory = true;
   // Keep freed memory in the process for reuse instead of returning it to the kernel, by default
   // through trainyard's caching CPU allocator (TRAINYARD_CPU_ALLOCATOR chooses another way): see
@@ -85,7 +86,8 @@ class Distributed {
 // $TRAINYARD_BACKEND when set. Throws InvalidArgumentError naming a bad one.
 InitOptions init_options_from_env(const EnvLookup& env = process_env());
 
-// Reads the contract from the environment, connects to the store and builds the Gloo group.
+// Reads the contract from the environment, connects to the store and builds the process group
+// (Gloo, or NCCL for ranks on GPUs: Note [Choosing the backend]).
 // A rank that does not host the store first waits until MASTER_ADDR:MASTER_PORT accepts a
 // connection, at most options.join_timeout without an answer or options.timeout while the host
 // refuses (then NetworkError naming the address); then blocks

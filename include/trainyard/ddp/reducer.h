@@ -94,6 +94,7 @@ class DdpReducer {
   int world_size_ = 1;
   // The group averages (AVG) float buckets in its reduction pass; Gloo cannot.
   bool average_in_collective_ = false;
+  bool device_group_ = false;  // the group has a GPU backend (capabilities_of().device_tensors)
 
   std::vector<torch::Tensor> params_;  // trainable parameters, registration order
   std::vector<std::string> param_names_;

@@ -9,8 +9,9 @@
 namespace trainyard::nn {
 
 // Returns forward(input), computed without recording the autograd graph; when its gradient is
-// needed, forward is run again with the graph (the CPU random generator restored to its state at
-// the first run, so dropout drops the same elements) and backpropagated through, accumulating
+// needed, forward is run again with the graph (the CPU random generator, and the input's GPU's
+// when it is on one, restored to their state at the first run, so dropout drops the same
+// elements) and backpropagated through, accumulating
 // into the parameters' .grad as an ordinary backward would. `forward` is kept until then (see
 // UnitForward). With grad mode off it is just forward(input).
 torch::Tensor checkpoint(const UnitForward& forward, const torch::Tensor& input);
