@@ -15,6 +15,7 @@
 #include <string_view>
 #include <utility>
 
+#include "trainyard/comm/address.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
@@ -75,10 +76,19 @@ std::vector<std::pair<std::string, std::string>> rank_env(const LaunchOptions& o
     env.emplace_back("OMP_NUM_THREADS", "1");
   }
   if (o.forward_output && isatty(STDOUT_FILENO)) env.emplace_back(kTtyEnv, "1");
-  // Across nodes, the workers' Gloo sockets bind to the address the other nodes reach.
-  if (o.rendezvous && std::getenv("GLOO_SOCKET_IFNAME") == nullptr &&
-      std::getenv(kBindAddrEnv) == nullptr) {
-    env.emplace_back(kBindAddrEnv, o.rendezvous->options().local_addr);
+  // Across nodes, the workers' Gloo sockets bind to the address the other nodes reach: the
+  // rendezvous' local address, or in a static job the address on the route to MASTER_ADDR. Left
+  // to Gloo, it binds to whatever this host's name resolves to, which on a stock Debian host is
+  // 127.0.1.1.
+  if (std::getenv("GLOO_SOCKET_IFNAME") == nullptr && std::getenv(kBindAddrEnv) == nullptr) {
+    if (o.rendezvous) {
+      env.emplace_back(kBindAddrEnv, o.rendezvous->options().local_addr);
+    } else if (round.group_world_size > 1 && !is_loopback_address(round.master_addr)) {
+      env.emplace_back(kBindAddrEnv, route_address(round.master_addr, round.master_port,
+                                                   {.what = "the master (MASTER_ADDR)",
+                                                    .host_flag = "--master-addr",
+                                                    .local_flag = std::string(kBindAddrEnv)}));
+    }
   }
   env.insert(env.end(), o.extra_env.begin(), o.extra_env.end());
   return env;

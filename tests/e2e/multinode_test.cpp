@@ -235,6 +235,48 @@ TEST(MultiNode, FsdpJobThatLosesANodeReshardsItsCheckpointOntoTheSurvivors) {
 }
 #endif
 
+// A static job (--node-rank, --master-addr: what an Indexed Job or a hand start uses) across two
+// hosts whose own name resolves to nothing they can be reached at (inside a namespace, this
+// host's /etc/hosts answers for the name): the launcher binds the ranks' Gloo to the address on
+// the route to the master, so the group forms. Left to Gloo the name decided the address.
+TEST(MultiNode, StaticJobBindsGlooToTheRouteToTheMaster) {
+  Hosts hosts(2);
+  if (!hosts.ok())
+    TY_MISSING_PREREQUISITE("cannot create network namespaces here: " << hosts.error());
+  std::vector<std::unique_ptr<trainyard::elastic::Subprocess>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    nodes.push_back(
+        std::make_unique<trainyard::elastic::Subprocess>(trainyard::elastic::SubprocessOptions{
+            .argv = hosts.in(i, {TRAINYARD_CLI_PATH,
+                                 "run",
+                                 "--nnodes",
+                                 "2",
+                                 "--node-rank",
+                                 std::to_string(i),
+                                 "--master-addr",
+                                 hosts.addr(0),
+                                 "--master-port",
+                                 "29512",
+                                 "--nproc-per-node",
+                                 "1",
+                                 "--",
+                                 TRAINYARD_CLI_PATH,
+                                 "bench",
+                                 "collectives",
+                                 "--min-bytes",
+                                 "1K",
+                                 "--max-bytes",
+                                 "4K"}),
+            .env = {{"TRAINYARD_JOIN_TIMEOUT", "20"}, {"TRAINYARD_COLLECTIVE_TIMEOUT", "30"}}}));
+  }
+  auto out = trainyard::mptest::collect_all({nodes[0].get(), nodes[1].get()}, 60s);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(out[i].status.success() && !out[i].timed_out) << "node " << i << ":\n"
+                                                              << out[i].out << out[i].err;
+  }
+  EXPECT_TRUE(contains(out[0].out, "Avg bus bandwidth")) << out[0].out << out[0].err;
+}
+
 // Issue 8: a node cut off by the network keeps trying to rejoin within its restarts, and rejoins
 // once its link returns; the node that stays up goes on alone without waiting out the last call,
 // since the lost node is known dead. The ranks are a shell loop that runs until a file exists:
