@@ -9,7 +9,7 @@
 #                                              # in that order)
 #
 # The machine lacks some of trainyard's Debian -dev packages: they travel as .deb files in
-# .devdeps/ (git-ignored; see the issue-14 note in docs/BENCHMARKS.md for the list) and are
+# .devdeps/ (git-ignored; bench/gpu/prepare_devdeps.sh fills it, about 30 MB) and are
 # unpacked under /tmp/deps, never into /. Also there: fmnist/ (FashionMNIST's test set, named as
 # both splits) and fortunes.txt.
 set -uo pipefail
