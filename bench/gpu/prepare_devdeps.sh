@@ -8,8 +8,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 D=$ROOT/.devdeps
 mkdir -p "$D/fmnist"
-grep -qx '/.devdeps/' "$(git -C "$ROOT" rev-parse --git-dir)/info/exclude" 2>/dev/null ||
-  echo '/.devdeps/' >>"$(git -C "$ROOT" rev-parse --git-dir)/info/exclude"
+grep -qx '/.devdeps/' "$(git -C "$ROOT" rev-parse --absolute-git-dir)/info/exclude" 2>/dev/null ||
+  echo '/.devdeps/' >>"$(git -C "$ROOT" rev-parse --absolute-git-dir)/info/exclude"
 (cd "$D" && apt-get download libgloo-dev libicu-dev libicu72 libcurl4-openssl-dev \
   libcivetweb-dev libcivetweb1 libsqlite3-dev libturbojpeg0-dev libturbojpeg0 \
   libjpeg62-turbo-dev libjpeg62-turbo libjs-chart.js)
