@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "../closed_port.h"
 #include "trainyard/error.h"
 
 namespace trainyard::net {
@@ -67,18 +68,7 @@ class TestServer {
   bool released_ = false;  // mu_
 };
 
-// A loopback port with nothing listening on it.
-int closed_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using trainyard::test::closed_port;
 
 template <typename E, typename F>
 E error_of(F&& f) {
