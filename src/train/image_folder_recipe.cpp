@@ -116,9 +116,10 @@ struct Evaluation {
 // k = min(5, number of classes). With fewer than five classes k is the number of classes, so it is
 // 1 by definition: reported as such rather than left out, so that result.json always has the key.
 
-// Collective. Rank r evaluates the val positions r, r + W, ... with the eval transform; the sums
-// are all-reduced, so every image counts exactly once and every rank returns the same numbers.
-// The caller has made every rank's BatchNorm statistics rank 0's (sync_buffers).
+// Collective. Rank r evaluates the val positions r, r + W, ... with the eval transform on the
+// trainer's device; the sums are all-reduced (as CPU tensors), so every image counts exactly once
+// and every rank returns the same numbers. The caller has made every rank's BatchNorm statistics
+// rank 0's (sync_buffers).
 Evaluation evaluate(models::ImageModel& model,
                     const data::ImageFolder& val_set,
                     const std::vector<std::int64_t>& val_positions,
@@ -126,6 +127,7 @@ Evaluation evaluate(models::ImageModel& model,
                     Trainer& trainer) {
   const int rank = trainer.rank();
   const int world = trainer.world_size();
+  const auto device = trainer.device();
   const std::int64_t k =
       std::min<std::int64_t>(kTopK, static_cast<std::int64_t>(val_set.classes().size()));
   std::vector<std::int64_t> mine;
@@ -142,8 +144,8 @@ Evaluation evaluate(models::ImageModel& model,
          .transform = {.kind = data::ImageTransform::kEval, .size = o.image_size},
          .seed = o.seed});
     while (auto batch = loader.next()) {
-      auto logits = model.forward(batch->inputs);  // (B, classes)
-      const auto& y = batch->targets;              // (B,)
+      auto logits = model.forward(batch->inputs.to(device));  // (B, classes)
+      const auto y = batch->targets.to(device);               // (B,)
       loss_sum += torch::cross_entropy_loss(logits, y, {}, torch::Reduction::Sum).item<double>();
       top1 += logits.argmax(1).eq(y).sum().item<double>();
       auto best = std::get<1>(logits.topk(k, /*dim=*/1));  // (B, k)
@@ -200,8 +202,6 @@ SkippedImages skipped_images(const data::ImageFolder& train_set,
 void ImageFolderRecipeOptions::validate() const {
   run.validate();
   scaling.validate();
-  TY_CHECK(scaling.device == "cpu", "image-folder trains on the CPU so far (--device ",
-           scaling.device, "). HINT: --device cuda works for fashion-mnist and causal-lm.");
   const std::string layout_hint =
       " HINT: --data is a folder holding train/ and val/, each with one folder per class "
       "holding its images (.jpg, .jpeg, .png), as torchvision's ImageFolder reads ImageNet.";
@@ -262,6 +262,8 @@ Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
 
   torch::manual_seed(options.seed);
   auto model = models::image_model(options.model, /*in_channels=*/3, num_classes);
+  const auto device = trainer.device();
+  model->to(device);
   auto config = config_json(options, world, trainer.threads(), train_set, val_set,
                             static_cast<std::int64_t>(train_positions.size()),
                             static_cast<std::int64_t>(val_positions.size()));
@@ -315,8 +317,14 @@ Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
          .transform = {.kind = data::ImageTransform::kTrain, .size = options.image_size},
          .seed = options.seed,
          .epoch = epoch});
+    // The loader's batches are CPU tensors; each goes to the device as it is taken.
+    auto next_batch = [&loader, device]() -> std::optional<data::Batch> {
+      auto batch = loader.next();
+      if (!batch) return std::nullopt;
+      return data::Batch{batch->inputs.to(device), batch->targets.to(device)};
+    };
     const ClassifierEpoch done = train_classifier_epoch(
-        trainer, ddp_model, optimizer, epoch, loader.num_batches(), [&] { return loader.next(); },
+        trainer, ddp_model, optimizer, epoch, loader.num_batches(), next_batch,
         {.batch_size = options.batch_size, .lr = options.lr, .progress = options.progress});
     train_time += done.seconds;
     samples_seen += done.samples;
