@@ -13,6 +13,7 @@
 
 #include "torch_compat.h"
 #include "trainyard/comm/collective_metrics.h"
+#include "trainyard/comm/device_work_beacon.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
@@ -202,6 +203,7 @@ class DeviceWork : public c10d::Work {
   }
   bool wait(std::chrono::milliseconds /*timeout: NCCL's watchdog bounds it*/) override {
     const bool ok = inner_->wait();
+    watch_device_work(inner_);  // Note [Beating while device work runs]
     if (reduced_.defined()) std::call_once(converted_, [&] { output_.copy_(reduced_); });
     return ok;
   }

@@ -14,6 +14,7 @@
 #include "torch_compat.h"
 #include "trainyard/comm/address.h"
 #include "trainyard/comm/collectives.h"
+#include "trainyard/comm/device_work_beacon.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
@@ -100,6 +101,7 @@ bool use_nccl(const InitOptions& options, c10::Device device, int local_world_si
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work) {
   if (comm::compat::completes_on_device(work)) {  // Note [Waiting on NCCL work]
     work->wait();
+    watch_device_work(work);  // Note [Beating while device work runs]
     return;
   }
   // Work::wait(timeout) throws when the timeout passes first, and the work goes on; a work that
@@ -135,7 +137,12 @@ Distributed::Distributed(DistEnv env,
                          c10::intrusive_ptr<c10d::Store> store,
                          c10::intrusive_ptr<c10d::ProcessGroup> pg,
                          c10::Device device)
-    : env_(std::move(env)), store_(std::move(store)), pg_(std::move(pg)), device_(device) {}
+    : env_(std::move(env)), store_(std::move(store)), pg_(std::move(pg)), device_(device) {
+  // Note [Beating while device work runs]: a work keeps the rank beating at most the timeout.
+  if (device_.is_cuda())
+    beacon_ = std::make_unique<DeviceWorkBeacon>(
+        comm::compat::gloo_timeout(*pg_).value_or(kDefaultCollectiveTimeout));
+}
 
 Distributed::~Distributed() = default;
 

@@ -15,6 +15,8 @@
 
 namespace trainyard {
 
+class DeviceWorkBeacon;
+
 inline constexpr std::chrono::minutes kDefaultCollectiveTimeout{5};
 inline constexpr std::chrono::seconds kDefaultJoinTimeout{60};
 
@@ -79,6 +81,9 @@ class Distributed {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   c10::Device device_;
+  // Ranks on a GPU: beats while their NCCL work runs (Note [Beating while device work runs]).
+  // Declared after pg_, so it is gone (its thread joined, its works released) before the group.
+  std::unique_ptr<DeviceWorkBeacon> beacon_;
 };
 
 // The defaults, with timeout and join_timeout from $TRAINYARD_COLLECTIVE_TIMEOUT and
