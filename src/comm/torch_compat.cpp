@@ -82,12 +82,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d:
   options->timeout = timeout;
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  // See Note [Binding NCCL to the rank's GPU]. setBackend() passes the group's device on.
+  const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index));
+  group->setBoundDeviceId(device);
+#else
+  (void)device_index;
+#endif
   c10::intrusive_ptr<c10d::Backend> cpu = gloo;
   c10::intrusive_ptr<c10d::Backend> cuda = nccl;
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, cpu);
   group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, cuda);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-  (void)device_index;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  nccl->eagerConnectSingleDevice(device);
+#endif
   return group;
 #else
   (void)store;
@@ -103,6 +112,17 @@ c10::intrusive_ptr<c10d::ProcessGroup> nccl_group(const c10::intrusive_ptr<c10d:
       "Gloo backend (TRAINYARD_BACKEND=gloo)."));
 #endif
 }
+
+// Note [Binding NCCL to the rank's GPU]
+// A ProcessGroupNCCL creates its communicator lazily, on the first collective, for the device of
+// that collective's tensors, and a barrier() before any collective has no tensor: it guesses the
+// device from the rank (rank % GPUs), which is wrong when ranks of several nodes count GPUs
+// differently or CUDA_VISIBLE_DEVICES reorders them, and NCCL then hangs or fails in an
+// unrelated place. From LibTorch 2.3 on the group is bound to the rank's device (what Python's
+// init_process_group(device_id=...) does): barriers use it, and the communicator is made now
+// (eagerConnectSingleDevice), so a rank that cannot reach its peers over NCCL fails here, at
+// init, within the store's timeout, rather than in the first step. Older 2.x lines keep the lazy
+// connect (make_nccl_group has already made the device current, which their barrier uses).
 
 // Note [Waiting on NCCL work]
 // NCCL work completes on a CUDA stream. Its wait() makes the caller's current stream wait for it
