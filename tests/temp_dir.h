@@ -8,6 +8,8 @@
 #include <string>
 #include <system_error>
 
+#include "trainyard/remove_tree.h"
+
 namespace trainyard::test {
 
 struct TempDir {
@@ -21,7 +23,7 @@ struct TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    trainyard::remove_tree(path.string(), ec);  // not remove_all: see remove_tree.h
   }
   std::string str() const { return path.string(); }
   TempDir(const TempDir&) = delete;

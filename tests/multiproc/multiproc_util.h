@@ -25,6 +25,7 @@
 
 #include "../prerequisite.h"
 #include "trainyard/elastic/subprocess.h"
+#include "trainyard/remove_tree.h"
 
 namespace trainyard::mptest {
 
@@ -40,7 +41,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    trainyard::remove_tree(path_.string(), ec);  // not remove_all: see remove_tree.h
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
