@@ -604,20 +604,33 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   // Token positions (padding included: they are computed) per second of the slowest rank.
   const double steady_tokens_per_s =
       slowest[1].item<double>() > 0 ? trained[1].item<double>() / slowest[1].item<double>() : 0;
+  // A run resumed at its end (--epochs or --max-steps already reached) trained nothing: it
+  // reports no step, loss or throughput rather than 0, nan and 0.
+  const bool trained_any = trained[0].item<double>() > 0;
   Result result{.checkpoint_dir_name = last_checkpoint,
-                .metrics = {{"epoch", double(last_epoch), 0},
-                            {"step", double(std::max<std::int64_t>(last_step, 0)), 0},
-                            {"train_loss", last_loss, 5},
-                            {"global_step", double(trainer.progress().global_step), 0, false},
-                            {"tokens_per_s", tokens_per_s, 1, false},
-                            {"steady_tokens_per_s", steady_tokens_per_s, 1, false},
-                            {"train_time_s", train_time_s, 3, false},
-                            {"world_size", double(world), 0, false},
-                            {"restart_count", double(trainer.restart_count()), 0, false}}};
+                .metrics = {{"epoch", double(std::min(last_epoch, o.epochs - 1)), 0}}};
+  if (trained_any) {
+    result.metrics.push_back({"step", double(last_step), 0});
+    result.metrics.push_back({"train_loss", last_loss, 5});
+  }
+  result.metrics.push_back({"global_step", double(trainer.progress().global_step), 0, false});
+  if (trained_any) {
+    result.metrics.push_back({"tokens_per_s", tokens_per_s, 1, false});
+    result.metrics.push_back({"steady_tokens_per_s", steady_tokens_per_s, 1, false});
+  }
+  result.metrics.push_back({"train_time_s", train_time_s, 3, false});
+  result.metrics.push_back({"world_size", double(world), 0, false});
+  result.metrics.push_back({"restart_count", double(trainer.restart_count()), 0, false});
   for (int r = 0; r < world; ++r)
     result.metrics.push_back(
         {detail::concat("peak_rss_mib_rank", r), rss[r].item<double>(), 1, false});
-  if (rank == 0) {
+  if (rank == 0 && !trained_any) {
+    log->info(
+        "Nothing left to train: {} is at step {} (epoch {}), the end that --epochs {}{} sets. "
+        "HINT: raise --epochs or --max-steps to train on, or give --name a new run.",
+        last_checkpoint, trainer.progress().global_step, trainer.progress().epoch, o.epochs,
+        o.max_steps >= 0 ? detail::concat(" / --max-steps ", o.max_steps) : std::string());
+  } else if (rank == 0) {
     std::string per_rank;
     for (int r = 0; r < world; ++r)
       per_rank += detail::concat(r == 0 ? "" : ", ", "rank ", r, " ",

@@ -121,6 +121,19 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
   EXPECT_EQ(again["checkpoint_dir_name"].get<std::string>(), "checkpoint_000001");
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "causal-lm" / "checkpoint_000000"))
       << "--num-to-keep defaults to 1, as the seed keeps";
+
+  // Once more with the same --max-steps: nothing is left, and the run says so instead of
+  // reporting a throughput and loss it never measured.
+  auto third = run_program(recipe(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
+  ASSERT_TRUE(third.status.success()) << third.out << third.err;
+  EXPECT_NE((third.out + third.err).find("Nothing left to train: checkpoint_000001 is at step 30"),
+            std::string::npos)
+      << third.out << third.err;
+  EXPECT_EQ(third.out.find("nan"), std::string::npos) << third.out;
+  EXPECT_EQ(third.out.find("tokens/s"), std::string::npos) << third.out;
+  const auto done = nlohmann::json::parse(read_file(dir.path() / "causal-lm" / "result.json"));
+  EXPECT_EQ(done["global_step"].get<int>(), 30);
+  EXPECT_FALSE(done.contains("train_loss")) << done.dump();
 }
 
 // With a tokenizer.json the corpus is tokenised by it (and cached under its hash), the run
