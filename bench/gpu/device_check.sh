@@ -83,6 +83,10 @@ if has recipes; then
   timeout 60 $B/trainyard train causal-lm --device cuda --workers 1 --model pythia-70m \
     --data "$ROOT/.devdeps/fortunes.txt" --strategy full_shard --precision bf16-mixed \
     --seq-len 256 --batch-size 16 --epochs 1 --storage /tmp/runs --name lm-gpu --no-progress 2>&1 | tail -12 | tee "$OUT/causal_lm.log"
+  stamp "causal-lm resumed on the GPU for a second epoch"
+  timeout 60 $B/trainyard train causal-lm --device cuda --workers 1 --model pythia-70m \
+    --data "$ROOT/.devdeps/fortunes.txt" --strategy full_shard --precision bf16-mixed \
+    --seq-len 256 --batch-size 16 --epochs 2 --storage /tmp/runs --name lm-gpu --no-progress 2>&1 | grep -E "Resuming|train_loss|rror" | tail -4 | tee -a "$OUT/causal_lm.log"
 fi
 
 stamp done
