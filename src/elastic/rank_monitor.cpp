@@ -180,7 +180,9 @@ namespace {
 // trainyard::heartbeat() (heartbeat.h), which stores the time into the mapped file, from
 //   - the training loop (each step, each evaluation batch, around checkpoint saves),
 //   - inside waits on peers: ShmProcessGroup's barrier slices and wait_work() around Gloo work,
-//     so a rank waiting for a hung peer keeps beating and the hung peer alone falls silent,
+//     so a rank waiting for a hung peer keeps beating and the hung peer alone falls silent; on
+//     a GPU, whose host waits for NCCL work later and elsewhere, a thread beats while such work
+//     is in flight (Note [Beating while device work runs], src/comm/device_work_beacon.cpp),
 //   - inside bounded storage waits: an S3 request retrying within its retry_deadline, so a short
 //     S3 outage is ridden out instead of being taken for a hang (a frozen file system is not
 //     bounded, and its silence is reported).
