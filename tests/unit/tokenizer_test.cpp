@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../temp_dir.h"
 #include "trainyard/error.h"
 
 namespace trainyard::hf {
@@ -428,10 +429,11 @@ std::optional<OracleAnswer> ask_oracle(const fs::path& tokenizer_json,
                                        const std::vector<Ids>& id_lists) {
   const fs::path package = TRAINYARD_NODE_TOKENIZERS_DIR;
   if (!fs::exists(package / "package.json")) return std::nullopt;
-  const fs::path dir = fs::path(::testing::TempDir()) / "trainyard_tokenizer_test";
-  fs::create_directories(dir);
-  const fs::path request = dir / "request.json";
-  const fs::path answer = dir / "answer.json";
+  // A folder of this call's own: ctest -j runs the oracle tests as parallel processes, which
+  // overwrote each other's answer in a shared folder (a flaky mismatch).
+  const test::TempDir dir("ty-tokenizer-oracle");
+  const fs::path request = dir.path / "request.json";
+  const fs::path answer = dir.path / "answer.json";
   std::ofstream(request) << json{{"encode", texts}, {"decode", id_lists}}.dump();
   const std::string command = std::string("node '") + TRAINYARD_SOURCE_DIR +
                               "/tests/unit/hf_tokenizers_oracle.js' '" + package.string() + "' '" +
