@@ -7,11 +7,17 @@
 // no CAP_SYS_ADMIN), failed there under CI.
 // Addresses come from 198.18.0.0/15, the range reserved for benchmarking: no test traffic ever
 // aims at a real private or public network.
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -21,6 +27,7 @@
 
 #include "../multiproc/multiproc_util.h"
 #include "netns_hosts.h"
+#include "trainyard/comm/address.h"
 
 namespace {
 using trainyard::mptest::Hosts;
@@ -281,6 +288,68 @@ TEST(MultiNode, StaticJobBindsGlooToTheRouteToTheMaster) {
 // once its link returns; the node that stays up goes on alone without waiting out the last call,
 // since the lost node is known dead. The ranks are a shell loop that runs until a file exists:
 // nothing in them needs the network, so every restart seen is the agents' doing.
+// The first IPv4 address getifaddrs lists that is up and not loopback, or "".
+std::string first_listed_address() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+        (i->ifa_flags & IFF_LOOPBACK))
+      continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    out = text;
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+// A node on the master's own host offers the others first_interface_address(), which skips
+// link-local 169.254/16: an ECS awsvpc task lists such an interface (ecs-eth0) first, and the
+// other nodes cannot reach it. In a namespace whose first interface has only such an address,
+// the answer is the second interface's.
+TEST(MultiNode, FirstInterfaceAddressSkipsLinkLocal) {
+  const std::string ns = "tyll" + std::to_string(getpid() % 100000);
+  const auto added = run_program({"ip", "netns", "add", ns}, {}, 10s);
+  if (!added.status.success())
+    TY_MISSING_PREREQUISITE("cannot create network namespaces here: " << added.err);
+  struct Removed {
+    std::string ns;
+    ~Removed() { run_program({"ip", "netns", "del", ns}, {}, 10s); }
+  } removed{ns};
+  const std::vector<std::vector<std::string>> steps = {
+      {"link", "add", "ecs-eth0", "type", "veth", "peer", "name", "ecs-peer"},
+      {"addr", "add", "169.254.172.2/22", "dev", "ecs-eth0"},
+      {"link", "add", "eth0", "type", "veth", "peer", "name", "eth0-peer"},
+      {"addr", "add", "198.18.214.5/24", "dev", "eth0"},
+      {"link", "set", "ecs-peer", "up"},
+      {"link", "set", "ecs-eth0", "up"},
+      {"link", "set", "eth0-peer", "up"},
+      {"link", "set", "eth0", "up"}};
+  for (auto args : steps) {
+    args.insert(args.begin(), {"ip", "-n", ns});
+    const auto r = run_program(args, {}, 10s);
+    ASSERT_TRUE(r.status.success()) << args[3] << " " << args[4] << ": " << r.err;
+  }
+  // Namespaces are per thread: this one enters it, the test's own stays where it is.
+  std::string listed_first, chosen, error;
+  std::thread inside([&] {
+    const int fd = ::open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+      error = std::string("cannot enter the namespace: ") + std::strerror(errno);
+    } else {
+      listed_first = first_listed_address();
+      chosen = trainyard::first_interface_address();
+    }
+    if (fd >= 0) ::close(fd);
+  });
+  inside.join();
+  ASSERT_TRUE(error.empty()) << error;
+  ASSERT_EQ(listed_first, "169.254.172.2") << "the link-local interface must come first";
+  EXPECT_EQ(chosen, "198.18.214.5");
+}
+
 TEST(MultiNode, ACutOffNodeRejoinsWhenItsLinkReturns) {
   Hosts hosts(2);
   if (!hosts.ok())
