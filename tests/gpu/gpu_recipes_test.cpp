@@ -17,6 +17,7 @@
 
 #include "../image_fixtures.h"
 #include "../multiproc/multiproc_util.h"
+#include "require_gpu.h"
 #include "trainyard/data/image_decode.h"
 
 namespace {
@@ -25,20 +26,6 @@ using trainyard::mptest::read_file;
 using trainyard::mptest::run_program;
 using trainyard::mptest::TempDir;
 using namespace std::chrono_literals;
-
-bool have_gpu(std::string* why) {
-  if (!torch::cuda::is_available()) {
-    *why = "no CUDA: this build's LibTorch has none or no GPU is visible";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                         \
-  do {                                        \
-    std::string why;                          \
-    if (!have_gpu(&why)) GTEST_SKIP() << why; \
-  } while (0)
 
 // Folder names sort as blue, green, red: labels 0..2, each the index of its bright channel.
 constexpr const char* kClasses[] = {"blue", "green", "red"};

@@ -24,6 +24,7 @@
 #include "../multiproc/multiproc_util.h"
 #include "../unit/thread_ranks.h"
 #include "../unit/tiny_gpt_neox.h"
+#include "require_gpu.h"
 #include "trainyard/cluster/node_resources.h"
 #include "trainyard/comm/collectives.h"
 #include "trainyard/comm/device_work_beacon.h"
@@ -56,19 +57,7 @@ constexpr double kLr = 0.05;
 // missing or doubled gradient, which moves a tensor by 1e-2 or more.
 constexpr double kTolerance = 1e-4;
 
-bool have_gpu(std::string* why) {
-  if (!torch::cuda::is_available()) {
-    *why = "no CUDA: this build's LibTorch has none or no GPU is visible";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                         \
-  do {                                        \
-    std::string why;                          \
-    if (!have_gpu(&why)) GTEST_SKIP() << why; \
-  } while (0)
+using trainyard::testing::have_gpu;
 
 torch::Device gpu() {
   return torch::Device(torch::kCUDA, 0);
