@@ -1,6 +1,5 @@
 #include "trainyard/cluster/node_resources.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -114,40 +113,6 @@ std::string read_meminfo(const std::string& proc_root) {
   return *text;
 }
 
-// cpu.max: "max 100000" (no limit) or "<quota> <period>" in microseconds.
-std::optional<double> parse_cpu_max(const std::string& text) {
-  std::istringstream fields(text);
-  std::string quota;
-  std::int64_t period = 0;
-  if (!(fields >> quota >> period) || quota == "max" || period <= 0) return std::nullopt;
-  try {
-    const std::int64_t quota_us = std::stoll(quota);
-    if (quota_us <= 0) return std::nullopt;
-    return static_cast<double>(quota_us) / static_cast<double>(period);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-// memory.max: "max" (no limit) or bytes.
-std::optional<std::int64_t> parse_memory_max(const std::string& text) {
-  const std::string value = trim(text);
-  if (value.empty() || value == "max") return std::nullopt;
-  try {
-    std::size_t used = 0;
-    const std::int64_t bytes = std::stoll(value, &used);
-    if (used != value.size() || bytes < 0) return std::nullopt;
-    return bytes;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-template <typename T>
-void keep_smaller(std::optional<T>& current, const std::optional<T>& candidate) {
-  if (candidate && (!current || *candidate < *current)) current = candidate;
-}
-
 void check_override(const std::optional<double>& value, const char* field, const char* flag) {
   if (!value) return;
   TY_CHECK(std::isfinite(*value) && *value >= 0, "DetectOptions::", field,
@@ -156,118 +121,6 @@ void check_override(const std::optional<double>& value, const char* field, const
 }
 
 }  // namespace
-
-// Note [Counting CPUs in a container]
-// A container on ECS or Kubernetes sees the host's CPUs in /proc/cpuinfo and in
-// std::thread::hardware_concurrency(); what it may use is narrower, in two independent ways:
-//  - the affinity mask (cpuset, `docker run --cpuset-cpus`, `taskset`): sched_getaffinity;
-//  - the CFS quota (`--cpus=1.5`, a Kubernetes CPU limit): cgroup v2 cpu.max, "150000 100000",
-//    or on a cgroup v1 host (ECS on Amazon Linux 2) cpu.cfs_quota_us / cpu.cfs_period_us.
-// The quota applies to this process's cgroup and to each ancestor; the tightest one counts. We
-// take the smaller of the two, round a fractional quota down (a rank wants a whole core; Ray does
-// the same with its container CPU count) and never report fewer than one CPU. Where the cgroup
-// path from /proc/self/cgroup does not exist under the mount (a cgroup namespace makes the
-// container's own cgroup the mount's root), the mount's root is the process's cgroup. Memory
-// works the same way through memory.max (v2) or memory.limit_in_bytes (v1).
-//
-// Where the hierarchies are mounted: cgroup v2 alone at <root> (it has cgroup.controllers), or,
-// on a hybrid host, at <root>/unified beside the v1 controllers at <root>/<controller list>
-// ("cpu,cpuacct", often also linked as "cpu") and <root>/memory.
-
-namespace {
-
-// Calls visit(dir) for the process's cgroup directory under `mount` and each ancestor up to
-// `mount` itself.
-template <typename Visit>
-void walk_cgroup(fs::path mount, const std::string& relative, Visit visit) {
-  mount = mount.lexically_normal();
-  if (!mount.has_filename() && mount.has_parent_path() && mount != mount.root_path())
-    mount = mount.parent_path();  // "/sys/fs/cgroup/" -> "/sys/fs/cgroup"
-  std::error_code ec;
-  if (!fs::is_directory(mount, ec)) return;
-  const fs::path relative_dir = fs::path(relative).relative_path();
-  fs::path dir = relative_dir.empty() ? mount : (mount / relative_dir).lexically_normal();
-  const std::string inside = dir.lexically_relative(mount).string();
-  if (inside.empty() || inside.rfind("..", 0) == 0 || !fs::is_directory(dir, ec)) dir = mount;
-  for (;;) {
-    visit(dir);
-    if (dir == mount || !dir.has_parent_path() || dir.parent_path() == dir) break;
-    dir = dir.parent_path();
-    if (dir.string().size() < mount.string().size()) break;  // left the mount
-  }
-}
-
-// cgroup v1 writes "no limit" as a huge number (PAGE_COUNTER_MAX pages, 9223372036854771712).
-constexpr std::int64_t kCgroupV1Unlimited = std::int64_t{1} << 60;
-
-}  // namespace
-
-CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string& cgroup_root) {
-  CgroupLimits limits;
-  const auto self = read_text(fs::path(proc_root) / "self" / "cgroup");
-  if (!self) return limits;
-  const fs::path root(cgroup_root);
-  std::error_code ec;
-  // /proc/self/cgroup lines: "<hierarchy>:<controllers>:<path>"; cgroup v2's is "0::<path>".
-  std::istringstream lines(*self);
-  std::string line;
-  while (std::getline(lines, line)) {
-    const auto first = line.find(':');
-    const auto second = first == std::string::npos ? first : line.find(':', first + 1);
-    if (second == std::string::npos) continue;
-    const std::string id = line.substr(0, first);
-    const std::string controllers = line.substr(first + 1, second - first - 1);
-    const std::string relative = trim(line.substr(second + 1));
-    if (id == "0" && controllers.empty()) {
-      const fs::path mount =
-          !fs::exists(root / "cgroup.controllers", ec) && fs::is_directory(root / "unified", ec)
-              ? root / "unified"
-              : root;
-      walk_cgroup(mount, relative, [&](const fs::path& dir) {
-        if (const auto cpu_max = read_text(dir / "cpu.max"))
-          keep_smaller(limits.cpu_quota, parse_cpu_max(*cpu_max));
-        if (const auto memory_max = read_text(dir / "memory.max"))
-          keep_smaller(limits.memory_max_bytes, parse_memory_max(*memory_max));
-      });
-      continue;
-    }
-    std::vector<std::string> names;
-    std::istringstream list(controllers);
-    for (std::string name; std::getline(list, name, ',');) names.push_back(name);
-    const auto has = [&](const char* name) {
-      return std::find(names.begin(), names.end(), name) != names.end();
-    };
-    if (has("memory")) {
-      walk_cgroup(root / "memory", relative, [&](const fs::path& dir) {
-        if (const auto text = read_text(dir / "memory.limit_in_bytes")) {
-          const auto bytes = parse_memory_max(*text);
-          if (bytes && *bytes < kCgroupV1Unlimited) keep_smaller(limits.memory_max_bytes, bytes);
-        }
-      });
-    }
-    if (has("cpu")) {
-      const fs::path mount =
-          fs::is_directory(root / controllers, ec) ? root / controllers : root / "cpu";
-      walk_cgroup(mount, relative, [&](const fs::path& dir) {
-        const auto quota = read_text(dir / "cpu.cfs_quota_us");
-        const auto period = read_text(dir / "cpu.cfs_period_us");
-        if (quota && period)  // quota -1: no limit
-          keep_smaller(limits.cpu_quota, parse_cpu_max(trim(*quota) + " " + trim(*period)));
-      });
-    }
-  }
-  return limits;
-}
-
-int affinity_cpu_count() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    return online > 0 ? static_cast<int>(online) : 1;
-  }
-  return std::max(1, CPU_COUNT(&set));
-}
 
 std::string local_hostname() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -355,17 +208,11 @@ NodeResources detect_resources(const DetectOptions& options) {
              *options.memory_bytes, "; HINT: pass --memory a number of bytes, e.g. 8589934592.");
 
   NodeResources resources;
-  const CgroupLimits limits = read_cgroup_limits(options.proc_root, options.cgroup_root);
-
-  // See Note [Counting CPUs in a container].
-  if (options.num_cpus) {
-    resources.cpu = *options.num_cpus;
-  } else {
-    int cpus = affinity_cpu_count();
-    if (limits.cpu_quota)
-      cpus = std::min(cpus, std::max(1, static_cast<int>(std::floor(*limits.cpu_quota))));
-    resources.cpu = cpus;
-  }
+  // See Note [Counting CPUs in a container] (src/cpu_count.cpp).
+  resources.cpu =
+      options.num_cpus
+          ? *options.num_cpus
+          : usable_cpu_count({.proc_root = options.proc_root, .cgroup_root = options.cgroup_root});
 
   if (options.memory_bytes) {
     resources.memory_bytes = *options.memory_bytes;
@@ -375,6 +222,7 @@ NodeResources detect_resources(const DetectOptions& options) {
     TY_CHECK_T(Error, total.has_value(), "No MemTotal line in ", options.proc_root,
                "/meminfo; HINT: pass DetectOptions::memory_bytes (--memory) explicitly.");
     resources.memory_bytes = *total;
+    const CgroupLimits limits = read_cgroup_limits(options.proc_root, options.cgroup_root);
     if (limits.memory_max_bytes)
       resources.memory_bytes = std::min(resources.memory_bytes, *limits.memory_max_bytes);
   }

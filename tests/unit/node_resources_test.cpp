@@ -1,53 +1,25 @@
-// NodeResources: detection (affinity, cgroup v2 limits on fake trees, NVML absent), overrides,
-// the JSON form, and UsageSampler on fake and real /proc.
+// NodeResources: detection (usable CPUs and memory under cgroup limits on fake trees, NVML
+// absent), overrides, the JSON form, and UsageSampler on fake and real /proc. Reading the cgroup
+// limits themselves is tested in cpu_count_test.cpp.
 #include "trainyard/cluster/node_resources.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "../fake_proc_tree.h"
 #include "trainyard/error.h"
 
 namespace trainyard::cluster {
 namespace {
 
-namespace fs = std::filesystem;
 constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 
-// A temporary directory tree standing in for /proc and /sys/fs/cgroup.
-class FakeRoot {
- public:
-  FakeRoot() {
-    std::string pattern = (fs::temp_directory_path() / "trainyard-resources-XXXXXX").string();
-    TY_ASSERT(mkdtemp(pattern.data()) != nullptr, "mkdtemp failed");
-    dir_ = pattern;
-  }
-  ~FakeRoot() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string proc() const { return (dir_ / "proc").string(); }
-  std::string cgroup() const { return (dir_ / "cgroup").string(); }
-  void write(const std::string& relative, const std::string& text) const {
-    const fs::path path = dir_ / relative;
-    fs::create_directories(path.parent_path());
-    std::ofstream(path) << text;
-  }
-  void meminfo(std::int64_t total_kb, std::int64_t available_kb) const {
-    write("proc/meminfo", "MemTotal:       " + std::to_string(total_kb) +
-                              " kB\nMemFree:         1000 kB\nMemAvailable:   " +
-                              std::to_string(available_kb) + " kB\nBuffers:  10 kB\n");
-  }
-
- private:
-  fs::path dir_;
-};
+using FakeRoot = test::FakeProcTree;
 
 DetectOptions fake_options(const FakeRoot& root) {
   return DetectOptions{.proc_root = root.proc(),
@@ -59,6 +31,7 @@ TEST(NodeResources, DetectsThisMachine) {
   const NodeResources resources = detect_resources();
   EXPECT_GE(resources.cpu, 1.0);
   EXPECT_LE(resources.cpu, affinity_cpu_count());
+  EXPECT_EQ(resources.cpu, usable_cpu_count());
   EXPECT_EQ(resources.cpu, std::floor(resources.cpu));  // whole CPUs when detected
   EXPECT_GT(resources.memory_bytes, 0);
   EXPECT_EQ(resources.gpu, static_cast<double>(resources.gpus.size()));
@@ -124,41 +97,26 @@ TEST(NodeResources, VisibleDevicesSelectGpusAsCudaDoes) {
           .gpus.empty());
 }
 
-TEST(NodeResources, CgroupLimitsAreTheTightestOfTheCgroupAndItsAncestors) {
+TEST(NodeResources, CpuAndMemoryUnderCgroupLimits) {
   FakeRoot root;
   root.write("proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
-  root.write("cgroup/cpu.max", "max 100000\n");
-  root.write("cgroup/kubepods/cpu.max", "max 100000\n");
-  root.write("cgroup/kubepods/memory.max", "max\n");
   root.write("cgroup/kubepods/pod1/cpu.max", "150000 100000\n");
   root.write("cgroup/kubepods/pod1/memory.max", "2147483648\n");
   root.write("cgroup/kubepods/pod1/ctr/cpu.max", "250000 100000\n");
   root.write("cgroup/kubepods/pod1/ctr/memory.max", "max\n");
-  const CgroupLimits limits = read_cgroup_limits(root.proc(), root.cgroup());
-  ASSERT_TRUE(limits.cpu_quota.has_value());
-  EXPECT_DOUBLE_EQ(*limits.cpu_quota, 1.5);
-  EXPECT_EQ(limits.memory_max_bytes, 2 * kGiB);
-
   // detect_resources rounds the quota down and caps MemTotal (16 GiB here).
   root.meminfo(16 * 1024 * 1024, 8 * 1024 * 1024);
-  const NodeResources resources = detect_resources(fake_options(root));
+  NodeResources resources = detect_resources(fake_options(root));
   EXPECT_EQ(resources.cpu, 1.0);
   EXPECT_EQ(resources.memory_bytes, 2 * kGiB);
-}
 
-TEST(NodeResources, CgroupNamespaceUsesTheMountsRoot) {
-  FakeRoot root;
-  // Inside a cgroup namespace the process's cgroup is "/" (or a path the mount does not hold).
+  // Inside a cgroup namespace the mount's root holds the limits; half a CPU still offers one.
   root.write("proc/self/cgroup", "0::/\n");
   root.write("cgroup/cpu.max", "50000 100000\n");
   root.meminfo(4 * 1024 * 1024, 1024 * 1024);
-  EXPECT_DOUBLE_EQ(read_cgroup_limits(root.proc(), root.cgroup()).cpu_quota.value_or(0), 0.5);
-  const NodeResources resources = detect_resources(fake_options(root));
-  EXPECT_EQ(resources.cpu, 1.0);  // half a CPU still offers one
+  resources = detect_resources(fake_options(root));
+  EXPECT_EQ(resources.cpu, 1.0);
   EXPECT_EQ(resources.memory_bytes, 4 * kGiB);
-
-  root.write("proc/self/cgroup", "0::/not/in/this/mount\n");
-  EXPECT_DOUBLE_EQ(read_cgroup_limits(root.proc(), root.cgroup()).cpu_quota.value_or(0), 0.5);
 }
 
 TEST(NodeResources, WholeCpuQuotaCapsTheAffinityCount) {
@@ -169,62 +127,15 @@ TEST(NodeResources, WholeCpuQuotaCapsTheAffinityCount) {
   EXPECT_EQ(detect_resources(fake_options(root)).cpu, std::min(affinity_cpu_count(), 3));
 }
 
-TEST(NodeResources, CgroupV1AndHybridHierarchies) {
+TEST(NodeResources, NoLimitsLeaveTheAffinityCountAndMemTotal) {
   FakeRoot root;
-  // ECS on Amazon Linux 2: v1 controllers, and a hybrid host's v2 tree at <root>/unified.
-  root.write("proc/self/cgroup",
-             "12:cpu,cpuacct:/ecs/task1/ctr\n8:memory:/ecs/task1/ctr\n"
-             "1:name=systemd:/ecs/task1/ctr\n0::/ecs/task1/ctr\n");
-  root.write("cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
-  root.write("cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
-  root.write("cgroup/cpu,cpuacct/ecs/task1/cpu.cfs_quota_us", "200000\n");
-  root.write("cgroup/cpu,cpuacct/ecs/task1/cpu.cfs_period_us", "100000\n");
-  root.write("cgroup/cpu,cpuacct/ecs/task1/ctr/cpu.cfs_quota_us", "-1\n");
-  root.write("cgroup/cpu,cpuacct/ecs/task1/ctr/cpu.cfs_period_us", "100000\n");
-  root.write("cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");  // unlimited
-  root.write("cgroup/memory/ecs/task1/ctr/memory.limit_in_bytes", "1073741824\n");
-  root.write("cgroup/unified/ecs/task1/ctr/memory.max", "max\n");
-  CgroupLimits limits = read_cgroup_limits(root.proc(), root.cgroup());
-  EXPECT_DOUBLE_EQ(limits.cpu_quota.value_or(0), 2.0);
-  EXPECT_EQ(limits.memory_max_bytes, kGiB);
-
-  // A tighter limit in the v2 tree wins.
-  root.write("cgroup/unified/ecs/task1/memory.max", "536870912\n");
-  limits = read_cgroup_limits(root.proc(), root.cgroup());
-  EXPECT_EQ(limits.memory_max_bytes, kGiB / 2);
-
-  // A path the v1 mount does not hold (a cgroup namespace): the mount's root applies.
-  root.write("proc/self/cgroup", "4:memory:/process_api/13bb2f\n1:cpu:/\n");
-  root.write("cgroup/memory/memory.limit_in_bytes", "2147483648\n");
-  root.write("cgroup/cpu/cpu.cfs_quota_us", "50000\n");
-  root.write("cgroup/cpu/cpu.cfs_period_us", "100000\n");
-  limits = read_cgroup_limits(root.proc(), root.cgroup());
-  EXPECT_EQ(limits.memory_max_bytes, 2 * kGiB);
-  EXPECT_DOUBLE_EQ(limits.cpu_quota.value_or(0), 0.5);
-}
-
-TEST(NodeResources, NoLimitsWhereNoneAreSet) {
-  FakeRoot root;
-  root.write("proc/self/cgroup", "12:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n");
-  root.write("cgroup/docker/abc/cpu.max", "100000 100000\n");  // ignored: no v2 line
-  const CgroupLimits v1 = read_cgroup_limits(root.proc(), root.cgroup());
-  EXPECT_FALSE(v1.cpu_quota.has_value());
-  EXPECT_FALSE(v1.memory_max_bytes.has_value());
-
   root.write("proc/self/cgroup", "0::/free\n");
   root.write("cgroup/free/cpu.max", "max 100000\n");
   root.write("cgroup/free/memory.max", "max\n");
   root.meminfo(8 * 1024 * 1024, 1024);
-  const CgroupLimits none = read_cgroup_limits(root.proc(), root.cgroup());
-  EXPECT_FALSE(none.cpu_quota.has_value());
-  EXPECT_FALSE(none.memory_max_bytes.has_value());
   const NodeResources resources = detect_resources(fake_options(root));
   EXPECT_EQ(resources.cpu, affinity_cpu_count());
   EXPECT_EQ(resources.memory_bytes, 8 * kGiB);
-
-  // Without a /proc/self/cgroup file at all.
-  FakeRoot empty;
-  EXPECT_FALSE(read_cgroup_limits(empty.proc(), empty.cgroup()).cpu_quota.has_value());
 }
 
 TEST(NodeResources, JsonForm) {

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "trainyard/cpu_count.h"
+
 namespace trainyard::cluster {
 
 // One GPU as NVML reports it.
@@ -43,8 +45,8 @@ void to_json(nlohmann::json& j, const NodeResources& resources);
 void from_json(const nlohmann::json& j, NodeResources& resources);
 
 struct DetectOptions {
-  static constexpr const char* kProcRoot = "/proc";
-  static constexpr const char* kCgroupRoot = "/sys/fs/cgroup";
+  static constexpr const char* kProcRoot = trainyard::kProcRoot;
+  static constexpr const char* kCgroupRoot = trainyard::kCgroupRoot;
   static constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";
 
   // Overrides, like Ray's --num-cpus / --num-gpus / --memory: several workers on one machine
@@ -65,7 +67,8 @@ struct DetectOptions {
 };
 
 // Detects this machine's resources. See Note [Counting CPUs in a container].
-//  cpu:    CPUs in the affinity mask, capped by the cgroup CPU quota rounded down, >= 1.
+//  cpu:    usable_cpu_count(): CPUs in the affinity mask, capped by the cgroup CPU quota rounded
+//          down, >= 1.
 //  memory: MemTotal, capped by the cgroup memory limit.
 //  gpus:   through NVML when the library loads and initialises; none otherwise (logged at
 //          debug level, never an error).
@@ -73,18 +76,11 @@ struct DetectOptions {
 // Blocking (reads a few files, may initialise NVML: tens of milliseconds); thread-safe.
 NodeResources detect_resources(const DetectOptions& options = {});
 
-// The limits cgroups put on this process: the tightest of its cgroup and the cgroup's ancestors,
-// in cgroup v2 (<cgroup_root>, or <cgroup_root>/unified on a hybrid host) and in the v1 cpu and
-// memory hierarchies (<cgroup_root>/cpu,cpuacct and <cgroup_root>/memory). nullopt where no
-// limit is set or no cgroup tree is found.
-struct CgroupLimits {
-  std::optional<double> cpu_quota;  // cores: quota / period (cpu.max, cpu.cfs_quota_us), e.g. 1.5
-  std::optional<std::int64_t> memory_max_bytes;
-};
-CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string& cgroup_root);
-
-// The number of CPUs this process may run on (sched_getaffinity), at least 1.
-int affinity_cpu_count();
+// Counting CPUs and reading cgroup limits live in the LibTorch-free core (trainyard/cpu_count.h);
+// these names stay available here.
+using trainyard::affinity_cpu_count;
+using trainyard::CgroupLimits;
+using trainyard::read_cgroup_limits;
 
 // This machine's host name (gethostname), "localhost" if it has none.
 std::string local_hostname();
