@@ -12,6 +12,7 @@
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <iostream>
@@ -196,6 +197,45 @@ TEST(GpuFsdp, DeferredModelIsMaterialisedOnFsdpOptionsDevice) {
     for (auto& [name, t] : fsdp.full_parameters()) result[name] = t.to(torch::kCPU);
   });
   expect_same(expected, result, "FSDP from a deferred model onto cuda:0");
+}
+
+// Note [Activation checkpointing] (src/nn/checkpoint.cpp): a recomputed unit draws the same
+// dropout masks on the GPU as its first forward did, since the CUDA generator's state is restored
+// around the recompute; so recomputing changes nothing, dropout or not.
+TEST(GpuFsdp, ActivationCheckpointingWithDropoutMatchesKeepingActivations) {
+  REQUIRE_GPU();
+  auto train = [](bool recompute, double dropout) {
+    Params result;
+    run_ranks(1, /*nccl=*/true, [&](int, auto pg, auto store) {
+      auto config = trainyard::testing::tiny_gpt_neox_config();
+      config.hidden_dropout = dropout;
+      GptNeoX model(config, GptNeoXInit{.device = gpu(), .seed = kSeed});
+      FsdpOptions options{.sharding = ShardingStrategy::kFullShard,
+                          .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>()};
+      options.activation_checkpointing = recompute;
+      auto groups = trainyard::fsdp::make_fsdp_groups(ShardingStrategy::kFullShard, pg, store, 1);
+      FullyShardedDataParallel fsdp(model, groups, options);
+      auto opt = make_optimizer(fsdp.parameters());
+      torch::manual_seed(kSeed);  // the CUDA generator's too: the same masks in both runs
+      for (int step = 0; step < kSteps; ++step) {
+        opt.zero_grad();
+        auto ids = batch_for_step(step, 1);
+        trainyard::models::causal_lm_loss(fsdp.forward(ids), ids).backward();
+        opt.step();
+      }
+      for (auto& [name, t] : fsdp.full_parameters()) result[name] = t.to(torch::kCPU);
+    });
+    return result;
+  };
+  const auto kept = train(false, 0.1);
+  expect_same(kept, train(true, 0.1), "FSDP with dropout 0.1, activations recomputed");
+  // Not vacuous: dropout moved the weights away from training without it.
+  const auto without = train(false, 0.0);
+  double largest = 0;
+  for (const auto& [name, t] : kept)
+    largest = std::max(
+        largest, (t - without.at(name)).norm().item<double>() / (t.norm().item<double>() + 1e-12));
+  EXPECT_GT(largest, 1e-3) << "dropout had no effect";
 }
 
 TEST(GpuDdp, MatchesOneProcessAtW1OverNccl) {
