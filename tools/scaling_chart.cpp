@@ -56,6 +56,21 @@ double ideal_value(const ScalingChart& c, double one, double world_size) {
   return c.ideal_falls ? one / world_size : one * world_size;
 }
 
+// The ideal line, kIdealSamples + 1 points in pixels, from W = 1 (the measurement it goes through,
+// on the W = 1 tick) to the largest world size on the chart. Not across the whole padded x axis:
+// sampled from x_min, it began 0.3 octave left of W = 1, an ideal for less than one worker.
+std::vector<std::array<double, 2>> ideal_line(const ScalingChart& c,
+                                              const Geometry& g,
+                                              double one) {
+  const double last = std::log2(g.x_ticks.back());
+  std::vector<std::array<double, 2>> points;
+  for (int i = 0; i <= kIdealSamples; ++i) {
+    const double ws = std::exp2(last * i / kIdealSamples);
+    points.push_back({g.px(ws), g.py(ideal_value(c, one, ws))});
+  }
+  return points;
+}
+
 // "Nice" tick step (1, 2 or 5 x 10^k) giving at most 6 ticks up to `max`.
 double nice_step(double max) {
   const double raw = max / 6;
@@ -297,10 +312,9 @@ std::string chart_svg(const ScalingChart& c) {
   if (const auto one = value_at_one(c)) {
     s << "<polyline fill=\"none\" stroke=\"" << hex(kIdeal)
       << "\" stroke-width=\"2\" stroke-dasharray=\"6 4\" points=\"";
-    for (int i = 0; i <= kIdealSamples; ++i) {
-      const double ws = std::exp2(g.x_min + (g.x_max - g.x_min) * i / kIdealSamples);
-      s << (i > 0 ? " " : "") << g.px(ws) << ',' << g.py(ideal_value(c, *one, ws));
-    }
+    const auto points = ideal_line(c, g, *one);
+    for (std::size_t i = 0; i < points.size(); ++i)
+      s << (i > 0 ? " " : "") << points[i][0] << ',' << points[i][1];
     s << "\"/>\n";
   }
   auto measured = c.measured;
@@ -364,13 +378,9 @@ void write_chart_png(const ScalingChart& c, const std::string& path) {
   canvas.text((x0 + x1 - Canvas::text_width(x_label)) / 2, h - 24, x_label, kBlack);
   canvas.text(x0 - 60, y1 - 18, c.y_label, kBlack, 1);
   if (const auto one = value_at_one(c)) {
-    for (int i = 0; i < kIdealSamples; ++i) {
-      const double a = std::exp2(g.x_min + (g.x_max - g.x_min) * i / kIdealSamples);
-      const double b = std::exp2(g.x_min + (g.x_max - g.x_min) * (i + 1) / kIdealSamples);
-      if (i % 2 == 1) continue;  // every other segment: the dashes
-      canvas.line(g.px(a), g.py(ideal_value(c, *one, a)), g.px(b), g.py(ideal_value(c, *one, b)),
-                  kIdeal, 2);
-    }
+    const auto points = ideal_line(c, g, *one);
+    for (std::size_t i = 0; i + 1 < points.size(); i += 2)  // every other segment: the dashes
+      canvas.line(points[i][0], points[i][1], points[i + 1][0], points[i + 1][1], kIdeal, 2);
   }
   auto measured = c.measured;
   std::sort(measured.begin(), measured.end(),

@@ -23,8 +23,9 @@ struct ScalingChart {
   std::string x_label = "workers";    // what W counts: "workers", "nodes of 1 rank"
   std::vector<ChartPoint> measured;   // filled circles joined by a line
   std::vector<ChartPoint> predicted;  // hollow circles
-  // The ideal line through the W = 1 measurement: value(1) / W when `ideal_falls` (times), value(1)
-  // x W otherwise (throughput). None without a measured W = 1 point.
+  // The ideal line through the W = 1 measurement, from W = 1 to the largest W charted: value(1) / W
+  // when `ideal_falls` (times), value(1) x W otherwise (throughput). None without a measured W = 1
+  // point.
   bool ideal_falls = true;
 };
 
