@@ -13,31 +13,17 @@ if [[ ${1:-} == --ranks-per-node ]]; then PER_NODE=${2:?}; shift 2; fi
 [[ -x $TRAINYARD ]] || { echo "collectives_netns.sh: build $TRAINYARD first" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || { echo "collectives_netns.sh: needs root for ip netns" >&2; exit 2; }
 
+source "$ROOT/bench/netns.sh"
 TAG=$$
-BRIDGE=tycb$TAG
 NS=(tyc${TAG}a tyc${TAG}b)
 ADDR=(198.18.214.1 198.18.214.2)
 TMP=$(mktemp -d)
 cleanup() {
-  for ns in "${NS[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-  done
-  ip link del "$BRIDGE" 2>/dev/null || true
+  netns_down
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-
-ip link add "$BRIDGE" type bridge
-ip link set "$BRIDGE" up
-for i in 0 1; do
-  ip netns add "${NS[$i]}"
-  ip link add "tycv${TAG}_$i" type veth peer name eth0 netns "${NS[$i]}"
-  ip link set "tycv${TAG}_$i" master "$BRIDGE" up
-  ip -n "${NS[$i]}" addr add "${ADDR[$i]}/24" dev eth0
-  ip -n "${NS[$i]}" link set eth0 up
-  ip -n "${NS[$i]}" link set lo up
-done
+netns_up tyc 198.18.214 "${NS[@]}"
 
 for i in 1 0; do
   ip netns exec "${NS[$i]}" timeout 300 "$TRAINYARD" run --nnodes 2 --nproc-per-node "$PER_NODE" \

@@ -30,31 +30,14 @@ done
 }
 [[ $NODES =~ ^[1-9]$ ]] || { echo "scaling_netns.sh: --nodes must be 1..9, got '$NODES'" >&2; exit 2; }
 
+source "$ROOT/bench/netns.sh"
 TAG=$$
-BRIDGE=tysb$TAG
 PREFIX=tys${TAG}n  # namespaces tys<pid>n0, n1, ...
 NS=()
 for ((i = 0; i < NODES; i++)); do NS+=("$PREFIX$i"); done
-cleanup() {
-  for ns in "${NS[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-  done
-  ip link del "$BRIDGE" 2>/dev/null || true
-}
-trap cleanup EXIT
+trap netns_down EXIT
 trap 'exit 130' INT TERM
-
-ip link add "$BRIDGE" type bridge
-ip link set "$BRIDGE" up
-for ((i = 0; i < NODES; i++)); do
-  ip netns add "${NS[$i]}"
-  ip link add "tysv${TAG}_$i" type veth peer name eth0 netns "${NS[$i]}"
-  ip link set "tysv${TAG}_$i" master "$BRIDGE" up
-  ip -n "${NS[$i]}" addr add "198.18.215.$((i + 1))/24" dev eth0
-  ip -n "${NS[$i]}" link set eth0 up
-  ip -n "${NS[$i]}" link set lo up
-done
+netns_up tys 198.18.215 "${NS[@]}"
 
 SIZES=$(seq -s, 1 "$NODES")
 # In a subshell so that only this command is traced: the exact command, for the record.
