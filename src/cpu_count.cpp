@@ -80,7 +80,9 @@ void keep_smaller(std::optional<T>& current, const std::optional<T>& candidate) 
 // path from /proc/self/cgroup does not exist under the mount (a cgroup namespace makes the
 // container's own cgroup the mount's root), the mount's root is the process's cgroup. Memory
 // works the same way through memory.max (v2) or memory.limit_in_bytes (v1). usable_cpu_count()
-// is that CPU count; a worker offers it as its node's "cpu" (cluster::detect_resources).
+// is that CPU count; a worker offers it as its node's "cpu" (cluster::detect_resources), the
+// Trainer splits it among the node's ranks when --threads is 0, and the tokenizer's encode_batch
+// uses that many threads when asked for 0.
 //
 // Where the hierarchies are mounted: cgroup v2 alone at <root> (it has cgroup.controllers), or,
 // on a hybrid host, at <root>/unified beside the v1 controllers at <root>/<controller list>

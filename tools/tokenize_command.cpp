@@ -20,7 +20,7 @@ struct TokenizeOptions {
   std::string model;        // a folder, a tokenizer.json, a preset or "bytes"
   bool decode = false;      // ids -> text instead of text -> ids
   bool no_special = false;  // encode: no post-processor template; decode: drop special tokens
-  int threads = 0;          // encoding threads; 0: every core
+  int threads = 0;          // encoding threads; 0: every usable CPU
 };
 
 // --model: a folder (its tokenizer.json, or byte-level ids without one), a tokenizer.json file,
@@ -58,7 +58,7 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-special-tokens", o.no_special,
                 "Encoding: leave out the post-processor's special tokens; decoding: leave out "
                 "special tokens such as <|endoftext|>");
-  cmd->add_option("--threads", o.threads, "Encoding threads (0: every core)")
+  cmd->add_option("--threads", o.threads, "Encoding threads (0: every usable CPU)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->callback([&exit_code] {

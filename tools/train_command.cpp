@@ -60,7 +60,7 @@ void add_shared_flags(CLI::App& c, train::Recipe& r, bool& no_progress) {
   c.add_option("--max-restarts", r.scaling.max_restarts,
                "Run bare: restart the ranks up to N times after a failure")
       ->capture_default_str();
-  c.add_option("--threads", r.scaling.threads, "Intra-op threads per rank (0: cores / ranks)")
+  c.add_option("--threads", r.scaling.threads, "Intra-op threads per rank (0: usable CPUs / ranks)")
       ->capture_default_str();
   c.add_option("--device", r.scaling.device,
                "cpu, or cuda: each rank on the GPU numbered LOCAL_RANK, collectives on NCCL")

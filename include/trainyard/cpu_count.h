@@ -37,8 +37,9 @@ struct CpuCountOptions {
 };
 
 // The CPUs this process may use: those in its affinity mask, capped by the cgroup CPU quota
-// rounded down, at least 1; a worker's detected "cpu" (cluster::detect_resources). Blocking (a
-// few small files); thread-safe.
+// rounded down, at least 1: a worker's detected "cpu" (cluster::detect_resources), and what the
+// Trainer's and the tokenizer's automatic thread counts divide. Blocking (a few small files);
+// thread-safe.
 int usable_cpu_count(const CpuCountOptions& options = {});
 
 }  // namespace trainyard

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "hf/tokenizer_impl.h"
+#include "trainyard/cpu_count.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -455,9 +456,13 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool add_spec
 std::vector<std::vector<std::int32_t>> Tokenizer::encode_batch(std::span<const std::string> texts,
                                                                bool add_special_tokens,
                                                                int threads) const {
-  TY_CHECK(threads >= 0, "encode_batch: threads is ", threads, "; give 0 (all cores) or more.");
+  TY_CHECK(threads >= 0, "encode_batch: threads is ", threads,
+           "; give 0 (every usable CPU) or more.");
   std::vector<std::vector<std::int32_t>> out(texts.size());
-  std::size_t workers = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  // Counted once: encode_lines calls this for every chunk. See Note [Counting CPUs in a
+  // container].
+  static const int usable_cpus = usable_cpu_count();
+  std::size_t workers = threads > 0 ? threads : usable_cpus;
   workers = std::min(workers, std::max<std::size_t>(1, texts.size() / 16));
   // Workers take runs of kRun texts, so no two write next to each other in `out` (false sharing)
   // and a worker with long texts does not hold the others up.

@@ -22,7 +22,7 @@ void RunConfig::validate() const {
 
 void ScalingConfig::validate() const {
   TY_CHECK(workers >= 1, "--workers must be >= 1, got ", workers, ".");
-  TY_CHECK(threads >= 0, "--threads must be >= 0 (0: cores / workers), got ", threads, ".");
+  TY_CHECK(threads >= 0, "--threads must be >= 0 (0: usable CPUs / ranks), got ", threads, ".");
   TY_CHECK(max_restarts >= 0, "--max-restarts must be >= 0, got ", max_restarts, ".");
   TY_CHECK(hang_timeout_s >= 0 && hang_timeout_s <= 1e6,
            "--hang-timeout must be in [0, 1000000] seconds (0: off), got ", hang_timeout_s, ".");

@@ -9,12 +9,12 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
-#include <thread>
 
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/comm/collectives.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/comm/process_group.h"
+#include "trainyard/cpu_count.h"
 #include "trainyard/error.h"
 #include "trainyard/fsdp/state_dict.h"
 #include "trainyard/heartbeat.h"
@@ -264,9 +264,19 @@ Trainer::Trainer(std::string recipe, RunConfig run, ScalingConfig scaling)
       std::chrono::milliseconds(static_cast<std::int64_t>(run_.collective_timeout_s * 1000));
   init_options.device = scaling_.device;
   dist_ = init(init_options);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int local_ranks = std::max(1, dist_->env().local_world_size);
-  threads_ = scaling_.threads > 0 ? scaling_.threads : std::max(1, cores / local_ranks);
+  if (scaling_.threads > 0) {
+    threads_ = scaling_.threads;
+    logger("train")->debug("{} intra-op threads per rank (--threads)", threads_);
+  } else {
+    // The CPUs this container may use, not the host's: see Note [Counting CPUs in a container].
+    const int cpus = usable_cpu_count();
+    const int local_ranks = std::max(1, dist_->env().local_world_size);
+    threads_ = std::max(1, cpus / local_ranks);
+    logger("train")->debug(
+        "{} intra-op threads per rank: {} usable CPUs (affinity mask and cgroup quota) / {} local "
+        "ranks",
+        threads_, cpus, local_ranks);
+  }
   torch::set_num_threads(threads_);
   storage_ = storage::open_storage(run_.uri());
   progress_.world_size = dist_->world_size();

@@ -13,7 +13,7 @@ namespace trainyard::hf {
 
 struct EncodeLinesOptions {
   bool add_special_tokens = true;  // the post-processor's template (Tokenizer::encode)
-  int threads = 0;                 // encoding threads; 0: every core
+  int threads = 0;                 // encoding threads; 0: every usable CPU
   std::size_t chunk_bytes = std::size_t{32} << 20;  // text read and encoded at a time
 };
 

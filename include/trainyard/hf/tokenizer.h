@@ -44,8 +44,8 @@ class Tokenizer {
   // Thread-safe: any number of threads may encode at once, each with a word cache of its own
   // (up to 4 MiB a thread; Note [Word cache] in src/hf/tokenizer.cpp).
   std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
-  // encode() on each text, spread over `threads` threads (0: the hardware's count); the result's
-  // i-th entry belongs to texts[i]. Blocks until all are done.
+  // encode() on each text, spread over `threads` threads (0: usable_cpu_count(), the CPUs this
+  // process may use); the result's i-th entry belongs to texts[i]. Blocks until all are done.
   std::vector<std::vector<std::int32_t>> encode_batch(std::span<const std::string> texts,
                                                       bool add_special_tokens = true,
                                                       int threads = 0) const;

@@ -24,7 +24,7 @@ struct RunConfig {
 
 struct ScalingConfig {
   int workers = 2;       // ranks started when the recipe launches itself
-  int threads = 0;       // intra-op threads per rank; 0: this node's cores / its ranks
+  int threads = 0;       // intra-op threads per rank; 0: usable_cpu_count() / local ranks
   int max_restarts = 0;  // when the recipe launches itself: agent restarts after a failure
   // When the recipe launches itself: the launcher's hang watchdog (LaunchOptions::hang_timeout),
   // in seconds; 0 turns it off. See Note [Hang watchdog].

@@ -134,8 +134,9 @@ struct Report {
 class Trainer {
  public:
   // Joins the job from the environment contract (init(), with run.collective_timeout_s as the
-  // collective timeout), sets this rank's intra-op threads (scaling.threads, else cores / local
-  // ranks) and opens the run's folder; rank 0 holds its lease (Note [Run lease]).
+  // collective timeout), sets this rank's intra-op threads (scaling.threads, else the CPUs this
+  // process may use / local ranks: usable_cpu_count(), which sees a container's affinity mask and
+  // CPU quota) and opens the run's folder; rank 0 holds its lease (Note [Run lease]).
   Trainer(std::string recipe, RunConfig run, ScalingConfig scaling);
   ~Trainer();
   Trainer(const Trainer&) = delete;
