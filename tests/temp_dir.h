@@ -1,4 +1,5 @@
-// A temporary folder for one test, removed with everything in it when the test ends.
+// A temporary folder for one test (unit, multi-process or end-to-end), removed with everything in
+// it when the test ends. The one definition: multiproc_util.h names it mptest::TempDir.
 #pragma once
 
 #include <stdlib.h>
@@ -12,22 +13,28 @@
 
 namespace trainyard::test {
 
-struct TempDir {
-  std::filesystem::path path;
-
+// A fresh folder $TMPDIR/<prefix>-XXXXXX, made by the constructor (which throws if mkdtemp fails)
+// and removed by the destructor, which never throws.
+class TempDir {
+ public:
   explicit TempDir(const std::string& prefix = "ty-test") {
     std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
     if (::mkdtemp(pattern.data()) == nullptr)
       throw std::runtime_error("mkdtemp failed: " + pattern);
-    path = pattern;
+    path_ = pattern;
   }
   ~TempDir() {
     std::error_code ec;
-    trainyard::remove_tree(path.string(), ec);  // not remove_all: see remove_tree.h
+    trainyard::remove_tree(path_.string(), ec);  // not remove_all: see remove_tree.h
   }
-  std::string str() const { return path.string(); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
 };
 
 }  // namespace trainyard::test

@@ -142,7 +142,7 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
   test::TempDir dir;
   Head head(HeadOptions{.port = 0,
                         .token = kToken,
-                        .state_dir = dir.path / "state",
+                        .state_dir = dir.path() / "state",
                         .heartbeat_interval = std::chrono::milliseconds(200),
                         .suspect_after = std::chrono::milliseconds(2'000),
                         .dead_after = std::chrono::milliseconds(6'000),
@@ -172,7 +172,7 @@ TEST(DashboardTest, ChartsEveryRankAndShowsALostNodeInABrowser) {
 
   test::WebDriver browser(test::WebDriverOptions{.chromedriver = TRAINYARD_CHROMEDRIVER_PATH,
                                                  .chromium = TRAINYARD_CHROMIUM_PATH,
-                                                 .work_dir = dir.path});
+                                                 .work_dir = dir.path()});
   test::ScreenshotAtExit screenshot(
       browser, std::filesystem::path(TRAINYARD_TEST_ARTIFACTS_DIR) / "dashboard.png");
   browser.navigate(head.url() + std::string(api::kDashboardPath) + "#token=" + kToken);

@@ -1,6 +1,6 @@
-// Helpers for the multi-process tests: a temporary directory, file reading, a bounded wait for a
-// file to appear, process liveness, running a program to completion with captured output, and
-// the rule for a missing prerequisite (skip on a developer's machine, fail under CI).
+// Helpers for the multi-process tests: the shared temporary directory, file reading, a bounded
+// wait for a file to appear, process liveness, running a program to completion with captured
+// output, and the rule for a missing prerequisite (skip on a developer's machine, fail under CI).
 #pragma once
 
 #include <dirent.h>
@@ -24,33 +24,15 @@
 #include <vector>
 
 #include "../prerequisite.h"
+#include "../temp_dir.h"
 #include "trainyard/elastic/subprocess.h"
-#include "trainyard/remove_tree.h"
 
 namespace trainyard::mptest {
 
 using test::running_under_ci;
 
-// A fresh directory under $TMPDIR, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "trainyard_mp_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    trainyard::remove_tree(path_.string(), ec);  // not remove_all: see remove_tree.h
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
+// The shared temporary folder (tests/temp_dir.h).
+using test::TempDir;
 
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

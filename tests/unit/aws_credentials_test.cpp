@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../closed_port.h"
+#include "../temp_dir.h"
 #include "trainyard/error.h"
 #include "trainyard/storage/s3_storage.h"
 
@@ -63,27 +64,16 @@ class TestServer {
 
 using trainyard::test::closed_port;
 
-class TempDir {
+// The shared TempDir that also writes files into itself.
+class TempDir : public trainyard::test::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "aws_creds_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
+  TempDir() : trainyard::test::TempDir("aws_creds") {}
   std::string write(const std::string& name, const std::string& text) const {
-    const auto p = path_ / name;
+    const auto p = path() / name;
     std::filesystem::create_directories(p.parent_path());
     std::ofstream(p) << text;
     return p.string();
   }
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
 };
 
 template <typename E, typename F>

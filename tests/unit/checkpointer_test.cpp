@@ -25,10 +25,11 @@
 #include <sstream>
 
 #include "../log_capture.h"
+#include "../temp_dir.h"
 #include "trainyard/checkpoint/lease.h"
-#include "trainyard/storage/storage.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/storage/storage.h"
 
 namespace trainyard::checkpoint {
 namespace {
@@ -38,22 +39,7 @@ using storage::Storage;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "trainyard_ckpt_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using trainyard::test::TempDir;
 
 Checkpoint make(std::int64_t step, std::size_t bytes = 1000) {
   Checkpoint c{.step = step};

@@ -21,8 +21,8 @@ std::filesystem::path write_file(const std::filesystem::path& p,
 
 TEST(ClusterAuthTest, LoadTokenTrimsAndRefusesReadableOrEmptyFiles) {
   test::TempDir dir;
-  EXPECT_EQ(load_token(write_file(dir.path / "ok", "  s3cret\n", 0600)), "s3cret");
-  auto open = write_file(dir.path / "open", "s3cret", 0644);
+  EXPECT_EQ(load_token(write_file(dir.path() / "ok", "  s3cret\n", 0600)), "s3cret");
+  auto open = write_file(dir.path() / "open", "s3cret", 0644);
   try {
     load_token(open);
     FAIL() << "a world-readable token file was accepted";
@@ -33,8 +33,8 @@ TEST(ClusterAuthTest, LoadTokenTrimsAndRefusesReadableOrEmptyFiles) {
     EXPECT_NE(m.find("chmod 600"), std::string::npos) << m;
     EXPECT_EQ(m.find("s3cret"), std::string::npos) << m;
   }
-  EXPECT_THROW(load_token(write_file(dir.path / "empty", " \n", 0600)), InvalidArgumentError);
-  EXPECT_THROW(load_token(dir.path / "missing"), InvalidArgumentError);
+  EXPECT_THROW(load_token(write_file(dir.path() / "empty", " \n", 0600)), InvalidArgumentError);
+  EXPECT_THROW(load_token(dir.path() / "missing"), InvalidArgumentError);
 }
 
 TEST(ClusterAuthTest, NonLoopbackBindNeedsAToken) {
@@ -88,8 +88,8 @@ TEST(ClusterAuthTest, TokenlessLoopbackRefusesBrowsersAndForeignHosts) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403);
   // A page's WebSocket to the log tail: no same-origin rule protects what it reads.
-  r = check_request(
-      request("GET", {{"Upgrade", "websocket"}, {"Origin", "http://evil.example"}}), std::nullopt);
+  r = check_request(request("GET", {{"Upgrade", "websocket"}, {"Origin", "http://evil.example"}}),
+                    std::nullopt);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403);
   EXPECT_NE(r->body.find("WebSocket"), std::string::npos);

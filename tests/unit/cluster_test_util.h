@@ -91,7 +91,7 @@ inline std::string websocket_read_all(const std::string& url,
       "        print('<closed>')\n"
       "asyncio.run(main())\n";
   TempDir dir;
-  std::filesystem::path path = dir.path / "ws_read.py";
+  std::filesystem::path path = dir.path() / "ws_read.py";
   {
     FILE* f = fopen(path.c_str(), "w");
     if (!f) return "<cannot write the client script>";

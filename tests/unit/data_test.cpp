@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 
+#include "../temp_dir.h"
 #include "trainyard/data/batch_loader.h"
 #include "trainyard/data/distributed_sampler.h"
 #include "trainyard/data/fashion_mnist.h"
@@ -18,21 +19,11 @@ namespace {
 namespace fs = std::filesystem;
 using namespace trainyard::data;
 
-class TempDir {
+// The shared TempDir that also names files in itself.
+class TempDir : public trainyard::test::TempDir {
  public:
-  TempDir() {
-    auto base = fs::temp_directory_path() / "trainyard_data_test_XXXXXX";
-    std::string tmpl = base.string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+  TempDir() : trainyard::test::TempDir("trainyard_data_test") {}
+  std::string file(const std::string& name) const { return (path() / name).string(); }
 };
 
 std::vector<uint8_t> idx_bytes(uint8_t type, std::vector<uint32_t> dims, size_t payload) {

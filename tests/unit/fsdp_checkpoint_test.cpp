@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "../temp_dir.h"
 #include "thread_ranks.h"
 #include "tiny_gpt_neox.h"
 #include "trainyard/checkpoint/checkpointer.h"
@@ -36,15 +37,7 @@ constexpr std::uint64_t kSeed = 11;
 // that is zero in exact arithmetic — the key bias — cannot become a full-size Adam step.)
 constexpr double kTolerance = 1e-5;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "trainyard_fsdp_ckpt_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = pattern;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using trainyard::test::TempDir;
 
 using Params = std::map<std::string, torch::Tensor>;
 
@@ -154,7 +147,7 @@ TEST(FsdpCheckpoint, ShardedStateReshardsAcrossWorldSizesBitForBit) {
   TempDir a, b;
   // Uninterrupted at W=2: 2 steps, saved, then a third.
   Params saved, next;
-  with_ranks({.world = 2}, a.path, [&](Rank& r) {
+  with_ranks({.world = 2}, a.path(), [&](Rank& r) {
     r.train(0, 2);
     auto name =
         save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 2, {{"state.json", "{}"}});
@@ -164,15 +157,15 @@ TEST(FsdpCheckpoint, ShardedStateReshardsAcrossWorldSizesBitForBit) {
     auto q = r.full();
     if (r.rank == 0) saved = p, next = q;
   });
-  ASSERT_TRUE(fs::exists(a.path / "checkpoint_000000" / "shard_00000_of_00002.safetensors"));
-  ASSERT_TRUE(fs::exists(a.path / "checkpoint_000000" / "shard_00001_of_00002.safetensors"));
-  ASSERT_TRUE(fs::exists(a.path / "checkpoint_000000" / kShardedMetadataFile));
+  ASSERT_TRUE(fs::exists(a.path() / "checkpoint_000000" / "shard_00000_of_00002.safetensors"));
+  ASSERT_TRUE(fs::exists(a.path() / "checkpoint_000000" / "shard_00001_of_00002.safetensors"));
+  ASSERT_TRUE(fs::exists(a.path() / "checkpoint_000000" / kShardedMetadataFile));
 
-  auto [at_one, opt_at_one] = load_at_one(a.path);
+  auto [at_one, opt_at_one] = load_at_one(a.path());
   expect_equal(saved, at_one, "W=2 -> W=1 parameters");
 
   // W=2 -> W=2: the next step is the uninterrupted run's, bit for bit.
-  with_ranks({.world = 2}, a.path, [&](Rank& r) {
+  with_ranks({.world = 2}, a.path(), [&](Rank& r) {
     auto loaded = load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer, {"state.json"});
     ASSERT_TRUE(loaded);
     EXPECT_EQ(loaded->step, 2);
@@ -184,8 +177,8 @@ TEST(FsdpCheckpoint, ShardedStateReshardsAcrossWorldSizesBitForBit) {
 
   // W=2 -> W=3: the same parameters; the next step within rounding; saved again at W=3 it holds
   // the same optimizer state as W=1 read from the W=2 checkpoint.
-  with_ranks({.world = 3}, b.path, [&](Rank& r) {
-    Checkpointer from(a.path.string(), {.read_only = true});
+  with_ranks({.world = 3}, b.path(), [&](Rank& r) {
+    Checkpointer from(a.path().string(), {.read_only = true});
     auto loaded = load_latest_checkpoint(r.fsdp, &r.opt, from);
     ASSERT_TRUE(loaded);
     EXPECT_EQ(loaded->saved_world_size, 2);
@@ -196,7 +189,7 @@ TEST(FsdpCheckpoint, ShardedStateReshardsAcrossWorldSizesBitForBit) {
     auto q = r.full();
     if (r.rank == 0) expect_close(next, q, "W=2 -> W=3 next step");
   });
-  auto [from_three, opt_from_three] = load_at_one(b.path);
+  auto [from_three, opt_from_three] = load_at_one(b.path());
   expect_equal(saved, from_three, "W=2 -> W=3 -> W=1 parameters");
   expect_equal(opt_at_one, opt_from_three, "W=2 -> W=3 -> W=1 optimizer state");
 }
@@ -206,13 +199,13 @@ TEST(FsdpCheckpoint, ShardedStateReshardsAcrossWorldSizesBitForBit) {
 TEST(FsdpCheckpoint, ParametersAreReadWholeByRangesInOneProcess) {
   TempDir a;
   Params saved;
-  with_ranks({.world = 3}, a.path, [&](Rank& r) {
+  with_ranks({.world = 3}, a.path(), [&](Rank& r) {
     r.train(0, 2);
     save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 2);
     auto p = r.full();
     if (r.rank == 0) saved = p;
   });
-  Checkpointer c(a.path.string(), {.read_only = true});
+  Checkpointer c(a.path().string(), {.read_only = true});
   const auto manifest = c.read_manifest("checkpoint_000000");
   std::map<std::string, std::uint64_t> sizes;
   for (const auto& [file, digest] : manifest.files) sizes[file] = digest.bytes;
@@ -250,17 +243,17 @@ TEST(FsdpCheckpoint, HybridSavesOneCopyAndLoadsAsFullShard) {
   TempDir run;
   Params saved;
   with_ranks({.world = 4, .strategy = ShardingStrategy::kHybridShard, .local_world_size = 2},
-             run.path, [&](Rank& r) {
+             run.path(), [&](Rank& r) {
                r.train(0, 2);
                save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 2);
                auto p = r.full();
                if (r.rank == 0) saved = p;
              });
   std::vector<std::string> shards;
-  for (auto& e : fs::directory_iterator(run.path / "checkpoint_000000"))
+  for (auto& e : fs::directory_iterator(run.path() / "checkpoint_000000"))
     if (e.path().extension() == ".safetensors") shards.push_back(e.path().filename());
   EXPECT_EQ(shards.size(), 2u) << "one file per shard of a node; the other node's are equal";
-  with_ranks({.world = 2}, run.path, [&](Rank& r) {
+  with_ranks({.world = 2}, run.path(), [&](Rank& r) {
     auto loaded = load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer);
     ASSERT_TRUE(loaded);
     EXPECT_EQ(loaded->saved_strategy, "hybrid_shard");
@@ -272,13 +265,13 @@ TEST(FsdpCheckpoint, HybridSavesOneCopyAndLoadsAsFullShard) {
 TEST(FsdpCheckpoint, FullCheckpointIsHuggingFaceLayoutAndLoadsAtAnyWorldSize) {
   TempDir run;
   Params saved;
-  with_ranks({.world = 2}, run.path, [&](Rank& r) {
+  with_ranks({.world = 2}, run.path(), [&](Rank& r) {
     r.train(0, 1);
     save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 1, {}, CheckpointFormat::kFull);
     auto p = r.full();
     if (r.rank == 0) saved = p;
   });
-  const auto dir = run.path / "checkpoint_000000";
+  const auto dir = run.path() / "checkpoint_000000";
   // The root unit and the three layers: four files, Hugging Face's names and index.
   for (int k = 1; k <= 4; ++k) {
     char file[64];
@@ -290,7 +283,7 @@ TEST(FsdpCheckpoint, FullCheckpointIsHuggingFaceLayoutAndLoadsAtAnyWorldSize) {
   EXPECT_NE(text.find("\"gpt_neox.layers.0.attention.query_key_value.weight\""), std::string::npos);
   EXPECT_NE(text.find("\"embed_out.weight\""), std::string::npos);
 
-  with_ranks({.world = 3}, run.path, [&](Rank& r) {
+  with_ranks({.world = 3}, run.path(), [&](Rank& r) {
     auto loaded = load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer);
     ASSERT_TRUE(loaded);
     EXPECT_EQ(loaded->format, CheckpointFormat::kFull);
@@ -312,7 +305,7 @@ void damage(const fs::path& file) {
 TEST(FsdpCheckpoint, DamagedShardFallsBackToThePreviousCheckpointOnEveryRank) {
   TempDir run;
   Params first;
-  with_ranks({.world = 2}, run.path, [&](Rank& r) {
+  with_ranks({.world = 2}, run.path(), [&](Rank& r) {
     r.train(0, 1);
     save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 1);
     auto p = r.full();
@@ -320,9 +313,9 @@ TEST(FsdpCheckpoint, DamagedShardFallsBackToThePreviousCheckpointOnEveryRank) {
     r.train(1, 2);
     save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 2);
   });
-  damage(run.path / "checkpoint_000001" / "shard_00001_of_00002.safetensors");
+  damage(run.path() / "checkpoint_000001" / "shard_00001_of_00002.safetensors");
 
-  with_ranks({.world = 2}, run.path, [&](Rank& r) {
+  with_ranks({.world = 2}, run.path(), [&](Rank& r) {
     auto loaded = load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer);
     ASSERT_TRUE(loaded);
     EXPECT_EQ(loaded->name, "checkpoint_000000");
@@ -330,7 +323,7 @@ TEST(FsdpCheckpoint, DamagedShardFallsBackToThePreviousCheckpointOnEveryRank) {
     auto p = r.full();
     if (r.rank == 0) expect_equal(first, p, "fell back to checkpoint_000000");
   });
-  std::ifstream marker(run.path / "checkpoint_000001" / Checkpointer::kDamaged);
+  std::ifstream marker(run.path() / "checkpoint_000001" / Checkpointer::kDamaged);
   std::string why((std::istreambuf_iterator<char>(marker)), {});
   EXPECT_NE(why.find("rank 1"), std::string::npos) << why;
   EXPECT_NE(why.find("shard_00001_of_00002.safetensors does not match its SHA-256"),
@@ -338,18 +331,18 @@ TEST(FsdpCheckpoint, DamagedShardFallsBackToThePreviousCheckpointOnEveryRank) {
       << why;
 
   // A missing shard: nothing verifies, so both ranks start from scratch together.
-  fs::remove(run.path / "checkpoint_000000" / "shard_00000_of_00002.safetensors");
-  with_ranks({.world = 2}, run.path, [&](Rank& r) {
+  fs::remove(run.path() / "checkpoint_000000" / "shard_00000_of_00002.safetensors");
+  with_ranks({.world = 2}, run.path(), [&](Rank& r) {
     EXPECT_FALSE(load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer));
   });
-  std::ifstream marker0(run.path / "checkpoint_000000" / Checkpointer::kDamaged);
+  std::ifstream marker0(run.path() / "checkpoint_000000" / Checkpointer::kDamaged);
   std::string why0((std::istreambuf_iterator<char>(marker0)), {});
   EXPECT_NE(why0.find("shard_00000_of_00002.safetensors is missing"), std::string::npos) << why0;
 }
 
 TEST(FsdpCheckpoint, AnotherOptimizerOrModelIsAClearErrorNotDamage) {
   TempDir run;
-  with_ranks({.world = 1}, run.path, [&](Rank& r) {
+  with_ranks({.world = 1}, run.path(), [&](Rank& r) {
     r.train(0, 1);
     save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 1);
     torch::optim::SGD sgd(r.fsdp.parameters(), torch::optim::SGDOptions(0.1));
@@ -363,7 +356,7 @@ TEST(FsdpCheckpoint, AnotherOptimizerOrModelIsAClearErrorNotDamage) {
           << e.what();
     }
   });
-  EXPECT_FALSE(fs::exists(run.path / "checkpoint_000000" / Checkpointer::kDamaged));
+  EXPECT_FALSE(fs::exists(run.path() / "checkpoint_000000" / Checkpointer::kDamaged));
 }
 
 TEST(MultiWriterSave, ARankThatFailsRemovesTheCheckpointOnEveryRank) {
@@ -373,7 +366,7 @@ TEST(MultiWriterSave, ARankThatFailsRemovesTheCheckpointOnEveryRank) {
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 3; ++rank)
     ranks.emplace_back([&, rank] {
-      Checkpointer ckpt(run.path.string(), {.job_instance = "test-job"});
+      Checkpointer ckpt(run.path().string(), {.job_instance = "test-job"});
       try {
         checkpoint::MultiWriterSave save(ckpt, *store, rank, 3);
         save.write("part" + std::to_string(rank), "bytes of rank " + std::to_string(rank));
@@ -387,16 +380,16 @@ TEST(MultiWriterSave, ARankThatFailsRemovesTheCheckpointOnEveryRank) {
   for (int rank : {0, 1})
     EXPECT_NE(errors[rank].find("rank 2: it stopped before committing"), std::string::npos)
         << "rank " << rank << ": " << errors[rank];
-  Checkpointer reader(run.path.string(), {.read_only = true});
+  Checkpointer reader(run.path().string(), {.read_only = true});
   EXPECT_TRUE(reader.list_complete().empty());
-  EXPECT_FALSE(fs::exists(run.path / "checkpoint_000000" / "part0"));
+  EXPECT_FALSE(fs::exists(run.path() / "checkpoint_000000" / "part0"));
 
   // The next save of the same ranks completes with every rank's file.
   ranks.clear();
   std::vector<std::string> names(3);
   for (int rank = 0; rank < 3; ++rank)
     ranks.emplace_back([&, rank] {
-      Checkpointer ckpt(run.path.string(), {.job_instance = "test-job"});
+      Checkpointer ckpt(run.path().string(), {.job_instance = "test-job"});
       checkpoint::MultiWriterSave save(ckpt, *store, rank, 3);
       save.write("part" + std::to_string(rank), "bytes of rank " + std::to_string(rank));
       names[rank] = save.commit(8);

@@ -117,7 +117,7 @@ class HeadMetricsTest : public ::testing::Test {
     token_ = token;
     head_ = std::make_unique<Head>(HeadOptions{.port = 0,
                                                .token = token,
-                                               .state_dir = dir_.path / "state",
+                                               .state_dir = dir_.path() / "state",
                                                .heartbeat_interval = milliseconds(100),
                                                .suspect_after = suspect_after,
                                                .dead_after = dead_after,
@@ -307,7 +307,7 @@ TEST_F(HeadMetricsTest, PromtoolFindsNoProblems) {
   heartbeat("n2", as_json(worker_snapshot(0.75, "job-a", 1, 2.25)));
   const Scrape s = get_metrics();
   ASSERT_EQ(s.status, 200);
-  const auto path = dir_.path / "scrape.txt";
+  const auto path = dir_.path() / "scrape.txt";
   std::ofstream(path) << s.body;
   const std::string command = std::string(promtool) + " check metrics < " + path.string() + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");

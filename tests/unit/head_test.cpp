@@ -25,7 +25,7 @@ class HeadTest : public ::testing::Test {
   HeadOptions options(std::optional<std::string> token = std::nullopt) {
     return HeadOptions{.port = 0,
                        .token = std::move(token),
-                       .state_dir = dir_.path / "state",
+                       .state_dir = dir_.path() / "state",
                        .heartbeat_interval = std::chrono::milliseconds(100),
                        .suspect_after = std::chrono::milliseconds(5000),
                        .dead_after = std::chrono::milliseconds(10000),

@@ -71,7 +71,7 @@ void touch_dir(const fs::path& path) {
 }
 
 std::string file_in(const TempDir& dir, const std::string& name) {
-  return (dir.path / name).string();
+  return (dir.path() / name).string();
 }
 
 template <typename Fn>
@@ -88,7 +88,7 @@ std::string error_message(Fn&& fn) {
 
 TEST(ImageFolderScan, ClassesSortedByNameAndSamplesInTorchvisionOrder) {
   TempDir dir;
-  const fs::path root = dir.path;
+  const fs::path root = dir.path();
   for (const char* name : {"zebra", "ant", "Moose", "ant/sub"}) touch_dir(root / name);
   const RgbImage image = pattern(4, 5);
   for (const char* file : {"zebra/z.png", "ant/b.PNG", "ant/sub/x.png", "Moose/m.png"})
@@ -114,26 +114,26 @@ TEST(ImageFolderScan, ClassesSortedByNameAndSamplesInTorchvisionOrder) {
 
 TEST(ImageFolderScan, ErrorsNameTheProblem) {
   TempDir dir;
-  const std::string missing = (dir.path / "nowhere").string();
+  const std::string missing = (dir.path() / "nowhere").string();
   auto message = error_message([&] { ImageFolder{missing}; });
   EXPECT_NE(message.find(missing), std::string::npos) << message;
   EXPECT_NE(message.find("does not exist"), std::string::npos) << message;
   EXPECT_NE(message.find("HINT"), std::string::npos) << message;
   EXPECT_THROW(ImageFolder{missing}, InvalidArgumentError);
 
-  write_bytes((dir.path / "loose.png").string(), {'x'});
+  write_bytes((dir.path() / "loose.png").string(), {'x'});
   message = error_message([&] { ImageFolder{dir.str()}; });
   EXPECT_NE(message.find("no class folders"), std::string::npos) << message;
 
-  touch_dir(dir.path / "cats");
-  touch_dir(dir.path / "dogs");
-  write_bytes((dir.path / "dogs/list.txt").string(), {'x'});
+  touch_dir(dir.path() / "cats");
+  touch_dir(dir.path() / "dogs");
+  write_bytes((dir.path() / "dogs/list.txt").string(), {'x'});
   message = error_message([&] { ImageFolder{dir.str()}; });
   EXPECT_NE(message.find("holds no images"), std::string::npos) << message;
   EXPECT_NE(message.find(".jpg .jpeg .png"), std::string::npos) << message;
 
-  write_png_rgb((dir.path / "dogs/d.png").string(), pattern(2, 2));
-  touch_dir(dir.path / "empty_birds");
+  write_png_rgb((dir.path() / "dogs/d.png").string(), pattern(2, 2));
+  touch_dir(dir.path() / "empty_birds");
   message = error_message([&] { ImageFolder{dir.str()}; });
   EXPECT_NE(message.find("without images: cats, empty_birds"), std::string::npos) << message;
   EXPECT_THROW(ImageFolder{dir.str()}, InvalidArgumentError);
@@ -283,7 +283,7 @@ void write_damaged_folder(const fs::path& root) {
 
 TEST(ImageFolderCorrupt, SkippedCountedAndReplacedByTheNextGoodImage) {
   TempDir dir;
-  write_damaged_folder(dir.path);
+  write_damaged_folder(dir.path());
   ImageFolder folder(dir.str());
   ASSERT_EQ(folder.size(), 4);
   auto loaded = folder.load(1);  // b, c and d fail; wraps around to a
@@ -304,7 +304,7 @@ TEST(ImageFolderCorrupt, SkippedCountedAndReplacedByTheNextGoodImage) {
 
 TEST(ImageFolderCorrupt, StrictThrowsNamingTheFileAndTheDecoder) {
   TempDir dir;
-  write_damaged_folder(dir.path);
+  write_damaged_folder(dir.path());
   ImageFolder folder(dir.str(), {.strict = true});
   auto message = error_message([&] { folder.load(1); });
   EXPECT_NE(message.find("things/b_text.jpg: not a JPEG or PNG file"), std::string::npos)
@@ -479,7 +479,7 @@ std::vector<Batch> all_batches(ImageFolderLoader& loader) {
 
 TEST(ImageFolderLoader, BatchesAreTheSameForOneAndThreeThreads) {
   TempDir dir;
-  write_small_folder(dir.path);
+  write_small_folder(dir.path());
   ImageFolder folder(dir.str());
   DistributedSampler sampler({.dataset_size = folder.size(), .seed = 3});
   sampler.set_epoch(1);
@@ -519,7 +519,7 @@ TEST(ImageFolderLoader, BatchesAreTheSameForOneAndThreeThreads) {
 
 TEST(ImageFolderLoader, DropLastAndEarlyStop) {
   TempDir dir;
-  write_small_folder(dir.path);
+  write_small_folder(dir.path());
   ImageFolder folder(dir.str());
   std::vector<std::int64_t> indices(12);
   for (int i = 0; i < 12; ++i) indices[i] = 11 - i;
@@ -546,7 +546,7 @@ TEST(ImageFolderLoader, DropLastAndEarlyStop) {
 
 TEST(ImageFolderLoader, CorruptFilesKeepTheBatchSizeOrFailWithStrict) {
   TempDir dir;
-  write_damaged_folder(dir.path);
+  write_damaged_folder(dir.path());
   const ImageLoaderOptions options{.batch_size = 4, .threads = 3, .transform = {.size = 8}};
   ImageFolder lenient(dir.str());
   ImageFolderLoader loader(lenient, {0, 1, 2, 3}, options);
@@ -565,7 +565,7 @@ TEST(ImageFolderLoader, CorruptFilesKeepTheBatchSizeOrFailWithStrict) {
 
 TEST(ImageFolderLoader, OptionsAreValidated) {
   TempDir dir;
-  write_small_folder(dir.path);
+  write_small_folder(dir.path());
   ImageFolder folder(dir.str());
   auto message = error_message(
       [&] { ImageFolderLoader loader(folder, {0}, ImageLoaderOptions{.threads = 0}); });

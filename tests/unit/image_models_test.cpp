@@ -142,13 +142,13 @@ TEST(ImageModels, StateDictsAndSettingsEqualTorchvisions) {
                                           "efficientnet_b4", "efficientnet_b5", "efficientnet_b6",
                                           "efficientnet_b7"};
   trainyard::test::TempDir dir("ty-image-models");
-  std::ofstream(dir.path / "oracle.py") << kOracle;
-  auto cmd = "/usr/bin/python3 " + (dir.path / "oracle.py").string() + " " + dir.str();
+  std::ofstream(dir.path() / "oracle.py") << kOracle;
+  auto cmd = "/usr/bin/python3 " + (dir.path() / "oracle.py").string() + " " + dir.str();
   for (const auto& name : names) cmd += " " + name;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 
   for (const auto& name : names) {
-    const auto expected = read_lines(dir.path / (name + ".txt"));
+    const auto expected = read_lines(dir.path() / (name + ".txt"));
     ASSERT_GT(expected.size(), 100u) << name;
     const auto actual = describe(*image_model(name, 3, 1000));
     for (std::size_t i = 0; i < std::min(expected.size(), actual.size()); ++i) {

@@ -32,7 +32,7 @@ JobRecord sample_job(const std::string& id) {
 TEST(JobStoreTest, JobsNodesAndEventsSurviveReopen) {
   test::TempDir dir;
   {
-    JobStore store(dir.path);
+    JobStore store(dir.path());
     JobRecord a = sample_job("a"), b = sample_job("b");
     EXPECT_TRUE(store.insert_job(a));
     EXPECT_TRUE(store.insert_job(b));
@@ -50,7 +50,7 @@ TEST(JobStoreTest, JobsNodesAndEventsSurviveReopen) {
     n.resources = {{"cpu", 4}};
     store.put_node(n);
   }
-  JobStore store(dir.path);
+  JobStore store(dir.path());
   auto jobs = store.list_jobs();
   ASSERT_EQ(jobs.size(), 2u);
   EXPECT_EQ(jobs[0].job_id, "a");
@@ -73,7 +73,7 @@ TEST(JobStoreTest, JobsNodesAndEventsSurviveReopen) {
 
 TEST(JobStoreTest, LogLinesAreStoredOncePerSeq) {
   test::TempDir dir;
-  JobStore store(dir.path);
+  JobStore store(dir.path());
   EXPECT_EQ(store.append_logs("j", "n1", 0, {{0, "l0"}, {1, "l1"}}), 2);
   EXPECT_EQ(store.append_logs("j", "n1", 0, {{0, "l0"}, {1, "l1"}}), 2);  // a resend
   EXPECT_EQ(store.append_logs("j", "n1", 1, {{1, "l1"}, {0, "l2"}}), 3);  // overlapping
@@ -94,7 +94,7 @@ TEST(JobStoreTest, RendezvousCompareAndSet) {
   test::TempDir dir;
   std::string token;
   {
-    JobStore store(dir.path);
+    JobStore store(dir.path());
     EXPECT_FALSE(store.get_rdzv("r"));
     auto w = store.set_rdzv("r", "s1", std::nullopt);
     EXPECT_TRUE(w.written);
@@ -112,7 +112,7 @@ TEST(JobStoreTest, RendezvousCompareAndSet) {
     EXPECT_FALSE(store.set_rdzv("missing", "x", std::string("1")).written);
     token = ok.token;
   }
-  JobStore store(dir.path);
+  JobStore store(dir.path());
   auto st = store.get_rdzv("r");
   ASSERT_TRUE(st);
   EXPECT_EQ(st->state, std::string("s2\0bin", 6));
@@ -121,30 +121,30 @@ TEST(JobStoreTest, RendezvousCompareAndSet) {
 
 TEST(JobStoreTest, NewerSchemaIsRefused) {
   test::TempDir dir;
-  { JobStore store(dir.path); }
+  { JobStore store(dir.path()); }
   sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir.path / "head.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_open((dir.path() / "head.db").c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db, "UPDATE schema_version SET version = 99", nullptr, nullptr, nullptr),
             SQLITE_OK);
   sqlite3_close(db);
   try {
-    JobStore store(dir.path);
+    JobStore store(dir.path());
     FAIL() << "a newer schema was opened";
   } catch (const Error& e) {
     std::string m = e.what();
     EXPECT_NE(m.find("schema version 99"), std::string::npos) << m;
-    EXPECT_NE(m.find((dir.path / "head.db").string()), std::string::npos) << m;
+    EXPECT_NE(m.find((dir.path() / "head.db").string()), std::string::npos) << m;
   }
 }
 
 TEST(JobStoreTest, DamagedFileIsAnErrorNamingIt) {
   test::TempDir dir;
-  std::ofstream(dir.path / "head.db") << std::string(4096, 'x');
+  std::ofstream(dir.path() / "head.db") << std::string(4096, 'x');
   try {
-    JobStore store(dir.path);
+    JobStore store(dir.path());
     FAIL() << "a damaged database was opened";
   } catch (const CorruptDataError& e) {
-    EXPECT_NE(std::string(e.what()).find((dir.path / "head.db").string()), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find((dir.path() / "head.db").string()), std::string::npos)
         << e.what();
   }
 }

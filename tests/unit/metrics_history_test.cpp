@@ -214,7 +214,7 @@ TEST(MetricsHistoryTest, HeadServesTheHistoryOfHeartbeats) {
   test::TempDir dir;
   Head head(HeadOptions{.port = 0,
                         .token = "tok",
-                        .state_dir = dir.path / "state",
+                        .state_dir = dir.path() / "state",
                         .heartbeat_interval = std::chrono::milliseconds(100),
                         // Far from the test's length: a loaded machine never makes n1 suspect.
                         .suspect_after = std::chrono::milliseconds(5'000),

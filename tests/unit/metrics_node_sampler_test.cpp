@@ -52,9 +52,9 @@ struct FakeProc {
   }
   void stat(const std::string& text) { write("stat", text); }
   void write(const std::string& file, const std::string& text) {
-    write_text(dir.path / file, text);
+    write_text(dir.path() / file, text);
   }
-  std::string root() const { return dir.path.string(); }
+  std::string root() const { return dir.path().string(); }
 };
 
 // A /proc/<pid>/stat line: the command name in parentheses, then fields 3 to 52.
@@ -211,15 +211,15 @@ TEST(NodeSampler, MissingNetworkAndDiskFilesLeaveTheirFamiliesOut) {
 
 TEST(NodeSampler, UnreadableStatOrMeminfoThrows) {
   TempDir empty;
-  NodeSampler sampler({.proc_root = empty.path.string(), .nvml_library = ""});
+  NodeSampler sampler({.proc_root = empty.path().string(), .nvml_library = ""});
   const std::string stat_error = what_of([&] { sampler.sample(); });
-  EXPECT_NE(stat_error.find("Cannot read " + (empty.path / "stat").string()), std::string::npos)
+  EXPECT_NE(stat_error.find("Cannot read " + (empty.path() / "stat").string()), std::string::npos)
       << stat_error;
   EXPECT_NE(stat_error.find("proc_root"), std::string::npos) << stat_error;
   EXPECT_THROW(sampler.sample(), trainyard::Error);
 
   FakeProc proc;
-  fs::remove(proc.dir.path / "meminfo");
+  fs::remove(proc.dir.path() / "meminfo");
   NodeSampler no_meminfo({.proc_root = proc.root(), .nvml_library = ""});
   const std::string meminfo_error = what_of([&] { no_meminfo.sample(); });
   EXPECT_NE(meminfo_error.find("meminfo"), std::string::npos) << meminfo_error;
@@ -255,7 +255,7 @@ TEST(NodeSampler, WatchedProcessesFromAFakeTree) {
   EXPECT_DOUBLE_EQ(find_value(s, name::kRankResidentMemory, rank3), 3000 * kPage);
 
   // The process exits: its samples go, and no error.
-  fs::remove_all(proc.dir.path / "1234");
+  fs::remove_all(proc.dir.path() / "1234");
   s = sampler.sample(watched);
   EXPECT_EQ(find_family(s, name::kRankCpuSeconds), nullptr);
   EXPECT_EQ(find_family(s, name::kRankResidentMemory), nullptr);

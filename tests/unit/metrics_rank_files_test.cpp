@@ -82,7 +82,7 @@ TEST(MetricsRankFiles, RoundTripOfKnownValues) {
   EXPECT_TRUE(fs::exists(rank_file_path(dir.str(), 2)));
   // No temporary file is left behind.
   int files = 0;
-  for (const auto& e : fs::directory_iterator(dir.path)) {
+  for (const auto& e : fs::directory_iterator(dir.path())) {
     ++files;
     EXPECT_EQ(e.path().filename().string(), "rank_2.json");
   }
@@ -91,7 +91,7 @@ TEST(MetricsRankFiles, RoundTripOfKnownValues) {
 
 TEST(MetricsRankFiles, PublishesEveryIntervalAndCreatesTheFolder) {
   TempDir dir;
-  const std::string sub = (dir.path / "metrics" / "run").string();  // created by the publisher
+  const std::string sub = (dir.path() / "metrics" / "run").string();  // created by the publisher
   Registry registry;
   Counter& steps = registry.counter(kSteps, "Steps.");
   steps.add(1);
@@ -117,10 +117,10 @@ TEST(MetricsRankFiles, ReadsRanksInOrderAndSkipsCorruptAndForeignFiles) {
   p0.stop();
   write_text(rank_file_path(dir.str(), 3), "[{\"name\": \"trainyard_x\", \"type\": ");  // cut off
   write_text(rank_file_path(dir.str(), 4), "[{\"name\": \"9bad\", \"type\": \"gauge\"}]");
-  write_text(dir.path / ".rank_5.json.tmp.123", "[]");  // a publisher's temporary file
-  write_text(dir.path / "rank_x.json", "[]");
-  write_text(dir.path / "rank_6.json.bak", "[]");
-  fs::create_directories(dir.path / "rank_7.json");  // a folder: cannot be read, skipped
+  write_text(dir.path() / ".rank_5.json.tmp.123", "[]");  // a publisher's temporary file
+  write_text(dir.path() / "rank_x.json", "[]");
+  write_text(dir.path() / "rank_6.json.bak", "[]");
+  fs::create_directories(dir.path() / "rank_7.json");  // a folder: cannot be read, skipped
 
   for (int round = 0; round < 2; ++round) {  // the second round's warnings are rate-limited
     const auto ranks = read_rank_files(dir.str());
@@ -136,29 +136,29 @@ TEST(MetricsRankFiles, ReadsRanksInOrderAndSkipsCorruptAndForeignFiles) {
 
 TEST(MetricsRankFiles, MissingFolderReadsAsNothing) {
   TempDir dir;
-  EXPECT_TRUE(read_rank_files((dir.path / "absent").string()).empty());
+  EXPECT_TRUE(read_rank_files((dir.path() / "absent").string()).empty());
   EXPECT_TRUE(read_rank_files(dir.str()).empty());
-  EXPECT_NO_THROW(clear_rank_files((dir.path / "absent").string()));
+  EXPECT_NO_THROW(clear_rank_files((dir.path() / "absent").string()));
 }
 
 TEST(MetricsRankFiles, ClearRemovesRankFilesOnly) {
   TempDir dir;
   Registry registry;
   for (int rank : {0, 1, 5}) FilePublisher(registry, {.dir = dir.str(), .rank = rank}).stop();
-  write_text(dir.path / ".rank_2.json.tmp.99", "[");
-  write_text(dir.path / "notes.txt", "kept");
+  write_text(dir.path() / ".rank_2.json.tmp.99", "[");
+  write_text(dir.path() / "notes.txt", "kept");
   ASSERT_EQ(read_rank_files(dir.str()).size(), 3u);
   clear_rank_files(dir.str());
   EXPECT_TRUE(read_rank_files(dir.str()).empty());
-  EXPECT_FALSE(fs::exists(dir.path / ".rank_2.json.tmp.99"));
-  EXPECT_TRUE(fs::exists(dir.path / "notes.txt"));
+  EXPECT_FALSE(fs::exists(dir.path() / ".rank_2.json.tmp.99"));
+  EXPECT_TRUE(fs::exists(dir.path() / "notes.txt"));
 }
 
 TEST(MetricsRankFiles, UnwritableFolderNeverThrows) {
   TempDir dir;
-  write_text(dir.path / "a_file", "x");
+  write_text(dir.path() / "a_file", "x");
   // A folder below a regular file cannot be created, even by root.
-  const std::string bad = (dir.path / "a_file" / "metrics").string();
+  const std::string bad = (dir.path() / "a_file" / "metrics").string();
   Registry registry;
   registry.counter(kSteps, "Steps.").add(1);
   {

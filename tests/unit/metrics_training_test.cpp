@@ -219,7 +219,7 @@ TEST(MetricsCost, APhaseSwitchAndATrackedCollectiveCostMicroseconds) {
   TempDir dir;
   metrics::FilePublisher publisher(
       metrics::process_registry(),
-      {.dir = dir.path.string(), .rank = 0, .interval = std::chrono::hours(1)});
+      {.dir = dir.path().string(), .rank = 0, .interval = std::chrono::hours(1)});
   constexpr int kWrites = 50;
   start = Clock::now();
   for (int i = 0; i < kWrites; ++i) publisher.publish_now();
@@ -228,13 +228,13 @@ TEST(MetricsCost, APhaseSwitchAndATrackedCollectiveCostMicroseconds) {
   publisher.stop();
   std::printf("FilePublisher::publish_now: %.0f us\n", publish_us);
   RecordProperty("publish_us", std::to_string(publish_us));
-  EXPECT_TRUE(fs::exists(metrics::rank_file_path(dir.path.string(), 0)));
+  EXPECT_TRUE(fs::exists(metrics::rank_file_path(dir.path().string(), 0)));
   EXPECT_LT(publish_us, 50000);  // 5% of its 1 s interval; measured ~0.1-0.3 ms
 }
 
 TEST(CheckpointMetrics, ASaveAndALoadCountTheirFilesBytes) {
   TempDir dir;
-  trainyard::checkpoint::Checkpointer c(dir.path.string());
+  trainyard::checkpoint::Checkpointer c(dir.path().string());
   trainyard::checkpoint::Checkpoint ckpt{.step = 3};
   ckpt.files["model.pt"] = std::string(12345, 'm');
   ckpt.files["state.json"] = "{\"step\": 3}";
@@ -296,7 +296,7 @@ int free_port() {
 // publishes when destroyed.
 TEST(TrainerMetrics, RecordsReportsStepsPhasesAndPublishesThem) {
   TempDir dir;
-  const auto metrics_dir = dir.path / "metrics";
+  const auto metrics_dir = dir.path() / "metrics";
   ScopedEnv env;
   env.set(trainyard::kRankEnv, "0");
   env.set(trainyard::kWorldSizeEnv, "1");
@@ -324,8 +324,8 @@ TEST(TrainerMetrics, RecordsReportsStepsPhasesAndPublishesThem) {
   const double tokens = value_of(name::kTrainTokensTotal);
   double step_seconds_sum = 0;
   {
-    trainyard::train::Trainer trainer("metrics-test", {.storage = dir.path.string(), .name = "run"},
-                                      {.threads = 1});
+    trainyard::train::Trainer trainer(
+        "metrics-test", {.storage = dir.path().string(), .name = "run"}, {.threads = 1});
     auto sleep_s = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
     trainer.begin_epoch(0, 2);
     for (int step = 0; step < 2; ++step) {

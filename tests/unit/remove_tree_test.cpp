@@ -15,9 +15,9 @@ namespace fs = std::filesystem;
 
 TEST(RemoveTree, RemovesAFolderWithEverythingUnderItButNotWhatLinksPointTo) {
   trainyard::test::TempDir dir;
-  const fs::path outside = dir.path / "outside.txt";
+  const fs::path outside = dir.path() / "outside.txt";
   std::ofstream(outside) << "keep";
-  const fs::path tree = dir.path / "tree";
+  const fs::path tree = dir.path() / "tree";
   fs::create_directories(tree / "a" / "b");
   std::ofstream(tree / "a" / "b" / "f.bin") << "x";
   std::ofstream(tree / "g.txt") << "y";
@@ -32,11 +32,11 @@ TEST(RemoveTree, RemovesAFolderWithEverythingUnderItButNotWhatLinksPointTo) {
 TEST(RemoveTree, AMissingPathIsNoErrorAndAFileIsRemoved) {
   trainyard::test::TempDir dir;
   std::error_code ec;
-  EXPECT_EQ(trainyard::remove_tree((dir.path / "none").string(), ec), 0u);
+  EXPECT_EQ(trainyard::remove_tree((dir.path() / "none").string(), ec), 0u);
   EXPECT_FALSE(ec);
-  std::ofstream(dir.path / "file") << "z";
-  EXPECT_EQ(trainyard::remove_tree((dir.path / "file").string(), ec), 1u);
-  EXPECT_FALSE(fs::exists(dir.path / "file"));
+  std::ofstream(dir.path() / "file") << "z";
+  EXPECT_EQ(trainyard::remove_tree((dir.path() / "file").string(), ec), 1u);
+  EXPECT_FALSE(fs::exists(dir.path() / "file"));
 }
 
 TEST(RemoveTree, AnEntryThatCannotBeRemovedIsAnError) {

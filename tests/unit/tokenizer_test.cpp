@@ -432,8 +432,8 @@ std::optional<OracleAnswer> ask_oracle(const fs::path& tokenizer_json,
   // A folder of this call's own: ctest -j runs the oracle tests as parallel processes, which
   // overwrote each other's answer in a shared folder (a flaky mismatch).
   const test::TempDir dir("ty-tokenizer-oracle");
-  const fs::path request = dir.path / "request.json";
-  const fs::path answer = dir.path / "answer.json";
+  const fs::path request = dir.path() / "request.json";
+  const fs::path answer = dir.path() / "answer.json";
   std::ofstream(request) << json{{"encode", texts}, {"decode", id_lists}}.dump();
   const std::string command = std::string("node '") + TRAINYARD_SOURCE_DIR +
                               "/tests/unit/hf_tokenizers_oracle.js' '" + package.string() + "' '" +

@@ -35,14 +35,14 @@ class WorkerMetricsTest : public ::testing::Test {
   void SetUp() override {
     head_ = std::make_unique<Head>(HeadOptions{.port = 0,
                                                .token = kToken,
-                                               .state_dir = dir_.path / "head",
+                                               .state_dir = dir_.path() / "head",
                                                .heartbeat_interval = milliseconds(200),
                                                .tick_interval = milliseconds(50)});
     head_->start();
     WorkerOptions o;
     o.head = head_->url();
     o.token = kToken;
-    o.state_dir = (dir_.path / "worker").string();
+    o.state_dir = (dir_.path() / "worker").string();
     o.resources.num_cpus = 2;
     o.address = "127.0.0.1";
     o.stop_timeout = milliseconds(2'000);
