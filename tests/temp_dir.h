@@ -37,4 +37,13 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// std::filesystem::remove_all(path) for tests, through remove_tree (see remove_tree.h): removes
+// `path` with everything under it, a missing path is no error, a failure throws
+// std::filesystem::filesystem_error naming it.
+inline void remove_all(const std::filesystem::path& path) {
+  std::error_code ec;
+  trainyard::remove_tree(path.string(), ec);
+  if (ec) throw std::filesystem::filesystem_error("remove_tree", path, ec);
+}
+
 }  // namespace trainyard::test

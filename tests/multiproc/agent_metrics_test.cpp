@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../temp_dir.h"
 #include "trainyard/elastic/agent.h"
 #include "trainyard/metrics/names.h"
 #include "trainyard/metrics/node_sampler.h"
@@ -71,7 +72,7 @@ TEST(AgentMetrics, RanksMetricsAndProcessesAreLabelledByJobAndRank) {
 
   EXPECT_EQ(agent.wait().exit_code(), 0);
   EXPECT_TRUE(am.processes().empty());
-  std::filesystem::remove_all(dir);
+  trainyard::test::remove_all(dir);
 }
 
 TEST(AgentMetrics, WithoutAFolderItMakesAPrivateOneAndRemovesIt) {

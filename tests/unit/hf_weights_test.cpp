@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../temp_dir.h"
 #include "trainyard/error.h"
 #include "trainyard/hf/dtype.h"
 #include "trainyard/hf/safetensors_file.h"
@@ -48,7 +49,7 @@ class HfWeights : public ::testing::Test {
     ASSERT_EQ(run_python("make " + (*root_ / "fx").string()), 0) << "hf_fixtures.py make failed";
   }
   static void TearDownTestSuite() {
-    if (root_) fs::remove_all(*root_);
+    if (root_) trainyard::test::remove_all(*root_);
     delete root_;
     root_ = nullptr;
   }

@@ -255,7 +255,7 @@ TEST(NodeSampler, WatchedProcessesFromAFakeTree) {
   EXPECT_DOUBLE_EQ(find_value(s, name::kRankResidentMemory, rank3), 3000 * kPage);
 
   // The process exits: its samples go, and no error.
-  fs::remove_all(proc.dir.path() / "1234");
+  trainyard::test::remove_all(proc.dir.path() / "1234");
   s = sampler.sample(watched);
   EXPECT_EQ(find_family(s, name::kRankCpuSeconds), nullptr);
   EXPECT_EQ(find_family(s, name::kRankResidentMemory), nullptr);

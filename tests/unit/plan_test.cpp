@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "../temp_dir.h"
 #include "trainyard/error.h"
 
 namespace trainyard::plan {
@@ -242,7 +243,7 @@ TEST(MemoryPlan, ReadsAConfigJsonOrItsDirectory) {
   const auto message = error_of([&] { resolve_model(dir.string()); });
   EXPECT_NE(message.find("--model"), std::string::npos) << message;
   EXPECT_NE(message.find("gpt_neox"), std::string::npos) << message;
-  std::filesystem::remove_all(dir);
+  trainyard::test::remove_all(dir);
 }
 
 TEST(MemoryPlan, AParameterCountAlonePlansModelStatesOnly) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../temp_dir.h"
 #include "trainyard/error.h"
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
@@ -22,7 +23,7 @@ class ResultTable : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("ty-result-" + std::to_string(::getpid()));
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { trainyard::test::remove_all(dir_); }
   std::string printed(const std::string& json) {
     std::ofstream(dir_ / "result.json") << json;
     ::testing::internal::CaptureStdout();

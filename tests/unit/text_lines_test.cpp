@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../temp_dir.h"
 #include "trainyard/data/text_lines.h"
 #include "trainyard/error.h"
 #include "trainyard/models/gpt_neox.h"
@@ -58,7 +59,7 @@ class TokenCache : public ::testing::Test {
     corpus_ = (dir_ / "corpus.txt").string();
     std::ofstream(corpus_) << "KING:\nto be or not\nthat is\n";
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { trainyard::test::remove_all(dir_); }
   fs::path dir_;
   std::string corpus_;
 };

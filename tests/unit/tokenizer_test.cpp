@@ -317,7 +317,7 @@ TEST(HfTokenizer, ByteLevelFallbackIsTheIdentityOnBytes) {
 
 TEST(HfTokenizer, DirectoryWithoutTokenizerJsonFallsBackToBytes) {
   const fs::path dir = fs::path(::testing::TempDir()) / "trainyard_tokenizer_no_json";
-  fs::remove_all(dir);
+  trainyard::test::remove_all(dir);
   fs::create_directories(dir);
   EXPECT_TRUE(Tokenizer::from_directory(dir).is_byte_level());
   fs::copy_file(kTinyFile, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
