@@ -11,26 +11,13 @@
 #include <string_view>
 #include <vector>
 
+#include "trainyard/text_file.h"
+
 namespace trainyard {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::optional<std::string> read_text(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string trim(std::string_view text) {
-  const auto first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos) return {};
-  const auto last = text.find_last_not_of(" \t\r\n");
-  return std::string(text.substr(first, last - first + 1));
-}
 
 // cpu.max: "max 100000" (no limit) or "<quota> <period>" in microseconds.
 std::optional<double> parse_cpu_max(const std::string& text) {
@@ -49,7 +36,7 @@ std::optional<double> parse_cpu_max(const std::string& text) {
 
 // memory.max: "max" (no limit) or bytes.
 std::optional<std::int64_t> parse_memory_max(const std::string& text) {
-  const std::string value = trim(text);
+  const std::string value = trim_whitespace(text);
   if (value.empty() || value == "max") return std::nullopt;
   try {
     std::size_t used = 0;
@@ -118,7 +105,7 @@ constexpr std::int64_t kCgroupV1Unlimited = std::int64_t{1} << 60;
 
 CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string& cgroup_root) {
   CgroupLimits limits;
-  const auto self = read_text(fs::path(proc_root) / "self" / "cgroup");
+  const auto self = read_text_file(fs::path(proc_root) / "self" / "cgroup");
   if (!self) return limits;
   const fs::path root(cgroup_root);
   std::error_code ec;
@@ -131,16 +118,16 @@ CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string&
     if (second == std::string::npos) continue;
     const std::string id = line.substr(0, first);
     const std::string controllers = line.substr(first + 1, second - first - 1);
-    const std::string relative = trim(line.substr(second + 1));
+    const std::string relative = trim_whitespace(line.substr(second + 1));
     if (id == "0" && controllers.empty()) {
       const fs::path mount =
           !fs::exists(root / "cgroup.controllers", ec) && fs::is_directory(root / "unified", ec)
               ? root / "unified"
               : root;
       walk_cgroup(mount, relative, [&](const fs::path& dir) {
-        if (const auto cpu_max = read_text(dir / "cpu.max"))
+        if (const auto cpu_max = read_text_file(dir / "cpu.max"))
           keep_smaller(limits.cpu_quota, parse_cpu_max(*cpu_max));
-        if (const auto memory_max = read_text(dir / "memory.max"))
+        if (const auto memory_max = read_text_file(dir / "memory.max"))
           keep_smaller(limits.memory_max_bytes, parse_memory_max(*memory_max));
       });
       continue;
@@ -153,7 +140,7 @@ CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string&
     };
     if (has("memory")) {
       walk_cgroup(root / "memory", relative, [&](const fs::path& dir) {
-        if (const auto text = read_text(dir / "memory.limit_in_bytes")) {
+        if (const auto text = read_text_file(dir / "memory.limit_in_bytes")) {
           const auto bytes = parse_memory_max(*text);
           if (bytes && *bytes < kCgroupV1Unlimited) keep_smaller(limits.memory_max_bytes, bytes);
         }
@@ -163,10 +150,11 @@ CgroupLimits read_cgroup_limits(const std::string& proc_root, const std::string&
       const fs::path mount =
           fs::is_directory(root / controllers, ec) ? root / controllers : root / "cpu";
       walk_cgroup(mount, relative, [&](const fs::path& dir) {
-        const auto quota = read_text(dir / "cpu.cfs_quota_us");
-        const auto period = read_text(dir / "cpu.cfs_period_us");
+        const auto quota = read_text_file(dir / "cpu.cfs_quota_us");
+        const auto period = read_text_file(dir / "cpu.cfs_period_us");
         if (quota && period)  // quota -1: no limit
-          keep_smaller(limits.cpu_quota, parse_cpu_max(trim(*quota) + " " + trim(*period)));
+          keep_smaller(limits.cpu_quota,
+                       parse_cpu_max(trim_whitespace(*quota) + " " + trim_whitespace(*period)));
       });
     }
   }

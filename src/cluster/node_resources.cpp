@@ -15,6 +15,7 @@
 #include "metrics/nvml.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/text_file.h"
 
 namespace trainyard::cluster {
 
@@ -72,21 +73,6 @@ void from_json(const nlohmann::json& j, NodeResources& resources) {
 
 namespace {
 
-std::optional<std::string> read_text(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string trim(std::string_view text) {
-  const auto first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos) return {};
-  const auto last = text.find_last_not_of(" \t\r\n");
-  return std::string(text.substr(first, last - first + 1));
-}
-
 // The value of a "Key:   123 kB" line of /proc/meminfo, in bytes.
 std::optional<std::int64_t> meminfo_bytes(const std::string& meminfo, std::string_view key) {
   std::istringstream lines(meminfo);
@@ -107,7 +93,7 @@ std::optional<std::int64_t> meminfo_bytes(const std::string& meminfo, std::strin
 
 std::string read_meminfo(const std::string& proc_root) {
   const fs::path path = fs::path(proc_root) / "meminfo";
-  auto text = read_text(path);
+  auto text = read_text_file(path);
   TY_CHECK_T(Error, text.has_value(), "Could not read ", path.string(),
              " for the machine's memory; is /proc mounted?");
   return *text;
@@ -168,12 +154,12 @@ std::vector<GpuInfo> detect_nvml_gpus(const std::string& library) {
 std::vector<GpuInfo> select_visible_gpus(const std::vector<GpuInfo>& gpus,
                                          std::string_view visible_devices) {
   std::vector<GpuInfo> visible;
-  const std::string text = trim(visible_devices);
+  const std::string text = trim_whitespace(visible_devices);
   if (text.empty()) return visible;
   std::istringstream entries(text);
   std::string entry;
   while (std::getline(entries, entry, ',')) {
-    entry = trim(entry);
+    entry = trim_whitespace(entry);
     if (entry.empty()) break;  // "0,,1": CUDA stops at the gap
     if (!std::all_of(entry.begin(), entry.end(),
                      [](unsigned char c) { return std::isdigit(c) || c == '-'; })) {
@@ -253,7 +239,7 @@ UsageSampler::UsageSampler(UsageSamplerOptions options) : options_(std::move(opt
 
 UsageSampler::CpuTimes UsageSampler::read_cpu_times() const {
   const fs::path path = fs::path(options_.proc_root) / "stat";
-  const auto text = read_text(path);
+  const auto text = read_text_file(path);
   TY_CHECK_T(Error, text.has_value(), "Could not read ", path.string(),
              " for the machine's CPU use; is /proc mounted?");
   CpuTimes times;

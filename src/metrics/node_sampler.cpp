@@ -19,6 +19,7 @@
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/metrics/names.h"
+#include "trainyard/text_file.h"
 
 namespace trainyard::metrics {
 
@@ -34,15 +35,6 @@ constexpr double kBytesPerSector = 512;  // /proc/diskstats counts 512-byte sect
 constexpr double kHertzPerMegahertz = 1e6;
 constexpr double kWattsPerMilliwatt = 1e-3;
 constexpr double kRatioPerPercent = 0.01;
-
-std::optional<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return text.str();
-}
 
 std::vector<std::string> split_words(std::string_view line) {
   std::vector<std::string> words;
@@ -123,7 +115,7 @@ std::optional<CpuTicks> parse_cpu_line(const std::vector<std::string>& words) {
 
 ProcStat read_proc_stat(const std::string& proc_root) {
   const std::string path = proc_root + "/stat";
-  const auto text = read_file(path);
+  const auto text = read_text_file(path);
   if (!text)
     throw Error(detail::concat("Cannot read ", path,
                                " for the node's CPU utilisation; is NodeSamplerOptions.proc_root (",
@@ -171,7 +163,7 @@ struct MemInfo {
 
 MemInfo read_meminfo(const std::string& proc_root) {
   const std::string path = proc_root + "/meminfo";
-  const auto text = read_file(path);
+  const auto text = read_text_file(path);
   if (!text)
     throw Error(detail::concat("Cannot read ", path,
                                " for the node's memory; is NodeSamplerOptions.proc_root (",
@@ -213,7 +205,7 @@ struct DeviceBytes {
 // A missing file gives nothing (network namespaces without procfs' net/).
 std::vector<DeviceBytes> read_net_dev(const std::string& proc_root) {
   std::vector<DeviceBytes> out;
-  const auto text = read_file(proc_root + "/net/dev");
+  const auto text = read_text_file(proc_root + "/net/dev");
   if (!text) return out;
   std::istringstream lines(*text);
   std::string line;
@@ -265,7 +257,7 @@ bool is_partition_of(const std::string& name, const std::string& disk) {
 
 std::vector<DeviceBytes> read_diskstats(const std::string& proc_root) {
   std::vector<DeviceBytes> all;
-  const auto text = read_file(proc_root + "/diskstats");
+  const auto text = read_text_file(proc_root + "/diskstats");
   if (!text) return all;
   std::istringstream lines(*text);
   std::string line;
@@ -304,7 +296,7 @@ struct ProcessStat {
 // the name ends at the last ')'. nullopt when the process is gone (or a zombie: it has exited
 // and only waits to be reaped).
 std::optional<ProcessStat> read_process_stat(const std::string& proc_root, int pid) {
-  const auto text = read_file(detail::concat(proc_root, "/", pid, "/stat"));
+  const auto text = read_text_file(detail::concat(proc_root, "/", pid, "/stat"));
   if (!text) return std::nullopt;
   const auto close = text->rfind(')');
   if (close == std::string::npos) return std::nullopt;
@@ -322,7 +314,7 @@ std::optional<ProcessStat> read_process_stat(const std::string& proc_root, int p
 
 // Seconds since boot (the first number of /proc/uptime), or nullopt.
 std::optional<double> read_uptime(const std::string& proc_root) {
-  const auto text = read_file(proc_root + "/uptime");
+  const auto text = read_text_file(proc_root + "/uptime");
   if (!text) return std::nullopt;
   const auto words = split_words(*text);
   if (words.empty()) return std::nullopt;
