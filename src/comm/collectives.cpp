@@ -203,7 +203,7 @@ class DeviceWork : public c10d::Work {
   }
   bool wait(std::chrono::milliseconds /*timeout: NCCL's watchdog bounds it*/) override {
     const bool ok = inner_->wait();
-    watch_device_work(inner_);  // Note [Beating while device work runs]
+    watch_stream_wait();  // Note [Beating while device work runs]
     if (reduced_.defined()) std::call_once(converted_, [&] { output_.copy_(reduced_); });
     return ok;
   }

@@ -101,7 +101,7 @@ bool use_nccl(const InitOptions& options, c10::Device device, int local_world_si
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work) {
   if (comm::compat::completes_on_device(work)) {  // Note [Waiting on NCCL work]
     work->wait();
-    watch_device_work(work);  // Note [Beating while device work runs]
+    watch_stream_wait();  // Note [Beating while device work runs]
     return;
   }
   // Work::wait(timeout) throws when the timeout passes first, and the work goes on; a work that

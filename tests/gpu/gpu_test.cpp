@@ -383,7 +383,7 @@ TEST(GpuHeartbeat, NcclWorkKeepsTheRankBeatingWhileTheHostWaitsForIt) {
     for (int i = 0; i < 150; ++i) x = torch::mm(a, x);
     std::vector<torch::Tensor> total{x.sum().reshape({1})};
     trainyard::wait_work(trainyard::comm::all_reduce(pg, total));
-    EXPECT_EQ(beacon.watched(), 1u) << "wait_work did not hand the NCCL work to the beacon";
+    EXPECT_EQ(beacon.watched(), 1u) << "wait_work did not hand the beacon an event for the NCCL work";
     const auto start = steady_clock::now();
     const int before = beats.load();
     (void)total[0].item<float>();  // the host blocks here until the collective has run

@@ -1,11 +1,11 @@
-// DeviceWorkBeacon (Note [Beating while device work runs]): beats while a watched work is
-// incomplete and younger than its limit, and at no other time. Works here are c10d::Work objects
-// whose completion the test sets, standing in for NCCL work (tests/gpu runs the real thing).
+// DeviceWorkBeacon (Note [Beating while device work runs]): beats while a watched wait is pending
+// and younger than its limit, and at no other time. The waits here are flags the test sets,
+// standing in for the CUDA events that watch_stream_wait() records (tests/gpu runs those).
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 
 #include "trainyard/comm/device_work_beacon.h"
@@ -17,12 +17,6 @@ using trainyard::DeviceWorkBeacon;
 
 constexpr auto kPeriod = 10ms;
 
-class SettableWork : public c10d::Work {
- public:
-  bool isCompleted() override { return done.load(); }
-  std::atomic<bool> done{false};
-};
-
 // Beats counted over `span`.
 int beats_during(std::atomic<int>& beats, std::chrono::milliseconds span) {
   const int before = beats.load();
@@ -30,51 +24,72 @@ int beats_during(std::atomic<int>& beats, std::chrono::milliseconds span) {
   return beats.load() - before;
 }
 
-TEST(DeviceWorkBeacon, BeatsWhileAWatchedWorkIsIncompleteAndStopsWhenItCompletes) {
+TEST(DeviceWorkBeacon, BeatsWhileAWatchedWaitIsPendingAndStopsWhenItIsDone) {
   std::atomic<int> beats{0};
   DeviceWorkBeacon beacon(
       60s, [&] { ++beats; }, kPeriod);
   EXPECT_EQ(beats_during(beats, 100ms), 0) << "nothing watched: no beats";
 
-  auto work = c10::make_intrusive<SettableWork>();
-  beacon.watch(work);
-  EXPECT_GE(beats_during(beats, 200ms), 5) << "a work in flight keeps the rank beating";
+  std::atomic<bool> done{false};
+  beacon.watch([&] { return done.load(); });
+  EXPECT_GE(beats_during(beats, 200ms), 5) << "a collective in flight keeps the rank beating";
   EXPECT_EQ(beacon.watched(), 1u);
 
-  work->done = true;
+  done = true;
   std::this_thread::sleep_for(5 * kPeriod);
-  EXPECT_EQ(beacon.watched(), 0u) << "a completed work is forgotten";
-  EXPECT_EQ(beats_during(beats, 100ms), 0) << "no beats once the work completed";
+  EXPECT_EQ(beacon.watched(), 0u) << "a finished wait is forgotten";
+  EXPECT_EQ(beats_during(beats, 100ms), 0) << "no beats once the wait is over";
 }
 
-TEST(DeviceWorkBeacon, AWorkKeepsTheRankBeatingAtMostTheLimit) {
+TEST(DeviceWorkBeacon, AWaitKeepsTheRankBeatingAtMostTheLimit) {
   std::atomic<int> beats{0};
   DeviceWorkBeacon beacon(
       100ms, [&] { ++beats; }, kPeriod);
-  auto stuck = c10::make_intrusive<SettableWork>();  // never completes
-  beacon.watch(stuck);
+  beacon.watch([] { return false; });  // never done
   std::this_thread::sleep_for(150ms + 5 * kPeriod);
-  EXPECT_EQ(beacon.watched(), 0u) << "past its limit the work is forgotten";
+  EXPECT_EQ(beacon.watched(), 0u) << "past its limit the wait is forgotten";
   EXPECT_EQ(beats_during(beats, 100ms), 0) << "a collective past the timeout is a hang";
 }
 
-TEST(DeviceWorkBeacon, WatchDeviceWorkFeedsTheNewestLiveBeacon) {
-  auto work = c10::make_intrusive<SettableWork>();
-  trainyard::watch_device_work(work);  // no beacon: nothing happens
+TEST(DeviceWorkBeacon, AQueryThatThrowsCountsAsDone) {
+  std::atomic<int> beats{0};
+  DeviceWorkBeacon beacon(
+      60s, [&] { ++beats; }, kPeriod);
+  beacon.watch([]() -> bool { throw std::runtime_error("the event's device is gone"); });
+  std::this_thread::sleep_for(5 * kPeriod);
+  EXPECT_EQ(beacon.watched(), 0u);
+  EXPECT_EQ(beats.load(), 0);
+}
+
+TEST(DeviceWorkBeacon, WaitsGoToTheNewestLiveBeacon) {
+  std::atomic<bool> done{false};
+  auto wait = [&] { return done.load(); };
+  EXPECT_FALSE(trainyard::watch_with_current_beacon(wait)) << "no beacon: nothing watches";
+  trainyard::watch_stream_wait();  // no beacon: returns without touching CUDA
   std::atomic<int> outer_beats{0}, inner_beats{0};
   DeviceWorkBeacon outer(
       60s, [&] { ++outer_beats; }, kPeriod);
   {
     DeviceWorkBeacon inner(
         60s, [&] { ++inner_beats; }, kPeriod);
-    trainyard::watch_device_work(work);
+    EXPECT_TRUE(trainyard::watch_with_current_beacon(wait));
     EXPECT_EQ(inner.watched(), 1u);
     EXPECT_EQ(outer.watched(), 0u);
   }
-  trainyard::watch_device_work(work);  // the inner one is gone: the outer is current again
+  EXPECT_TRUE(trainyard::watch_with_current_beacon(wait));  // the inner one is gone
   EXPECT_EQ(outer.watched(), 1u);
   EXPECT_GE(beats_during(outer_beats, 100ms), 3);
-  work->done = true;
+  done = true;
+}
+
+// On a machine without CUDA (CI) recording the event fails: the wait goes unwatched, and the
+// caller (wait_work) is not disturbed.
+TEST(DeviceWorkBeacon, WithoutCudaAStreamWaitIsLeftUnwatched) {
+  DeviceWorkBeacon beacon(
+      60s, [] {}, kPeriod);
+  trainyard::watch_stream_wait();
+  trainyard::watch_stream_wait();  // the warning once, no exception either time
+  EXPECT_EQ(beacon.watched(), 0u);
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 // [Beating while device work runs] in src/comm/device_work_beacon.cpp.
 #pragma once
 
-#include <c10/util/intrusive_ptr.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -13,10 +11,6 @@
 #include <thread>
 #include <vector>
 
-namespace c10d {
-class Work;
-}
-
 namespace trainyard {
 
 inline constexpr std::chrono::seconds kDeviceWorkBeaconPeriod{1};
@@ -24,25 +18,27 @@ inline constexpr std::chrono::seconds kDeviceWorkBeaconPeriod{1};
 class DeviceWorkBeacon {
  public:
   // Starts a thread that, every `period`, calls `beat` (trainyard::heartbeat by default) when a
-  // watched work is still incomplete and was watched less than `limit` ago, and forgets works
-  // that completed or outlived `limit`. The newest beacon alive becomes the process's current
-  // one, which watch_device_work() feeds.
+  // watched wait is still pending and was watched less than `limit` ago, and forgets waits that
+  // are done or outlived `limit`. The newest beacon alive becomes the process's current one,
+  // which watch_stream_wait() feeds.
   explicit DeviceWorkBeacon(std::chrono::milliseconds limit,
                             std::function<void()> beat = {},
                             std::chrono::milliseconds period = kDeviceWorkBeaconPeriod);
-  // Stops and joins the thread and releases the works, before the caller's process group goes.
+  // Stops and joins the thread.
   ~DeviceWorkBeacon();
   DeviceWorkBeacon(const DeviceWorkBeacon&) = delete;
   DeviceWorkBeacon& operator=(const DeviceWorkBeacon&) = delete;
 
-  // Watches `work` from now on. Thread-safe.
-  void watch(c10::intrusive_ptr<c10d::Work> work);
-  // Works watched and not yet forgotten (for tests and stats).
+  // Watches a wait from now on: `done` answers whether it is over. It is called on the beacon's
+  // thread, so it must be thread-safe and cheap (a CUDA event query); an exception counts as
+  // done. Thread-safe.
+  void watch(std::function<bool()> done);
+  // Waits watched and not yet forgotten (for tests and stats).
   std::size_t watched() const;
 
  private:
   struct Watched {
-    c10::intrusive_ptr<c10d::Work> work;
+    std::function<bool()> done;
     std::chrono::steady_clock::time_point until;
   };
   void run();
@@ -53,12 +49,18 @@ class DeviceWorkBeacon {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
-  std::vector<Watched> works_;
+  std::vector<Watched> waits_;
   std::thread thread_;  // last: starts once the rest is ready
 };
 
-// Hands `work` (device work the caller has queued a wait for) to the process's current beacon;
-// does nothing when none exists. Thread-safe.
-void watch_device_work(const c10::intrusive_ptr<c10d::Work>& work);
+// Hands `done` to the process's current beacon (the newest alive); false when there is none.
+// Thread-safe.
+bool watch_with_current_beacon(std::function<bool()> done);
+
+// To be called right after the calling thread's current CUDA stream was made to wait for device
+// work (NCCL work's wait()): records an event on that stream, which completes once the work has,
+// and hands the current beacon a query of it. Does nothing when no beacon exists. Never throws:
+// an event that cannot be recorded is logged once and leaves this wait unwatched.
+void watch_stream_wait() noexcept;
 
 }  // namespace trainyard
