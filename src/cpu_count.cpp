@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string_view>
 #include <vector>
@@ -172,9 +171,13 @@ int affinity_cpu_count() {
 }
 
 int usable_cpu_count(const CpuCountOptions& options) {
+  return usable_cpu_count(options.affinity_cpus ? *options.affinity_cpus : affinity_cpu_count(),
+                          read_cgroup_limits(options.proc_root, options.cgroup_root));
+}
+
+int usable_cpu_count(int affinity_cpus, const CgroupLimits& limits) {
   // See Note [Counting CPUs in a container].
-  int cpus = std::max(1, options.affinity_cpus ? *options.affinity_cpus : affinity_cpu_count());
-  const CgroupLimits limits = read_cgroup_limits(options.proc_root, options.cgroup_root);
+  int cpus = std::max(1, affinity_cpus);
   if (limits.cpu_quota)
     cpus = std::min(cpus, std::max(1, static_cast<int>(std::floor(*limits.cpu_quota))));
   return cpus;

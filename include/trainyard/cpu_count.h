@@ -42,4 +42,8 @@ struct CpuCountOptions {
 // thread-safe.
 int usable_cpu_count(const CpuCountOptions& options = {});
 
+// The same from limits already read: `affinity_cpus` capped by limits.cpu_quota rounded down,
+// at least 1.
+int usable_cpu_count(int affinity_cpus, const CgroupLimits& limits);
+
 }  // namespace trainyard

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -194,11 +193,10 @@ NodeResources detect_resources(const DetectOptions& options) {
              *options.memory_bytes, "; HINT: pass --memory a number of bytes, e.g. 8589934592.");
 
   NodeResources resources;
+  const CgroupLimits limits = read_cgroup_limits(options.proc_root, options.cgroup_root);
   // See Note [Counting CPUs in a container] (src/cpu_count.cpp).
   resources.cpu =
-      options.num_cpus
-          ? *options.num_cpus
-          : usable_cpu_count({.proc_root = options.proc_root, .cgroup_root = options.cgroup_root});
+      options.num_cpus ? *options.num_cpus : usable_cpu_count(affinity_cpu_count(), limits);
 
   if (options.memory_bytes) {
     resources.memory_bytes = *options.memory_bytes;
@@ -208,7 +206,6 @@ NodeResources detect_resources(const DetectOptions& options) {
     TY_CHECK_T(Error, total.has_value(), "No MemTotal line in ", options.proc_root,
                "/meminfo; HINT: pass DetectOptions::memory_bytes (--memory) explicitly.");
     resources.memory_bytes = *total;
-    const CgroupLimits limits = read_cgroup_limits(options.proc_root, options.cgroup_root);
     if (limits.memory_max_bytes)
       resources.memory_bytes = std::min(resources.memory_bytes, *limits.memory_max_bytes);
   }

@@ -14,6 +14,12 @@ namespace {
 using test::FakeProcTree;
 constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 
+// usable_cpu_count over `root`'s trees, as if the affinity mask held `affinity` CPUs.
+int usable(const FakeProcTree& root, int affinity) {
+  return usable_cpu_count(
+      {.proc_root = root.proc(), .cgroup_root = root.cgroup(), .affinity_cpus = affinity});
+}
+
 TEST(CgroupLimits, TheTightestOfTheCgroupAndItsAncestors) {
   FakeProcTree root;
   root.write("proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
@@ -99,27 +105,19 @@ TEST(CpuCount, FractionalQuotaRoundsDown) {
   FakeProcTree root;
   root.write("proc/self/cgroup", "0::/pod\n");
   root.write("cgroup/pod/cpu.max", "150000 100000\n");  // --cpus=1.5
-  EXPECT_EQ(usable_cpu_count(
-                {.proc_root = root.proc(), .cgroup_root = root.cgroup(), .affinity_cpus = 4}),
-            1);
+  EXPECT_EQ(usable(root, 4), 1);
   root.write("cgroup/pod/cpu.max", "370000 100000\n");
-  EXPECT_EQ(usable_cpu_count(
-                {.proc_root = root.proc(), .cgroup_root = root.cgroup(), .affinity_cpus = 4}),
-            3);
+  EXPECT_EQ(usable(root, 4), 3);
 }
 
 TEST(CpuCount, NoQuotaIsTheAffinityCount) {
   FakeProcTree root;
   root.write("proc/self/cgroup", "0::/free\n");
   root.write("cgroup/free/cpu.max", "max 100000\n");
-  EXPECT_EQ(usable_cpu_count(
-                {.proc_root = root.proc(), .cgroup_root = root.cgroup(), .affinity_cpus = 4}),
-            4);
+  EXPECT_EQ(usable(root, 4), 4);
   // Without any cgroup tree, and for this process's own mask.
   FakeProcTree empty;
-  EXPECT_EQ(usable_cpu_count(
-                {.proc_root = empty.proc(), .cgroup_root = empty.cgroup(), .affinity_cpus = 6}),
-            6);
+  EXPECT_EQ(usable(empty, 6), 6);
   EXPECT_EQ(usable_cpu_count({.proc_root = empty.proc(), .cgroup_root = empty.cgroup()}),
             affinity_cpu_count());
 }
@@ -128,18 +126,14 @@ TEST(CpuCount, QuotaLargerThanTheAffinityMaskLeavesTheMask) {
   FakeProcTree root;
   root.write("proc/self/cgroup", "0::/pod\n");
   root.write("cgroup/pod/cpu.max", "800000 100000\n");  // 8 CPUs of quota, 2 in the cpuset
-  EXPECT_EQ(usable_cpu_count(
-                {.proc_root = root.proc(), .cgroup_root = root.cgroup(), .affinity_cpus = 2}),
-            2);
+  EXPECT_EQ(usable(root, 2), 2);
 }
 
 TEST(CpuCount, AlwaysAtLeastOne) {
   FakeProcTree root;
   root.write("proc/self/cgroup", "0::/\n");
   root.write("cgroup/cpu.max", "50000 100000\n");  // half a CPU still offers one
-  EXPECT_EQ(usable_cpu_count(
-                {.proc_root = root.proc(), .cgroup_root = root.cgroup(), .affinity_cpus = 4}),
-            1);
+  EXPECT_EQ(usable(root, 4), 1);
   EXPECT_GE(affinity_cpu_count(), 1);
   EXPECT_GE(usable_cpu_count(), 1);
   EXPECT_LE(usable_cpu_count(), affinity_cpu_count());
