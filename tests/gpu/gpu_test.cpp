@@ -73,9 +73,10 @@ torch::optim::SGD make_optimizer(std::vector<torch::Tensor> params) {
                            torch::optim::SGDOptions(kLr).momentum(0.9).weight_decay(0.01));
 }
 
-GptNeoX make_model() {
-  return GptNeoX(trainyard::testing::tiny_gpt_neox_config(),
-                 GptNeoXInit{.device = gpu(), .seed = kSeed});
+GptNeoX make_model(double hidden_dropout = 0) {
+  auto config = trainyard::testing::tiny_gpt_neox_config();
+  config.hidden_dropout = hidden_dropout;
+  return GptNeoX(config, GptNeoXInit{.device = gpu(), .seed = kSeed});
 }
 
 Params snapshot(torch::nn::Module& m) {
@@ -145,18 +146,28 @@ Params train_ddp(int world, bool nccl) {
   return result;
 }
 
-Params train_fsdp(int world, bool nccl, ShardingStrategy strategy, bool bf16 = false) {
+// How train_fsdp trains, besides the defaults.
+struct FsdpRun {
+  bool bf16 = false;          // bf16 parameters for compute, fp32 reduction
+  bool recompute = false;     // FsdpOptions.activation_checkpointing
+  double hidden_dropout = 0;  // > 0: the generators are seeded before the first step
+};
+
+Params train_fsdp(int world, bool nccl, ShardingStrategy strategy, FsdpRun run = {}) {
   Params result;
   run_ranks(world, nccl, [&](int rank, auto pg, auto store) {
-    auto model = make_model();
+    auto model = make_model(run.hidden_dropout);
     FsdpOptions options{.sharding = strategy,
                         .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>()};
-    if (bf16)
+    if (run.bf16)
       options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
+    options.activation_checkpointing = run.recompute;
     auto groups = trainyard::fsdp::make_fsdp_groups(strategy, pg, store, world);
     FullyShardedDataParallel fsdp(model, groups, options);
     for (auto& p : fsdp.parameters()) EXPECT_TRUE(p.device().is_cuda()) << "a shard left the GPU";
     auto opt = make_optimizer(fsdp.parameters());
+    // The CUDA generator's too: the same dropout masks in every run.
+    if (run.hidden_dropout > 0) torch::manual_seed(kSeed);
     for (int step = 0; step < kSteps; ++step) {
       opt.zero_grad();
       auto ids = batch_for_step(step, world).narrow(0, rank * kBatch, kBatch);
@@ -205,27 +216,8 @@ TEST(GpuFsdp, DeferredModelIsMaterialisedOnFsdpOptionsDevice) {
 TEST(GpuFsdp, ActivationCheckpointingWithDropoutMatchesKeepingActivations) {
   REQUIRE_GPU();
   auto train = [](bool recompute, double dropout) {
-    Params result;
-    run_ranks(1, /*nccl=*/true, [&](int, auto pg, auto store) {
-      auto config = trainyard::testing::tiny_gpt_neox_config();
-      config.hidden_dropout = dropout;
-      GptNeoX model(config, GptNeoXInit{.device = gpu(), .seed = kSeed});
-      FsdpOptions options{.sharding = ShardingStrategy::kFullShard,
-                          .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>()};
-      options.activation_checkpointing = recompute;
-      auto groups = trainyard::fsdp::make_fsdp_groups(ShardingStrategy::kFullShard, pg, store, 1);
-      FullyShardedDataParallel fsdp(model, groups, options);
-      auto opt = make_optimizer(fsdp.parameters());
-      torch::manual_seed(kSeed);  // the CUDA generator's too: the same masks in both runs
-      for (int step = 0; step < kSteps; ++step) {
-        opt.zero_grad();
-        auto ids = batch_for_step(step, 1);
-        trainyard::models::causal_lm_loss(fsdp.forward(ids), ids).backward();
-        opt.step();
-      }
-      for (auto& [name, t] : fsdp.full_parameters()) result[name] = t.to(torch::kCPU);
-    });
-    return result;
+    return train_fsdp(1, /*nccl=*/true, ShardingStrategy::kFullShard,
+                      {.recompute = recompute, .hidden_dropout = dropout});
   };
   const auto kept = train(false, 0.1);
   expect_same(kept, train(true, 0.1), "FSDP with dropout 0.1, activations recomputed");
@@ -302,7 +294,7 @@ TEST(GpuFsdp, Bf16MixedPrecisionFollowsFp32OnTheGpu) {
   REQUIRE_GPU();
   // bf16 parameters for compute, fp32 shards and reduction: within bf16's rounding of fp32.
   const auto fp32 = train_reference(1);
-  const auto bf16 = train_fsdp(1, true, ShardingStrategy::kFullShard, /*bf16=*/true);
+  const auto bf16 = train_fsdp(1, true, ShardingStrategy::kFullShard, {.bf16 = true});
   ASSERT_EQ(fp32.size(), bf16.size());
   for (const auto& [name, e] : fp32) {
     const double rel =
@@ -445,7 +437,10 @@ TEST(GpuHeartbeat, NcclWorkKeepsTheRankBeatingWhileTheHostWaitsForIt) {
     ASSERT_GT(blocked, 0.3) << "the GPU finished too soon for the test to mean anything";
     EXPECT_GE(during, static_cast<int>(blocked / duration<double>(kPeriod).count() / 2))
         << "blocked " << blocked << " s";
-    std::this_thread::sleep_for(4 * kPeriod);
+    // The beacon's thread forgets it at its next look, within a period or so.
+    const auto deadline = steady_clock::now() + seconds(5);
+    while (beacon.watched() != 0 && steady_clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(1));
     EXPECT_EQ(beacon.watched(), 0u) << "a completed work is forgotten";
   });
 }
