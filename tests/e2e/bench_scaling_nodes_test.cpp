@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "../multiproc/bench_scaling_checks.h"
 #include "../multiproc/multiproc_util.h"
@@ -20,45 +21,57 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// "ty<pid>n" of namespaces ty<pid>n0, ty<pid>n1, ...: the template's {node} completes it.
+std::string node_prefix(const Hosts& hosts) {
+  std::string prefix = hosts.name(0);
+  prefix.pop_back();
+  return prefix;
+}
+
+// `trainyard bench scaling` at 1 and 2 nodes of one rank, each started through `ip netns exec`
+// with node 0 serving the rendezvous, with `flags` (--timeout, --out, ...), of fashion-mnist on
+// `limit` images.
+std::vector<std::string> scaling_across_nodes(const Hosts& hosts,
+                                              const std::vector<std::string>& flags,
+                                              int limit) {
+  std::vector<std::string> args = {TRAINYARD_CLI_PATH,
+                                   "bench",
+                                   "scaling",
+                                   "--world-sizes",
+                                   "1,2",
+                                   "--nodes-via",
+                                   "ip netns exec " + node_prefix(hosts) + "{node}",
+                                   "--rdzv-endpoint",
+                                   hosts.addr(0) + ":29400"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const std::vector<std::string> recipe = {"--",
+                                           "train",
+                                           "fashion-mnist",
+                                           "--epochs",
+                                           "1",
+                                           "--limit",
+                                           std::to_string(limit),
+                                           "--batch-size",
+                                           "32",
+                                           "--threads",
+                                           "1",
+                                           "--no-progress"};
+  args.insert(args.end(), recipe.begin(), recipe.end());
+  return args;
+}
+
 TEST(BenchScalingNodes, RunsEachWorldSizeAsNodesAndDrawsTheCharts) {
   Hosts hosts(2);
   if (!hosts.ok())
     TY_MISSING_PREREQUISITE("cannot create network namespaces here: " << hosts.error());
   TempDir dir;
   const std::filesystem::path out = dir.path() / "scaling";
-  std::string prefix = hosts.name(0);
-  prefix.pop_back();  // ty<pid>n0 -> ty<pid>n: the template's {node} completes it
-  ASSERT_EQ(prefix + "1", hosts.name(1));
-  auto r = run_program({TRAINYARD_CLI_PATH,
-                        "bench",
-                        "scaling",
-                        "--world-sizes",
-                        "1,2",
-                        "--nodes-via",
-                        "ip netns exec " + prefix + "{node}",
-                        "--rdzv-endpoint",
-                        hosts.addr(0) + ":29400",
-                        "--busbw",
-                        "1.0",
-                        "--predict",
-                        "4,16",
-                        "--timeout",
-                        "45",
-                        "--out",
-                        out.string(),
-                        "--",
-                        "train",
-                        "fashion-mnist",
-                        "--epochs",
-                        "1",
-                        "--limit",
-                        "128",
-                        "--batch-size",
-                        "32",
-                        "--threads",
-                        "1",
-                        "--no-progress"},
-                       {}, 55s);
+  ASSERT_EQ(node_prefix(hosts) + "1", hosts.name(1));
+  auto r = run_program(
+      scaling_across_nodes(
+          hosts, {"--busbw", "1.0", "--predict", "4,16", "--timeout", "45", "--out", out.string()},
+          128),
+      {}, 55s);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   ASSERT_TRUE(r.status.success()) << r.status.to_string() << "\n" << r.out << r.err;
   EXPECT_NE(r.out.find("W = nodes of 1 rank each (--nodes-via)"), std::string::npos) << r.out;
@@ -89,34 +102,8 @@ TEST(BenchScalingNodes, AFailedNodeStopsTheOthersAndNamesItsLog) {
   const std::filesystem::path out = dir.path() / "scaling";
   // At 2 nodes node 1's launcher fails (no such namespace); node 0's agent, waiting at the
   // rendezvous for it, is stopped at once rather than after the join timeout or --timeout.
-  std::string prefix = hosts.name(0);
-  prefix.pop_back();
   const auto start = std::chrono::steady_clock::now();
-  auto r = run_program({TRAINYARD_CLI_PATH,
-                        "bench",
-                        "scaling",
-                        "--world-sizes",
-                        "1,2",
-                        "--nodes-via",
-                        "ip netns exec " + prefix + "{node}",
-                        "--rdzv-endpoint",
-                        hosts.addr(0) + ":29400",
-                        "--timeout",
-                        "40",
-                        "--out",
-                        out.string(),
-                        "--",
-                        "train",
-                        "fashion-mnist",
-                        "--epochs",
-                        "1",
-                        "--limit",
-                        "64",
-                        "--batch-size",
-                        "32",
-                        "--threads",
-                        "1",
-                        "--no-progress"},
+  auto r = run_program(scaling_across_nodes(hosts, {"--timeout", "40", "--out", out.string()}, 64),
                        {}, 55s);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   EXPECT_EQ(r.status.exit_code, 1) << r.out << r.err;
