@@ -24,7 +24,7 @@ namespace {
 
 trainyard::comm::CollectiveBenchOptions parse(int argc, char** argv) {
   using trainyard::comm::BenchBuffer;
-  trainyard::comm::CollectiveBenchOptions o{.ops = {trainyard::comm::CollectiveOp::kAllReduce},
+  trainyard::comm::CollectiveBenchOptions o{.ops = {trainyard::comm::BenchOp::kAllReduce},
                                             .min_bytes = 1 << 10,
                                             .max_bytes = 256ll << 20,
                                             .warmup_iters = 3,

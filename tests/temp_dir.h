@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -44,6 +45,14 @@ inline void remove_all(const std::filesystem::path& path) {
   std::error_code ec;
   trainyard::remove_tree(path.string(), ec);
   if (ec) throw std::filesystem::filesystem_error("remove_tree", path, ec);
+}
+
+// Writes `text` to `path` (replacing it), making its parent folders first.
+inline void write_text(const std::filesystem::path& path, const std::string& text) {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush()) throw std::runtime_error("cannot write " + path.string());
 }
 
 }  // namespace trainyard::test

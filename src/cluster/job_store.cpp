@@ -19,7 +19,8 @@ namespace {
 
 using nlohmann::json;
 
-double now_seconds() {
+// The system clock in Unix seconds, the events' timestamps.
+double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
@@ -392,7 +393,7 @@ void JobStore::append_event(const std::string& job_id,
                             const std::string& detail) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl::Stmt s(*impl_, "INSERT INTO job_events (time, job_id, kind, detail) VALUES (?,?,?,?)");
-  s.bind(1, now_seconds()).bind(2, job_id).bind(3, kind).bind(4, detail).step();
+  s.bind(1, unix_seconds()).bind(2, job_id).bind(3, kind).bind(4, detail).step();
 }
 
 std::vector<JobEvent> JobStore::list_events(const std::string& job_id) {

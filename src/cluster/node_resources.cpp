@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 template <typename T>
-T required(const nlohmann::json& j, const char* object, const char* field) {
+T required_field(const nlohmann::json& j, const char* object, const char* field) {
   TY_CHECK(j.is_object(), "The ", object, " must be a JSON object, not ", j.dump(), ".");
   const auto it = j.find(field);
   TY_CHECK(it != j.end(), "The ", object, " has no '", field, "' field: ", j.dump(), ".");
@@ -44,9 +44,9 @@ void to_json(nlohmann::json& j, const GpuInfo& gpu) {
 }
 
 void from_json(const nlohmann::json& j, GpuInfo& gpu) {
-  gpu.index = required<int>(j, "GPU", "index");
-  gpu.name = required<std::string>(j, "GPU", "name");
-  gpu.memory_bytes = required<std::int64_t>(j, "GPU", "memory_bytes");
+  gpu.index = required_field<int>(j, "GPU", "index");
+  gpu.name = required_field<std::string>(j, "GPU", "name");
+  gpu.memory_bytes = required_field<std::int64_t>(j, "GPU", "memory_bytes");
 }
 
 void to_json(nlohmann::json& j, const NodeResources& resources) {
@@ -57,9 +57,9 @@ void to_json(nlohmann::json& j, const NodeResources& resources) {
 }
 
 void from_json(const nlohmann::json& j, NodeResources& resources) {
-  resources.cpu = required<double>(j, "node's resources", "cpu");
-  resources.gpu = required<double>(j, "node's resources", "gpu");
-  resources.memory_bytes = required<std::int64_t>(j, "node's resources", "memory_bytes");
+  resources.cpu = required_field<double>(j, "node's resources", "cpu");
+  resources.gpu = required_field<double>(j, "node's resources", "gpu");
+  resources.memory_bytes = required_field<std::int64_t>(j, "node's resources", "memory_bytes");
   resources.gpus.clear();
   if (const auto it = j.find("gpus"); it != j.end() && !it->is_null()) {
     TY_CHECK(it->is_array(), "The node's resources' 'gpus' field must be an array, not ",

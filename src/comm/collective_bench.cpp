@@ -74,7 +74,7 @@ at::Tensor pattern_sum(std::int64_t begin, std::int64_t numel, int world_size) {
 
 // One op at one size: its tensors and how to issue it.
 struct Case {
-  CollectiveOp op;
+  BenchOp op;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   int rank = 0;
   int world = 1;
@@ -88,19 +88,19 @@ struct Case {
 
   c10::intrusive_ptr<c10d::Work> launch() {
     switch (op) {
-      case CollectiveOp::kAllReduce: {
+      case BenchOp::kAllReduce: {
         std::vector<at::Tensor> tensors{whole};
         return all_reduce(group, tensors);
       }
-      case CollectiveOp::kBroadcast: {
+      case BenchOp::kBroadcast: {
         std::vector<at::Tensor> tensors{whole};
         c10d::BroadcastOptions options;
         options.rootRank = 0;
         return broadcast(group, tensors, options);
       }
-      case CollectiveOp::kAllGather:
+      case BenchOp::kAllGather:
         return all_gather_flat(group, whole, part);
-      case CollectiveOp::kReduceScatter:
+      case BenchOp::kReduceScatter:
         return reduce_scatter_flat(group, part, whole);
     }
     throw Error(detail::concat("unknown collective op ", static_cast<int>(op)));
@@ -111,15 +111,15 @@ struct Case {
   // Fresh inputs; outputs that the call must overwrite are set to -1 (never a pattern value).
   void fill_inputs() {
     switch (op) {
-      case CollectiveOp::kAllReduce:
-      case CollectiveOp::kBroadcast:
+      case BenchOp::kAllReduce:
+      case BenchOp::kBroadcast:
         whole.copy_(pattern(0, whole.numel(), rank));
         break;
-      case CollectiveOp::kAllGather:
+      case BenchOp::kAllGather:
         whole.fill_(-1);
         part.copy_(pattern(rank * slot, slot, rank));
         break;
-      case CollectiveOp::kReduceScatter:
+      case BenchOp::kReduceScatter:
         whole.copy_(pattern(0, whole.numel(), rank));
         if (!part.is_alias_of(whole)) part.fill_(-1);
         break;
@@ -130,22 +130,22 @@ struct Case {
   std::int64_t count_wrong() const {
     at::Tensor got, want;
     switch (op) {
-      case CollectiveOp::kAllReduce:
+      case BenchOp::kAllReduce:
         got = whole;
         want = pattern_sum(0, whole.numel(), world);
         break;
-      case CollectiveOp::kBroadcast:
+      case BenchOp::kBroadcast:
         got = whole;
         want = pattern(0, whole.numel(), /*rank=*/0);
         break;
-      case CollectiveOp::kAllGather: {
+      case BenchOp::kAllGather: {
         got = whole;
         want = at::empty({whole.numel()}, at::kFloat);
         for (int q = 0; q < world; ++q)
           want.narrow(0, q * slot, slot).copy_(pattern(q * slot, slot, q));
         break;
       }
-      case CollectiveOp::kReduceScatter:
+      case BenchOp::kReduceScatter:
         got = part;
         want = pattern_sum(rank * slot, slot, world);
         break;
@@ -164,12 +164,12 @@ at::Tensor make_buffer(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
 
 // The case for `op` at nominal size `bytes`, or one with no elements when the size holds no slot.
 Case make_case(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
-               CollectiveOp op,
+               BenchOp op,
                std::int64_t bytes,
                BenchBuffer buffer) {
   Case c{.op = op, .group = group, .rank = group->getRank(), .world = group->getSize()};
   const std::int64_t count = bytes / kElementBytes;
-  const bool flat = op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter;
+  const bool flat = op == BenchOp::kAllGather || op == BenchOp::kReduceScatter;
   c.slot = flat ? count / c.world : count;
   const std::int64_t numel = flat ? c.slot * c.world : count;
   if (numel == 0) return c;
@@ -218,17 +218,16 @@ int iterations(Case& c, const CollectiveBenchOptions& options) {
   return static_cast<int>(planned[0].item<double>());
 }
 
-const char* redop_name(CollectiveOp op) {
-  return op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter ? "sum" : "none";
+const char* redop_name(BenchOp op) {
+  return op == BenchOp::kAllReduce || op == BenchOp::kReduceScatter ? "sum" : "none";
 }
 
-int root_of(CollectiveOp op) {
-  return op == CollectiveOp::kBroadcast ? 0 : -1;
+int root_of(BenchOp op) {
+  return op == BenchOp::kBroadcast ? 0 : -1;
 }
 
-bool in_place(CollectiveOp op, BenchBuffer buffer) {
-  return buffer == BenchBuffer::kShared || op == CollectiveOp::kAllReduce ||
-         op == CollectiveOp::kBroadcast;
+bool in_place(BenchOp op, BenchBuffer buffer) {
+  return buffer == BenchBuffer::kShared || op == BenchOp::kAllReduce || op == BenchOp::kBroadcast;
 }
 
 // printf's formats, as nccl-tests writes its columns, into a string (fmt's printf).
@@ -239,31 +238,31 @@ std::string printf_string(const char* format, const Args&... args) {
 
 }  // namespace
 
-const char* collective_op_name(CollectiveOp op) {
+const char* collective_op_name(BenchOp op) {
   switch (op) {
-    case CollectiveOp::kAllReduce:
+    case BenchOp::kAllReduce:
       return "all_reduce";
-    case CollectiveOp::kAllGather:
+    case BenchOp::kAllGather:
       return "all_gather";
-    case CollectiveOp::kReduceScatter:
+    case BenchOp::kReduceScatter:
       return "reduce_scatter";
-    case CollectiveOp::kBroadcast:
+    case BenchOp::kBroadcast:
       return "broadcast";
   }
   return "unknown";
 }
 
-CollectiveOp parse_collective_op(std::string_view text) {
-  for (auto op : {CollectiveOp::kAllReduce, CollectiveOp::kAllGather, CollectiveOp::kReduceScatter,
-                  CollectiveOp::kBroadcast})
+BenchOp parse_collective_op(std::string_view text) {
+  for (auto op :
+       {BenchOp::kAllReduce, BenchOp::kAllGather, BenchOp::kReduceScatter, BenchOp::kBroadcast})
     if (text == collective_op_name(op)) return op;
   throw InvalidArgumentError(
       detail::concat("Unknown collective '", text,
                      "'; expected all_reduce, all_gather, reduce_scatter or broadcast."));
 }
 
-std::vector<CollectiveOp> parse_collective_ops(std::string_view text) {
-  std::vector<CollectiveOp> ops;
+std::vector<BenchOp> parse_collective_ops(std::string_view text) {
+  std::vector<BenchOp> ops;
   while (!text.empty()) {
     const auto comma = text.find(',');
     const auto name = text.substr(0, comma);
@@ -312,15 +311,15 @@ void CollectiveBenchOptions::validate() const {
            "; it must be >= 1.");
 }
 
-double bus_factor(CollectiveOp op, int world_size) {
+double bus_factor(BenchOp op, int world_size) {
   const double n = world_size;
   switch (op) {
-    case CollectiveOp::kAllReduce:
+    case BenchOp::kAllReduce:
       return 2 * (n - 1) / n;
-    case CollectiveOp::kAllGather:
-    case CollectiveOp::kReduceScatter:
+    case BenchOp::kAllGather:
+    case BenchOp::kReduceScatter:
       return (n - 1) / n;
-    case CollectiveOp::kBroadcast:
+    case BenchOp::kBroadcast:
       return 1;
   }
   return 1;
@@ -340,7 +339,7 @@ std::vector<CollectiveBenchRow> run_collective_bench(
   };
   write(format_bench_header(options, group));
   std::vector<CollectiveBenchRow> rows;
-  for (const CollectiveOp op : options.ops) {
+  for (const BenchOp op : options.ops) {
     write(format_bench_op_header(op, options.buffer));
     for (std::int64_t bytes = options.min_bytes; bytes <= options.max_bytes;
          bytes *= options.step_factor) {
@@ -349,13 +348,12 @@ std::vector<CollectiveBenchRow> run_collective_bench(
       c.fill_inputs();
       const int iters = iterations(c, options);
       const double seconds = all_reduce_scalar(group, time_calls(c, iters), c10d::ReduceOp::MAX);
-      CollectiveBenchRow row{
-          .op = op,
-          .size_bytes = c.whole.numel() * kElementBytes,
-          .count = op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter
-                       ? c.slot
-                       : c.whole.numel(),
-          .time_us = seconds * 1e6};
+      CollectiveBenchRow row{.op = op,
+                             .size_bytes = c.whole.numel() * kElementBytes,
+                             .count = op == BenchOp::kAllGather || op == BenchOp::kReduceScatter
+                                          ? c.slot
+                                          : c.whole.numel(),
+                             .time_us = seconds * 1e6};
       row.algbw_gbps = static_cast<double>(row.size_bytes) / seconds / 1e9;
       row.busbw_gbps = row.algbw_gbps * bus_factor(op, world);
       if (options.check) {
@@ -392,7 +390,7 @@ std::string format_bench_header(const CollectiveBenchOptions& options,
          "2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter), 1 (broadcast)\n";
 }
 
-std::string format_bench_op_header(CollectiveOp op, BenchBuffer buffer) {
+std::string format_bench_op_header(BenchOp op, BenchBuffer buffer) {
   return printf_string("#\n# %s (%s)\n", collective_op_name(op),
                        in_place(op, buffer) ? "in place" : "out of place") +
          printf_string("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s\n", "size", "count", "type",

@@ -27,7 +27,10 @@ bool has_image_extension(const std::string& name) {
 
 std::string extension_list() {
   std::string out;
-  for (const char* ext : kImageExtensions) out += (out.empty() ? "" : " ") + std::string(ext);
+  for (const char* ext : kImageExtensions) {
+    if (!out.empty()) out += ' ';
+    out += ext;
+  }
   return out;
 }
 

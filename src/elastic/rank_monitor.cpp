@@ -30,8 +30,6 @@ using std::chrono::milliseconds;
 
 // The monitor wakes at least this often to reap ranks and check deadlines.
 constexpr milliseconds kPollInterval{50};
-// How long ranks get to die after SIGKILL before the launcher stops waiting for them.
-constexpr milliseconds kKillWait{5000};
 // Bytes read from one pipe per wake-up (fairness between ranks), and when a rank exits.
 constexpr std::size_t kReadPerWake = 256 << 10;
 constexpr std::size_t kReadAtExit = 4 << 20;
@@ -388,7 +386,7 @@ class Monitor {
 
   void kill() {
     phase_ = Phase::kKilling;
-    deadline_ = Clock::now() + kKillWait;
+    deadline_ = Clock::now() + Subprocess::kSigkillWait;
     for (Rank& r : ranks_) r.process.send_signal(SIGKILL);
   }
 
@@ -408,7 +406,7 @@ class Monitor {
       log_->error(
           "Rank {} (pid {}) did not exit {} ms after SIGKILL; reporting it as killed "
           "and no longer waiting for it.",
-          r.rank, r.process.pid(), kKillWait.count());
+          r.rank, r.process.pid(), Subprocess::kSigkillWait.count());
       r.out.finish();
       r.err.finish();
       r.process.close_stdout();

@@ -25,8 +25,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// How long terminate() waits for a child after SIGKILL before giving up on it.
-constexpr milliseconds kKillWait{5000};
 // wait_for() polls waitpid with a back-off between these bounds.
 constexpr milliseconds kMinPollInterval{1};
 constexpr milliseconds kMaxPollInterval{20};
@@ -400,7 +398,7 @@ std::optional<ExitStatus> Subprocess::terminate(std::chrono::milliseconds grace)
       ->warn("'{}' (pid {}) is still running {} ms after SIGTERM; sending SIGKILL.", program_, pid_,
              grace.count());
   send_signal(SIGKILL);
-  return wait_for(kKillWait);
+  return wait_for(kSigkillWait);
 }
 
 std::string shell_quote(const std::vector<std::string>& args) {

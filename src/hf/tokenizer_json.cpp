@@ -39,7 +39,7 @@ std::string type_of(const json& component, const std::string& what, const std::s
                               const std::string& field,
                               const std::string& value,
                               const std::string& supported) {
-  throw InvalidArgumentError(detail::concat(
+  throw InvalidArgumentError(trainyard::detail::concat(
       what, ": field \"", field, "\" is ", value, ", which trainyard does not implement (",
       supported,
       "). trainyard reads byte-level BPE tokenizers as GPT-2, GPT-NeoX, Pythia and Dolly ship "
@@ -69,7 +69,8 @@ void load_normalizer(const json& n,
   else if (type == "Sequence") {
     const json& list = n.at("normalizers");
     for (std::size_t i = 0; i < list.size(); ++i)
-      load_normalizer(list[i], what, detail::concat(field, ".normalizers[", i, "]"), forms);
+      load_normalizer(list[i], what, trainyard::detail::concat(field, ".normalizers[", i, "]"),
+                      forms);
   } else {
     unsupported(what, field + ".type", shown(n["type"]), "normalizers: NFC, NFD, NFKC, NFKD");
   }
@@ -84,7 +85,8 @@ void load_post_processor(const json& p,
   if (type == "Sequence") {
     const json& list = p.at("processors");
     for (std::size_t i = 0; i < list.size(); ++i)
-      load_post_processor(list[i], what, detail::concat(field, ".processors[", i, "]"), impl);
+      load_post_processor(list[i], what, trainyard::detail::concat(field, ".processors[", i, "]"),
+                          impl);
     return;
   }
   TY_CHECK(impl.single_template.empty(), what, ": field \"", field,
@@ -113,9 +115,9 @@ void load_post_processor(const json& p,
       impl.single_template.push_back(
           {false, specials[name].at("ids").get<std::vector<std::int32_t>>()});
     } else {
-      throw CorruptDataError(
-          detail::concat(what, ": field \"", field, ".single[", i,
-                         "]\" is neither a Sequence nor a SpecialToken: ", shown(piece)));
+      throw CorruptDataError(trainyard::detail::concat(
+          what, ": field \"", field, ".single[", i,
+          "]\" is neither a Sequence nor a SpecialToken: ", shown(piece)));
     }
   }
 }
@@ -142,7 +144,7 @@ void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
     unsupported(what, "model.dropout", shown(m["dropout"]), "dropout: null");
   for (const char* name : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(name) && !m[name].is_null() && !m[name].get<std::string>().empty())
-      unsupported(what, detail::concat("model.", name), shown(m[name]), "null");
+      unsupported(what, trainyard::detail::concat("model.", name), shown(m[name]), "null");
   if (flag(m, "byte_fallback", false))
     unsupported(what, "model.byte_fallback", "true", "byte_fallback: false");
   impl.fuse_unk = flag(m, "fuse_unk", false);
@@ -314,7 +316,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& wh
   try {
     root = json::parse(json_text);
   } catch (const json::exception& e) {
-    throw CorruptDataError(detail::concat(what, " is not valid JSON: ", e.what()));
+    throw CorruptDataError(trainyard::detail::concat(what, " is not valid JSON: ", e.what()));
   }
   TY_CHECK_T(CorruptDataError, root.is_object() && root.contains("model"), what,
              " is not a Hugging Face tokenizer.json: it has no \"model\" field.");
@@ -337,7 +339,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& wh
       load_added_tokens(root["added_tokens"], what, *impl);
   } catch (const json::exception& e) {  // a field of the wrong type or missing
     throw CorruptDataError(
-        detail::concat(what, " is not a tokenizer.json trainyard can read: ", e.what()));
+        trainyard::detail::concat(what, " is not a tokenizer.json trainyard can read: ", e.what()));
   }
   build_id_tables(*impl);
   return Tokenizer(std::move(impl));

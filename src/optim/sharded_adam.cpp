@@ -54,10 +54,10 @@ void wait_all(std::vector<c10::intrusive_ptr<c10d::Work>>& works,
     }
   }
   if (!first_error.empty())
-    throw NetworkError(detail::concat("ShardedAdam on rank ", rank, "/", world_size, ": ", what,
-                                      " failed: ", first_error,
-                                      " HINT: another rank probably died or timed out; its own "
-                                      "log names the root cause."));
+    throw NetworkError(trainyard::detail::concat(
+        "ShardedAdam on rank ", rank, "/", world_size, ": ", what, " failed: ", first_error,
+        " HINT: another rank probably died or timed out; its own "
+        "log names the root cause."));
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ using namespace std::chrono_literals;
 
 constexpr const char* kFortunes = "/usr/share/games/fortunes/fortunes";
 
-std::vector<std::string> recipe(const TempDir& dir, std::vector<std::string> more) {
+std::vector<std::string> causal_lm_command(const TempDir& dir, std::vector<std::string> more) {
   std::vector<std::string> args = {TRAINYARD_CLI_PATH,
                                    "train",
                                    "causal-lm",
@@ -50,9 +50,10 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
   if (!std::filesystem::exists(kFortunes))
     GTEST_SKIP() << kFortunes << " missing: scripts/setup.sh";
   TempDir dir;
-  auto first = run_program(recipe(dir, {"--workers", "2", "--strategy", "full_shard", "--precision",
-                                        "bf16-mixed", "--max-steps", "24"}),
-                           {}, 100s);
+  auto first =
+      run_program(causal_lm_command(dir, {"--workers", "2", "--strategy", "full_shard",
+                                          "--precision", "bf16-mixed", "--max-steps", "24"}),
+                  {}, 100s);
   ASSERT_FALSE(first.timed_out) << first.out << first.err;
   ASSERT_TRUE(first.status.success()) << first.out << first.err;
 
@@ -104,7 +105,8 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
   EXPECT_EQ(generate(dir.str() + "/hf"), after);
 
   // The same run at one rank: it resumes from the 2-rank sharded checkpoint where it stopped.
-  auto second = run_program(recipe(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
+  auto second =
+      run_program(causal_lm_command(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
   ASSERT_FALSE(second.timed_out) << second.out << second.err;
   ASSERT_TRUE(second.status.success()) << second.out << second.err;
   EXPECT_NE(second.out.find("Resuming from checkpoint_000000 at step 24 (epoch 0, 384 samples "
@@ -124,7 +126,8 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
 
   // Once more with the same --max-steps: nothing is left, and the run says so instead of
   // reporting a throughput and loss it never measured.
-  auto third = run_program(recipe(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
+  auto third =
+      run_program(causal_lm_command(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
   ASSERT_TRUE(third.status.success()) << third.out << third.err;
   EXPECT_NE((third.out + third.err).find("Nothing left to train: checkpoint_000001 is at step 30"),
             std::string::npos)
@@ -142,8 +145,8 @@ TEST(CausalLm, ATokenizerJsonTokenisesTheCorpusAndDecodesGeneration) {
   TempDir dir;
   const std::string tokenizer =
       std::string(TRAINYARD_SOURCE_DIR) + "/tests/data/hf/tiny_bpe_tokenizer.json";
-  auto r = run_program(recipe(dir, {"--workers", "1", "--tokenizer", tokenizer, "--max-steps", "2",
-                                    "--seq-len", "32"}),
+  auto r = run_program(causal_lm_command(dir, {"--workers", "1", "--tokenizer", tokenizer,
+                                               "--max-steps", "2", "--seq-len", "32"}),
                        {}, 60s);
   ASSERT_TRUE(r.status.success()) << r.out << r.err;
   const auto config = nlohmann::json::parse(read_file(dir.path() / "causal-lm" / "config.json"));
@@ -162,17 +165,18 @@ TEST(CausalLm, BadFlagsAreRefusedBeforeAnyRankStarts) {
   EXPECT_FALSE(no_data.status.success());
   EXPECT_NE(no_data.err.find("--data is required"), std::string::npos) << no_data.err;
 
-  auto bad = run_program(recipe(dir, {"--strategy", "zero4"}));
+  auto bad = run_program(causal_lm_command(dir, {"--strategy", "zero4"}));
   EXPECT_FALSE(bad.status.success());
   EXPECT_NE(bad.err.find("--strategy must be one of full_shard"), std::string::npos) << bad.err;
 
-  auto ddp_ac = run_program(recipe(dir, {"--strategy", "ddp", "--activation-checkpointing"}));
+  auto ddp_ac =
+      run_program(causal_lm_command(dir, {"--strategy", "ddp", "--activation-checkpointing"}));
   EXPECT_FALSE(ddp_ac.status.success());
   EXPECT_NE(ddp_ac.err.find("--activation-checkpointing needs an FSDP --strategy"),
             std::string::npos)
       << ddp_ac.err;
 
-  auto no_model = run_program(recipe(dir, {"--model", "/nonexistent/model"}));
+  auto no_model = run_program(causal_lm_command(dir, {"--model", "/nonexistent/model"}));
   EXPECT_FALSE(no_model.status.success());
   EXPECT_NE(no_model.err.find("--model /nonexistent/model is neither a folder"), std::string::npos)
       << no_model.err;

@@ -10,6 +10,7 @@
 
 #include "../multiproc/cluster_fixture.h"
 #include "../multiproc/multiproc_util.h"
+#include "../text.h"
 #include "netns_hosts.h"
 
 namespace trainyard::mptest {
@@ -17,9 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 TEST(ClusterE2E, HeadAndTwoWorkersInNamespacesTrainFashionMnistOnTwoNodes) {
   Hosts hosts(3);

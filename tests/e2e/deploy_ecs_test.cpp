@@ -21,6 +21,7 @@
 
 #include "../multiproc/cluster_fixture.h"
 #include "../multiproc/multiproc_util.h"
+#include "../text.h"
 #include "netns_hosts.h"
 
 namespace trainyard::mptest {
@@ -35,9 +36,7 @@ const fs::path kTerraformDir = fs::path(TRAINYARD_SOURCE_DIR) / "deploy" / "terr
 // The image's trainyard (the Dockerfile installs it there); this build's binary stands in for it.
 constexpr const char* kImageCli = "/usr/local/bin/trainyard";
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() &&
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../multiproc/multiproc_util.h"
+#include "../text.h"
 #include "kube_pod.h"
 #include "netns_hosts.h"
 
@@ -47,9 +48,7 @@ const fs::path kManifests = kSource / "deploy" / "kubernetes";
 const std::map<std::string, std::string> kSmallRun = {
     {"EPOCHS", "1"}, {"TRAIN_LIMIT", "512"}, {"THREADS", "1"}};
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 std::string str(const YAML::Node& n) {
   return n.as<std::string>("");

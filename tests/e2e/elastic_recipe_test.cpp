@@ -41,9 +41,7 @@ std::vector<std::string> recipe(const TempDir& dir, const std::string& name) {
           "--no-progress"};
 }
 
-nlohmann::json result_of(const TempDir& dir, const std::string& name) {
-  return nlohmann::json::parse(read_file(dir.path() / name / "result.json"));
-}
+using trainyard::mptest::result_of;
 
 TEST(ElasticRecipe, KilledRankRestartsFromTheCheckpointAndEndsLikeAnUninterruptedRun) {
   TempDir dir;
@@ -69,8 +67,8 @@ TEST(ElasticRecipe, KilledRankRestartsFromTheCheckpointAndEndsLikeAnUninterrupte
   EXPECT_NE(killed.out.find("Resuming from checkpoint_"), std::string::npos) << killed.out;
   EXPECT_NE(killed.out.find("| Restarts: 1]"), std::string::npos) << killed.out;
 
-  const auto a = result_of(dir, "clean");
-  const auto b = result_of(dir, "killed");
+  const auto a = result_of(dir.path(), "clean");
+  const auto b = result_of(dir.path(), "killed");
   EXPECT_EQ(b["restart_count"].get<int>(), 1);
   EXPECT_EQ(a["global_step"].get<int>(), 8);
   EXPECT_EQ(b["global_step"].get<int>(), 8);
@@ -93,7 +91,7 @@ TEST(ElasticRecipe, RunningAgainWithMoreEpochsResumesTheFinishedRun) {
       std::string::npos)
       << again.out;
   EXPECT_EQ(again.out.find("[Epoch 0 |"), std::string::npos) << "epoch 0 is not trained again";
-  EXPECT_EQ(result_of(dir, "grow")["global_step"].get<int>(), 16);
+  EXPECT_EQ(result_of(dir.path(), "grow")["global_step"].get<int>(), 16);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "../image_fixtures.h"
 #include "../multiproc/multiproc_util.h"
+#include "../text.h"
 #include "trainyard/data/fashion_mnist.h"
 
 namespace {
@@ -92,13 +93,9 @@ bool fashion_mnist_present() {
   return fs::exists(fs::path(trainyard::data::kFashionMnistDir) / "train-images-idx3-ubyte.gz");
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
-nlohmann::json result_of(const TempDir& dir, const std::string& name) {
-  return nlohmann::json::parse(read_file(dir.path() / name / "result.json"));
-}
+using trainyard::mptest::result_of;
 
 // Two ranks under `trainyard run`: 257 training files / 2 ranks = 129 each (the sampler pads one),
 // 8 full batches of 16 per epoch (Note [Full training batches]); 5 epochs are 40 steps.
@@ -162,7 +159,7 @@ TEST(ImageFolderRecipe, TwoRanksLearnSkipTheCorruptFileAndTheRunResumes) {
   EXPECT_TRUE(contains(r.out, "Training result")) << r.out;
   EXPECT_TRUE(contains(r.out, "top5_accuracy")) << r.out;
 
-  const auto first = result_of(dir, "imgs");
+  const auto first = result_of(dir.path(), "imgs");
   EXPECT_GT(first["accuracy"].get<double>(), 1.0 / kClassCount) << "above chance: " << first.dump();
   // With fewer than five classes top-5 is top-4: every label is among them (Note [Top-5 with few
   // classes] in src/train/image_folder_recipe.cpp).
@@ -190,7 +187,7 @@ TEST(ImageFolderRecipe, TwoRanksLearnSkipTheCorruptFileAndTheRunResumes) {
                                       std::to_string(kEpochs) + ", 0 samples into it)"))
       << again.out;
   EXPECT_FALSE(contains(again.out, "[Epoch ")) << "no epoch is trained again: " << again.out;
-  const auto second = result_of(dir, "imgs");
+  const auto second = result_of(dir.path(), "imgs");
   EXPECT_EQ(second["global_step"].get<int>(), kEpochs * kStepsPerEpoch) << second.dump();
   EXPECT_DOUBLE_EQ(second["accuracy"].get<double>(), first["accuracy"].get<double>());
   EXPECT_NEAR(second["loss"].get<double>(), first["loss"].get<double>(),

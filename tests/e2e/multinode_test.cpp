@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../multiproc/multiproc_util.h"
+#include "../text.h"
 #include "netns_hosts.h"
 #include "trainyard/comm/address.h"
 
@@ -36,15 +37,8 @@ using trainyard::mptest::run_program;
 using trainyard::mptest::TempDir;
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::size_t count_of(const std::string& text, const std::string& part) {
-  std::size_t n = 0;
-  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
+using trainyard::test::contains;
+using trainyard::test::count_of;
 
 // Waits at most `timeout` for the file's text to satisfy `done`.
 template <typename Done>

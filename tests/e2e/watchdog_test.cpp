@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../multiproc/multiproc_util.h"
+#include "../text.h"
 
 namespace {
 using trainyard::mptest::collect;
@@ -21,9 +22,7 @@ using trainyard::mptest::run_program;
 using trainyard::mptest::TempDir;
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 TEST(Watchdog, CollectiveTimeoutFlagReachesConfigJson) {
   TempDir dir;

@@ -17,6 +17,7 @@
 
 #include "../image_fixtures.h"
 #include "../multiproc/multiproc_util.h"
+#include "../text.h"
 #include "require_gpu.h"
 #include "trainyard/data/image_decode.h"
 
@@ -34,9 +35,9 @@ constexpr int kClassCount = 3;
 constexpr int kTrainPerClass = 32;
 constexpr int kValPerClass = 8;
 constexpr int kSide = 12;  // pixels; --image-size 16 resizes the crops up
-constexpr int kBatch = 8;
+constexpr int kBatchSize = 8;
 // 96 training images on one rank: 12 full batches of 8 per epoch.
-constexpr int kStepsPerEpoch = kClassCount * kTrainPerClass / kBatch;
+constexpr int kStepsPerEpoch = kClassCount * kTrainPerClass / kBatchSize;
 
 // root/<class>/NNN.png: RGB noise around a bright class channel (~200) and two dark ones (~50),
 // so that any crop of an image tells its class.
@@ -60,9 +61,7 @@ void write_split(const fs::path& root, int per_class, std::uint32_t seed) {
   }
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 // `trainyard train image-folder` run bare with one rank on the GPU, for `epochs` epochs of the run
 // DIR/<name>. Debug logs name the device the process group is on.
@@ -83,7 +82,7 @@ trainyard::mptest::RunOutput train_on_gpu(const TempDir& dir, const std::string&
                       "--epochs",
                       std::to_string(epochs),
                       "--batch-size",
-                      std::to_string(kBatch),
+                      std::to_string(kBatchSize),
                       "--loader-threads",
                       "2",
                       "--seed",
@@ -96,9 +95,7 @@ trainyard::mptest::RunOutput train_on_gpu(const TempDir& dir, const std::string&
                      {{"TRAINYARD_LOG_LEVEL", "debug"}}, 50s);
 }
 
-nlohmann::json result_of(const TempDir& dir, const std::string& name) {
-  return nlohmann::json::parse(read_file(dir.path() / name / "result.json"));
-}
+using trainyard::mptest::result_of;
 
 TEST(GpuRecipes, ImageFolderTrainsOnTheGpuAndResumesThere) {
   REQUIRE_GPU();
@@ -113,7 +110,7 @@ TEST(GpuRecipes, ImageFolderTrainsOnTheGpuAndResumesThere) {
   ASSERT_TRUE(r.status.success()) << all;
   EXPECT_TRUE(contains(all, "process group ready on cuda:0")) << "not on the GPU:\n" << all;
   EXPECT_TRUE(contains(r.out, "Training result")) << r.out;
-  const auto first = result_of(dir, "imgs");
+  const auto first = result_of(dir.path(), "imgs");
   EXPECT_GT(first["accuracy"].get<double>(), 1.0 / kClassCount) << "above chance: " << first.dump();
   EXPECT_GT(first["loss"].get<double>(), 0) << first.dump();
   EXPECT_EQ(first["val_images"].get<int>(), kClassCount * kValPerClass) << first.dump();
@@ -133,7 +130,7 @@ TEST(GpuRecipes, ImageFolderTrainsOnTheGpuAndResumesThere) {
       << again.out;
   EXPECT_FALSE(contains(again.out, "[Epoch 0 ")) << "epoch 0 trained again: " << again.out;
   EXPECT_TRUE(contains(again.out, "[Epoch 2 ")) << again.out;
-  const auto second = result_of(dir, "imgs");
+  const auto second = result_of(dir.path(), "imgs");
   EXPECT_EQ(second["global_step"].get<int>(), 3 * kStepsPerEpoch) << second.dump();
   EXPECT_GT(second["accuracy"].get<double>(), 1.0 / kClassCount)
       << "above chance: " << second.dump();

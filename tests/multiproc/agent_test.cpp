@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "../text.h"
 #include "multiproc_util.h"
 #include "trainyard/error.h"
 
@@ -25,9 +26,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 // What one agent reported, copied out of its callbacks (which run on the agent's thread).
 class Recorder {

@@ -28,7 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr const char* kCli = TRAINYARD_CLI_PATH;
 constexpr std::int64_t kMinBytes = 1024;
 constexpr std::int64_t kMaxBytes = 256 << 10;
 const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
@@ -236,18 +235,18 @@ TEST(BenchCollectives, ABareStartSaysHowToLaunchIt) {
 // The closing lines as nccl-tests writes them: rows with wrong elements are counted (not the
 // elements), and the average is the plain mean of every row's busbw.
 TEST(BenchCollectives, FooterCountsFailedRowsAndAveragesBusBandwidth) {
+  using comm::BenchOp;
   using comm::CollectiveBenchRow;
-  using comm::CollectiveOp;
   const std::vector<CollectiveBenchRow> rows = {
-      {.op = CollectiveOp::kAllReduce, .busbw_gbps = 1.0, .wrong = 0},
-      {.op = CollectiveOp::kAllGather, .busbw_gbps = 2.0, .wrong = 7},
-      {.op = CollectiveOp::kBroadcast, .busbw_gbps = 6.0, .wrong = -1},
+      {.op = BenchOp::kAllReduce, .busbw_gbps = 1.0, .wrong = 0},
+      {.op = BenchOp::kAllGather, .busbw_gbps = 2.0, .wrong = 7},
+      {.op = BenchOp::kBroadcast, .busbw_gbps = 6.0, .wrong = -1},
   };
   EXPECT_EQ(comm::format_bench_footer(rows),
             "# Out of bounds values : 1 FAILED\n# Avg bus bandwidth    : 3\n#\n");
   EXPECT_EQ(comm::total_wrong(rows), 7);
   EXPECT_EQ(
-      comm::format_bench_row({.op = CollectiveOp::kReduceScatter,
+      comm::format_bench_row({.op = BenchOp::kReduceScatter,
                               .size_bytes = 3072,
                               .count = 256,
                               .time_us = 123.456,

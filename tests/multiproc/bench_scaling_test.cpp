@@ -17,8 +17,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr const char* kCli = TRAINYARD_CLI_PATH;
-
 TEST(BenchScaling, RunsEachWorldSizeAndDrawsTheCharts) {
   TempDir dir;
   const std::string out = (dir.path() / "scaling").string();

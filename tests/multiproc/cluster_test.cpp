@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "../text.h"
 #include "cluster_fixture.h"
 #include "multiproc_util.h"
 #include "trainyard/net/http_client.h"
@@ -25,17 +26,8 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-constexpr const char* kCli = TRAINYARD_CLI_PATH;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::size_t count_of(const std::string& text, const std::string& part) {
-  std::size_t n = 0;
-  for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
+using trainyard::test::contains;
+using trainyard::test::count_of;
 
 // A raw request to the head, for status codes the CLI turns into messages.
 net::HttpResponse raw(const std::string& method,

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "../text.h"
 #include "etcd_server.h"
 #include "multiproc_util.h"
 #include "trainyard/elastic/subprocess.h"
@@ -24,13 +25,11 @@ namespace {
 using namespace std::chrono_literals;
 using mptest::RunOutput;
 
-constexpr const char* kCli = TRAINYARD_CLI_PATH;
+using mptest::kCli;
 // Short rounds and quick death detection, so that the tests take seconds.
 constexpr const char* kFastConf = "last_call_timeout=0.5,keep_alive_interval=0.3,join_timeout=30";
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 int free_port() {
   int port = 0;

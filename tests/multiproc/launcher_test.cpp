@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../text.h"
 #include "launch_capture.h"
 #include "multiproc_util.h"
 #include "trainyard/elastic/subprocess.h"
@@ -40,7 +41,7 @@ using mptest::RunOutput;
 using mptest::TempDir;
 using Env = std::map<std::string, std::string>;
 
-constexpr const char* kCli = TRAINYARD_CLI_PATH;
+using mptest::kCli;
 
 RunOutput run_cli(std::vector<std::string> args,
                   std::vector<std::pair<std::string, std::string>> env = {},
@@ -49,9 +50,7 @@ RunOutput run_cli(std::vector<std::string> args,
   return run_program(std::move(args), std::move(env), timeout);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 // Parses `env -0` output.
 Env parse_env(const std::string& text) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../text.h"
 #include "launch_capture.h"
 #include "multiproc_util.h"
 #include "trainyard/elastic/launcher.h"
@@ -26,11 +27,9 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr const char* kHelper = TRAINYARD_HEARTBEAT_HELPER;
-constexpr const char* kCli = TRAINYARD_CLI_PATH;
+using mptest::kCli;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 std::vector<std::string> helper(std::vector<std::string> scripts) {
   scripts.insert(scripts.begin(), kHelper);

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,11 +35,21 @@ using test::running_under_ci;
 // The shared temporary folder (tests/temp_dir.h).
 using test::TempDir;
 
+#ifdef TRAINYARD_CLI_PATH
+// The `trainyard` program of this build (test programs that run it define its path).
+inline constexpr const char* kCli = TRAINYARD_CLI_PATH;
+#endif
+
 inline std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// The result.json a run named `name` wrote under the storage folder `storage`.
+inline nlohmann::json result_of(const std::filesystem::path& storage, const std::string& name) {
+  return nlohmann::json::parse(read_file(storage / name / "result.json"));
 }
 
 // Waits at most timeout for every path to exist and be non-empty.

@@ -21,6 +21,7 @@
 
 #include "../closed_port.h"
 #include "../temp_dir.h"
+#include "../text.h"
 #include "trainyard/error.h"
 #include "trainyard/storage/s3_storage.h"
 
@@ -90,9 +91,7 @@ std::string error_of(F&& f) {
   return "";
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using trainyard::test::contains;
 
 constexpr const char* kJsonCredentials =
     R"({"Code": "Success", "AccessKeyId": "ASIAJSON", "SecretAccessKey": "json-secret",

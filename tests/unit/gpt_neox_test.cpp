@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tensor_diff.h"
 #include "trainyard/error.h"
 #include "trainyard/models/gpt_neox.h"
 #include "trainyard/nn/checkpoint.h"
@@ -15,6 +16,8 @@
 #include <limits>
 
 namespace {
+
+using trainyard::test::max_rel_diff;
 
 using trainyard::InvalidArgumentError;
 using trainyard::models::causal_lm_loss;
@@ -29,11 +32,6 @@ GptNeoXConfig tiny(double initializer_range = 0.02) {
   auto c = GptNeoXConfig::preset("tiny");
   c.initializer_range = initializer_range;
   return c;
-}
-
-double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto a64 = a.detach().to(torch::kFloat64), b64 = b.detach().to(torch::kFloat64);
-  return ((a64 - b64).abs().max() / b64.abs().max().clamp_min(1e-12)).item<double>();
 }
 
 // Expects `fn` to throw InvalidArgumentError whose message contains every one of `parts`.
@@ -300,7 +298,7 @@ TEST(GptNeoXTest, AttentionMatchesAPerHeadReferenceForEveryRotaryShare) {
     const auto got = attention.forward(x);
     const auto want = reference_attention(x, attention, config);
     // fp32 against double over a 32-wide dot product and a softmax.
-    EXPECT_LT(rel_diff(got, want), 2e-5);
+    EXPECT_LT(max_rel_diff(got, want), 2e-5);
   }
 }
 
@@ -345,12 +343,12 @@ TEST(GptNeoXTest, ParallelAndSequentialResidualsFollowTheirFormulas) {
 
   const auto got_parallel = layer.forward(x);
   const auto got_sequential = sequential->gpt_neox->layer(0).forward(x);
-  EXPECT_LT(rel_diff(got_parallel, want_parallel), 1e-5);
-  EXPECT_LT(rel_diff(got_sequential, want_sequential), 1e-5);
-  EXPECT_GT(rel_diff(got_parallel, got_sequential), 1e-3);
+  EXPECT_LT(max_rel_diff(got_parallel, want_parallel), 1e-5);
+  EXPECT_LT(max_rel_diff(got_sequential, want_sequential), 1e-5);
+  EXPECT_GT(max_rel_diff(got_parallel, got_sequential), 1e-3);
 
   const auto ids = torch::randint(128, {2, 6});
-  EXPECT_GT(rel_diff(parallel->forward(ids), sequential->forward(ids)), 1e-3);
+  EXPECT_GT(max_rel_diff(parallel->forward(ids), sequential->forward(ids)), 1e-3);
 }
 
 TEST(GptNeoXTest, LogitsAtAPositionDependOnlyOnTokensUpToIt) {
@@ -365,8 +363,8 @@ TEST(GptNeoXTest, LogitsAtAPositionDependOnlyOnTokensUpToIt) {
   ASSERT_EQ(a.sizes(), (std::vector<std::int64_t>{2, 10, 128}));
   // Masked scores add exact zeros: positions <= t are bit for bit the same.
   EXPECT_TRUE(torch::equal(a.narrow(1, 0, t + 1), b.narrow(1, 0, t + 1)));
-  EXPECT_GT(rel_diff(a.select(1, t + 1), b.select(1, t + 1)), 1e-4);
-  EXPECT_GT(rel_diff(a.select(1, t + 2), b.select(1, t + 2)), 1e-4);
+  EXPECT_GT(max_rel_diff(a.select(1, t + 1), b.select(1, t + 1)), 1e-4);
+  EXPECT_GT(max_rel_diff(a.select(1, t + 2), b.select(1, t + 2)), 1e-4);
 }
 
 TEST(GptNeoXTest, LossIsShiftedMeanCrossEntropySkippingIgnoredLabels) {
@@ -445,7 +443,7 @@ TEST(GptNeoXTest, Bf16ForwardIsCloseToFp32) {
   // bf16 keeps 8 significant bits (relative rounding 2^-9 ~ 0.2%): weights, activations and
   // every matmul output are rounded through 2 layers, a final norm and a 32-wide projection;
   // a few percent of the largest logit covers that, far below what a wrong formula gives.
-  EXPECT_LT(rel_diff(got, want), 4e-2);
+  EXPECT_LT(max_rel_diff(got, want), 4e-2);
   EXPECT_TRUE(torch::isfinite(bf16->loss(ids, ids)).item<bool>());
 }
 

@@ -79,7 +79,7 @@ std::vector<std::string> describe(const nn::Module& model) {
     const auto prefix = item.key().empty() ? std::string() : item.key() + ".";
     auto entry = [&](const std::string& name, const torch::Tensor& t) {
       auto line = prefix + name;
-      for (auto d : t.sizes()) line += " " + std::to_string(d);
+      for (auto d : t.sizes()) line.append(" ").append(std::to_string(d));
       lines.push_back(line);
     };
     for (const auto& p : item.value()->named_parameters(/*recurse=*/false))

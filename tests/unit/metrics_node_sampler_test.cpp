@@ -29,11 +29,7 @@ namespace {
 
 using trainyard::test::TempDir;
 
-void write_text(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+using trainyard::test::write_text;
 
 constexpr double kKiB = 1024;
 const double kTicks = static_cast<double>(sysconf(_SC_CLK_TCK));

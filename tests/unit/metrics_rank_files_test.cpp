@@ -33,10 +33,7 @@ bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds tim
   return cond();
 }
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
+using trainyard::test::write_text;
 
 // The value of `name` in rank `rank`'s file, or NaN when there is none.
 double read_value(const std::string& dir, int rank, std::string_view name, const Labels& m = {}) {

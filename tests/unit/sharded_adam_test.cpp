@@ -67,12 +67,12 @@ std::vector<torch::Tensor> reference_run(const torch::optim::AdamOptions& option
   return out;
 }
 
-struct Case {
+struct ShardedCase {
   int world;
   bool shm;
   bool amsgrad;
 };
-class ShardedAdamMatches : public ::testing::TestWithParam<Case> {};
+class ShardedAdamMatches : public ::testing::TestWithParam<ShardedCase> {};
 
 TEST_P(ShardedAdamMatches, OneUnshardedAdamBitForBit) {
   const auto c = GetParam();
@@ -91,12 +91,12 @@ TEST_P(ShardedAdamMatches, OneUnshardedAdamBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes,
                          ShardedAdamMatches,
-                         ::testing::Values(Case{1, false, false},
-                                           Case{2, false, false},
-                                           Case{2, true, false},
-                                           Case{3, true, false},
-                                           Case{3, false, true},
-                                           Case{2, true, true}));
+                         ::testing::Values(ShardedCase{1, false, false},
+                                           ShardedCase{2, false, false},
+                                           ShardedCase{2, true, false},
+                                           ShardedCase{3, true, false},
+                                           ShardedCase{3, false, true},
+                                           ShardedCase{2, true, true}));
 
 TEST(ShardedAdam, SharesTheElementsAndOwnsEachParameterOnce) {
   std::vector<std::int64_t> owned(3);

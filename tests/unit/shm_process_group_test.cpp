@@ -20,9 +20,9 @@ using trainyard::ShmProcessGroup;
 
 constexpr std::size_t kChunk = 4096;  // tiny chunks: every tensor below spans many of them
 
-void run_ranks(int world,
-               const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
-               std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+void run_shm_ranks(int world,
+                   const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   trainyard::testing::run_thread_ranks(
       world, fn, {.timeout = timeout, .shm = true, .shm_chunk_bytes = kChunk});
 }
@@ -32,7 +32,7 @@ class ShmAllreduce : public ::testing::TestWithParam<int> {};
 TEST_P(ShmAllreduce, SumsMinMaxAndBroadcastsOverManyChunks) {
   const int world = GetParam();
   std::vector<std::string> backends(world);
-  run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  run_shm_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     backends[rank] = pg->getBackendName();
     // 10,007 floats: 40 KB over 4 KB chunks, and a length no world size divides.
     auto x = torch::arange(10007, torch::kFloat32) * (rank + 1);
@@ -91,7 +91,7 @@ TEST_P(ShmAllreduce, SumsMinMaxAndBroadcastsOverManyChunks) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmAllreduce, ::testing::Values(1, 2, 3, 4));
 
 TEST(ShmProcessGroup, ForwardsWhatItDoesNotHandleToTheInnerGroup) {
-  run_ranks(2, [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  run_shm_ranks(2, [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     // Non-contiguous tensors, bfloat16 and allgather go to Gloo; the results must still be right.
     auto t = torch::ones({4, 4}).t() * (rank + 1);
     std::vector<torch::Tensor> v{t};
@@ -108,7 +108,7 @@ TEST(ShmProcessGroup, ForwardsWhatItDoesNotHandleToTheInnerGroup) {
 TEST(ShmProcessGroup, AMissingPeerIsATimeoutNotAHang) {
   std::string message;
   auto start = std::chrono::steady_clock::now();
-  run_ranks(
+  run_shm_ranks(
       2,
       [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
         if (rank == 1) return;  // never joins the all-reduce
@@ -132,7 +132,7 @@ class ShmInPlace : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmInPlace, AllreducesAndBroadcastsSharedBuffersWhereTheyAre) {
   const int world = GetParam();
-  run_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  run_shm_ranks(world, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     auto* shm = dynamic_cast<ShmProcessGroup*>(pg.get());
     ASSERT_NE(shm, nullptr);
     // 100,003 floats (a length no world size divides) and a second buffer of int64.
@@ -173,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmInPlace, ::testing::Values(1, 2, 3, 4));
 
 TEST(ShmProcessGroup, RanksIssuingDifferentInPlaceCollectivesGetAnError) {
   std::vector<std::string> messages(2);
-  run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  run_shm_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     auto buffer = dynamic_cast<ShmProcessGroup&>(*pg).allocate_shared(200, torch::kFloat32);
     std::vector<torch::Tensor> v{buffer.narrow(0, rank * 100, 100)};  // different halves
     try {
@@ -188,7 +188,7 @@ TEST(ShmProcessGroup, RanksIssuingDifferentInPlaceCollectivesGetAnError) {
 
 TEST(ShmProcessGroup, RanksReducingWithDifferentOpsGetAnErrorNamingBoth) {
   std::vector<std::string> messages(2);
-  run_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  run_shm_ranks(2, [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     auto buffer = dynamic_cast<ShmProcessGroup&>(*pg).allocate_shared(100, torch::kFloat32);
     std::vector<torch::Tensor> v{buffer};
     c10d::AllreduceOptions opts;

@@ -12,7 +12,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+constexpr std::int64_t kGiBytes = std::int64_t{1} << 30;
 constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 
 std::string error_text(const std::function<void()>& run) {
@@ -32,10 +32,10 @@ TEST(StatusReport, FormatMemoryAsRayDoes) {
   EXPECT_EQ(format_memory(1536), "1.50KiB");
   EXPECT_EQ(format_memory(kMiB - 1), "1024.00KiB");  // as Python's "{:.2f}" rounds it
   EXPECT_EQ(format_memory(512 * kMiB), "512.00MiB");
-  EXPECT_EQ(format_memory(kGiB + kGiB / 2), "1.50GiB");
-  EXPECT_EQ(format_memory(38 * kGiB), "38.00GiB");
-  EXPECT_EQ(format_memory(1024 * kGiB + 512 * kGiB), "1.50TiB");
-  EXPECT_EQ(format_memory(1024 * 1024 * kGiB), "1024.00TiB");  // no unit above TiB
+  EXPECT_EQ(format_memory(kGiBytes + kGiBytes / 2), "1.50GiB");
+  EXPECT_EQ(format_memory(38 * kGiBytes), "38.00GiB");
+  EXPECT_EQ(format_memory(1024 * kGiBytes + 512 * kGiBytes), "1.50TiB");
+  EXPECT_EQ(format_memory(1024 * 1024 * kGiBytes), "1024.00TiB");  // no unit above TiB
 }
 
 TEST(StatusReport, QuantitiesPrintAsPythonFloats) {

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tensor_diff.h"
 #include "trainyard/models/resnet.h"
 #include "trainyard/models/tap_conv2d.h"
 
 namespace {
+
+using trainyard::test::max_rel_diff;
 
 using trainyard::models::TapConv2d;
 namespace nn = torch::nn;
@@ -16,10 +19,6 @@ struct Geometry {
   int64_t in, out, kh, kw, stride, pad_h, pad_w, h, w;
   bool bias;
 };
-
-double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>();
-}
 
 // Forward and backward through a TapConv2d that always takes the per-tap path and through a
 // torch::nn::Conv2d with the same parameters; everything must agree.
@@ -45,14 +44,14 @@ void expect_same_as_torch(const Geometry& g, double max_live_fraction) {
   auto y1 = tap->forward(x1);
   auto y2 = reference->forward(x2);
   ASSERT_EQ(y1.sizes(), y2.sizes());
-  EXPECT_LT(rel_diff(y1, y2), 1e-5);
+  EXPECT_LT(max_rel_diff(y1, y2), 1e-5);
   const auto grad = torch::randn_like(y2);
   y1.backward(grad);
   y2.backward(grad);
-  EXPECT_LT(rel_diff(x1.grad(), x2.grad()), 1e-5);
-  EXPECT_LT(rel_diff(tap->weight.grad(), reference->weight.grad()), 1e-5);
+  EXPECT_LT(max_rel_diff(x1.grad(), x2.grad()), 1e-5);
+  EXPECT_LT(max_rel_diff(tap->weight.grad(), reference->weight.grad()), 1e-5);
   if (g.bias) {
-    EXPECT_LT(rel_diff(tap->bias.grad(), reference->bias.grad()), 1e-5);
+    EXPECT_LT(max_rel_diff(tap->bias.grad(), reference->bias.grad()), 1e-5);
   }
 }
 
@@ -88,7 +87,7 @@ TEST(TapConv2dTest, FallsBackToTorchForGroupsAndDilation) {
   TapConv2d grouped(nn::Conv2dOptions(4, 8, 3).groups(2).padding(1).dilation(2));
   auto x = torch::randn({2, 4, 5, 5});
   const auto expected = torch::conv2d(x, grouped->weight, grouped->bias, 1, 1, 2, 2);
-  EXPECT_LT(rel_diff(grouped->forward(x), expected), 1e-6);
+  EXPECT_LT(max_rel_diff(grouped->forward(x), expected), 1e-6);
 }
 
 TEST(TapConv2dTest, ResNetKeepsTorchvisionParameterNames) {

@@ -8,13 +8,13 @@
 #include <sstream>
 #include <string>
 
+#include "hf_test_data.h"
 #include "trainyard/error.h"
 
 namespace trainyard::hf {
 namespace {
 
-const std::filesystem::path kTinyFile =
-    std::filesystem::path(TRAINYARD_TEST_DATA_DIR) / "hf" / "tiny_bpe_tokenizer.json";
+using test::kTinyTokenizerFile;
 
 std::string encode_text(const Tokenizer& tok, const std::string& text, EncodeLinesOptions o = {}) {
   std::istringstream in(text);
@@ -31,7 +31,7 @@ std::string decode_text(const Tokenizer& tok, const std::string& text) {
 }
 
 TEST(TokenizeLines, OneLineOfIdsPerLineOfText) {
-  const Tokenizer tok = Tokenizer::from_file(kTinyFile);
+  const Tokenizer tok = Tokenizer::from_file(kTinyTokenizerFile);
   EXPECT_EQ(encode_text(tok, "the world\n\nhe's\n"), "118 259 278\n\n259 263\n");
   EXPECT_EQ(encode_text(tok, "he's"), "259 263\n");  // a last line without '\n' counts
   EXPECT_EQ(decode_text(tok, "118 259 278\n\n259 263\n"), "the world\n\nhe's\n");
@@ -39,7 +39,7 @@ TEST(TokenizeLines, OneLineOfIdsPerLineOfText) {
 }
 
 TEST(TokenizeLines, ChunksAndThreadsDoNotChangeTheOutput) {
-  const Tokenizer tok = Tokenizer::from_file(kTinyFile);
+  const Tokenizer tok = Tokenizer::from_file(kTinyTokenizerFile);
   std::string text;
   for (int i = 0; i < 500; ++i) text += "line " + std::to_string(i) + " of the world, café\n";
   const std::string whole = encode_text(tok, text, {.threads = 1});
@@ -54,7 +54,7 @@ TEST(TokenizeLines, ByteLevelKeepsCarriageReturns) {
 }
 
 TEST(TokenizeLines, DecodeNamesTheLineThatIsNotIds) {
-  const Tokenizer tok = Tokenizer::from_file(kTinyFile);
+  const Tokenizer tok = Tokenizer::from_file(kTinyTokenizerFile);
   try {
     decode_text(tok, "118\n118 x9\n");
     FAIL() << "decoded a line that is not ids";

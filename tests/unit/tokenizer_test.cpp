@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "../temp_dir.h"
+#include "hf_test_data.h"
 #include "trainyard/error.h"
 
 namespace trainyard::hf {
@@ -26,7 +27,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Ids = std::vector<std::int32_t>;
 
-const fs::path kTinyFile = fs::path(TRAINYARD_TEST_DATA_DIR) / "hf" / "tiny_bpe_tokenizer.json";
+using test::kTinyTokenizerFile;
 
 // Ids of the tiny file (see its generator).
 constexpr std::int32_t byte_id(unsigned char b) {
@@ -51,7 +52,7 @@ Ids cat(std::initializer_list<Ids> parts) {
 }
 
 json tiny_json() {
-  std::ifstream in(kTinyFile);
+  std::ifstream in(kTinyTokenizerFile);
   return json::parse(in);
 }
 
@@ -162,7 +163,7 @@ std::string random_text(std::mt19937& rng) {
 
 class TinyTokenizer : public ::testing::Test {
  protected:
-  Tokenizer tok = Tokenizer::from_file(kTinyFile);
+  Tokenizer tok = Tokenizer::from_file(kTinyTokenizerFile);
   Ids encode(std::string_view text) { return tok.encode(text); }
 };
 
@@ -176,7 +177,7 @@ TEST_F(TinyTokenizer, VocabularyAndNamedTokens) {
   EXPECT_EQ(tok.eos_id(), 0);
   EXPECT_EQ(tok.pad_id(), 1);
   EXPECT_FALSE(tok.is_byte_level());
-  EXPECT_EQ(tok.source(), kTinyFile.string());
+  EXPECT_EQ(tok.source(), kTinyTokenizerFile.string());
 }
 
 TEST_F(TinyTokenizer, MergesApplyByRankNotByPosition) {
@@ -320,13 +321,13 @@ TEST(HfTokenizer, DirectoryWithoutTokenizerJsonFallsBackToBytes) {
   trainyard::test::remove_all(dir);
   fs::create_directories(dir);
   EXPECT_TRUE(Tokenizer::from_directory(dir).is_byte_level());
-  fs::copy_file(kTinyFile, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(kTinyTokenizerFile, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
   EXPECT_EQ(Tokenizer::from_directory(dir).encode(" the"), Ids{kGthe});
   EXPECT_THROW(Tokenizer::from_directory(dir / "missing"), InvalidArgumentError);
 }
 
 TEST(HfTokenizer, MergesWrittenAsPairsGiveTheSameIds) {
-  const Tokenizer strings = Tokenizer::from_file(kTinyFile);
+  const Tokenizer strings = Tokenizer::from_file(kTinyTokenizerFile);
   const Tokenizer pairs = Tokenizer::from_file(write_variant("pairs", [](json& j) {
     json merges = json::array();
     for (const auto& m : j["model"]["merges"]) {
@@ -411,7 +412,7 @@ TEST_F(TinyTokenizer, EncodeBatchMatchesEncodeOnEveryThread) {
   for (auto& t : texts) t = random_text(rng);
   const auto batch = tok.encode_batch(texts, true, 4);
   ASSERT_EQ(batch.size(), texts.size());
-  const Tokenizer fresh = Tokenizer::from_file(kTinyFile);  // its own, cold cache
+  const Tokenizer fresh = Tokenizer::from_file(kTinyTokenizerFile);  // its own, cold cache
   for (std::size_t i = 0; i < texts.size(); ++i) ASSERT_EQ(batch[i], fresh.encode(texts[i])) << i;
 }
 
@@ -486,7 +487,7 @@ void expect_matches_oracle(const fs::path& file, unsigned seed) {
 }
 
 TEST(HfTokenizerOracle, PythiaLayout) {
-  expect_matches_oracle(kTinyFile, 1);
+  expect_matches_oracle(kTinyTokenizerFile, 1);
 }
 
 TEST(HfTokenizerOracle, WithoutSpaceTokensWithPrefixSpaceAndTemplate) {

@@ -15,15 +15,15 @@
 
 namespace trainyard::comm {
 
-enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+enum class BenchOp { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
 
 // "all_reduce", "all_gather", "reduce_scatter", "broadcast".
-const char* collective_op_name(CollectiveOp op);
+const char* collective_op_name(BenchOp op);
 // The inverse of collective_op_name. Throws InvalidArgumentError naming `text` and the four names.
-CollectiveOp parse_collective_op(std::string_view text);
+BenchOp parse_collective_op(std::string_view text);
 // A comma-separated list of names ("all_reduce,broadcast"); throws as parse_collective_op, and for
 // an empty list.
-std::vector<CollectiveOp> parse_collective_ops(std::string_view text);
+std::vector<BenchOp> parse_collective_ops(std::string_view text);
 
 // nccl-tests' -b/-e sizes: a number of bytes with an optional K, M or G (either case; powers of
 // 1024: 1K = 1024, 64M = 67108864), fractions allowed ("0.5M"). Throws InvalidArgumentError naming
@@ -42,8 +42,8 @@ struct CollectiveBenchOptions {
   static constexpr int kDefaultIters = 20;       // nccl-tests' -n default
 
   // Run in this order, each over the whole size sweep.
-  std::vector<CollectiveOp> ops = {CollectiveOp::kAllReduce, CollectiveOp::kAllGather,
-                                   CollectiveOp::kReduceScatter, CollectiveOp::kBroadcast};
+  std::vector<BenchOp> ops = {BenchOp::kAllReduce, BenchOp::kAllGather, BenchOp::kReduceScatter,
+                              BenchOp::kBroadcast};
   // Sizes of the whole tensor in bytes (W * n for all_gather and reduce_scatter), from min_bytes,
   // times step_factor, up to max_bytes. Elements are float32 (4 bytes, nccl-tests' "float").
   std::int64_t min_bytes = kDefaultMinBytes;
@@ -67,7 +67,7 @@ struct CollectiveBenchOptions {
 
 // One line of the report: one op at one size.
 struct CollectiveBenchRow {
-  CollectiveOp op = CollectiveOp::kAllReduce;
+  BenchOp op = BenchOp::kAllReduce;
   std::int64_t size_bytes = 0;  // the whole tensor (W * n for all_gather, reduce_scatter)
   std::int64_t count = 0;       // elements per call as nccl-tests counts: n, the per-rank slot,
                                 // for all_gather and reduce_scatter; the whole tensor otherwise
@@ -79,7 +79,7 @@ struct CollectiveBenchRow {
 
 // nccl-tests' bus bandwidth factors: all_reduce 2(W-1)/W, all_gather and reduce_scatter (W-1)/W,
 // broadcast 1 (so a single rank's all-reduce has busbw 0, as in nccl-tests).
-double bus_factor(CollectiveOp op, int world_size);
+double bus_factor(BenchOp op, int world_size);
 
 // Runs the sweep: for each op, for each size, warmup, a barrier, the timed calls (each waited
 // before the next, wait_work), the per-call time all-reduced with MAX over ranks, then (when
@@ -99,7 +99,7 @@ std::vector<CollectiveBenchRow> run_collective_bench(
 std::string format_bench_header(const CollectiveBenchOptions& options,
                                 const c10::intrusive_ptr<c10d::ProcessGroup>& group);
 // The title and column header lines that open one op's block.
-std::string format_bench_op_header(CollectiveOp op, BenchBuffer buffer);
+std::string format_bench_op_header(BenchOp op, BenchBuffer buffer);
 // One row, nccl-tests' columns and widths.
 std::string format_bench_row(const CollectiveBenchRow& row);
 // "# Out of bounds values : N OK|FAILED" (N: rows with wrong elements, as nccl-tests counts),

@@ -114,10 +114,13 @@ class Subprocess {
   // when nothing received it.
   bool send_signal(int sig);
 
-  // SIGTERM to the process group, waits at most grace, then SIGKILL and a bounded wait. Returns
-  // the child's status, or nullopt when even SIGKILL did not end it within a few seconds (a
+  // SIGTERM to the process group, waits at most grace, then SIGKILL and waits at most
+  // kSigkillWait. Returns the child's status, or nullopt when even SIGKILL did not end it (a
   // process stuck in the kernel). Returns at once when the child has already been reaped.
   std::optional<ExitStatus> terminate(std::chrono::milliseconds grace);
+
+  // How long a process gets to die after SIGKILL before its parent stops waiting for it.
+  static constexpr std::chrono::milliseconds kSigkillWait{5000};
 
  private:
   void stop_noexcept() noexcept;
