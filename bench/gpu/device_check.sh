@@ -31,9 +31,12 @@ if has build; then
   rm -f "$L/libcurl.so" "$L/libsqlite3.so"  # links to libraries the machine has itself
   TORCH_CMAKE=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
   stamp configure
+  # File by file (Note [Unity build]): the 2.x-only code has never compiled in batches, and the
+  # device's 16 cores do not need them.
   cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$TORCH_CMAKE;$DEPS/usr" -DTORCH_CUDA_ARCH_LIST=9.0 \
     -DTRAINYARD_BUILD_TESTS=OFF -DTRAINYARD_BUILD_GPU_TESTS=ON -DTRAINYARD_BUILD_BENCH=OFF \
+    -DTRAINYARD_UNITY_BUILD=OFF \
     -DICU_ROOT=$DEPS/usr -DGLOO_INCLUDE_DIR=$DEPS/usr/include \
     -DCURL_INCLUDE_DIR=$DEPS/usr/include/x86_64-linux-gnu \
     -DCURL_LIBRARY=/usr/lib/x86_64-linux-gnu/libcurl.so.4 \
