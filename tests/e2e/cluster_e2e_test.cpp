@@ -88,7 +88,8 @@ TEST(ClusterE2E, HeadAndTwoWorkersInNamespacesTrainFashionMnistOnTwoNodes) {
   EXPECT_TRUE(contains(r.out, "Job 'fmnist' succeeded")) << r.out;
   // Every rank's epoch line, prefixed with the node that ran it and the rank.
   for (const std::string w : {"w1", "w2"}) {
-    EXPECT_TRUE(contains(r.out, "[" + cluster.node_id(w).substr(0, 8) + ":")) << r.out;
+    const std::string prefix = std::string("[").append(cluster.node_id(w).substr(0, 8)).append(":");
+    EXPECT_TRUE(contains(r.out, prefix)) << r.out;
   }
   EXPECT_TRUE(contains(r.out, "Process rank 0")) << r.out;
   EXPECT_TRUE(contains(r.out, "Process rank 1")) << r.out;
