@@ -15,6 +15,8 @@
 
 namespace trainyard::comm {
 
+// The collectives the sweep measures (the metrics' CollectiveOp, collective_metrics.h, adds
+// barrier).
 enum class BenchOp { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
 
 // "all_reduce", "all_gather", "reduce_scatter", "broadcast".
