@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "temp_dir.h"
@@ -17,9 +16,7 @@ class FakeProcTree {
   std::string cgroup() const { return dir_.str() + "/cgroup"; }
   // Writes `text` to <root>/<relative>, creating the folders on the way.
   void write(const std::string& relative, const std::string& text) const {
-    const std::filesystem::path path = std::filesystem::path(dir_.str()) / relative;
-    std::filesystem::create_directories(path.parent_path());
-    std::ofstream(path) << text;
+    write_text(dir_.path() / relative, text);
   }
   // proc/meminfo with MemTotal and MemAvailable in kB.
   void meminfo(std::int64_t total_kb, std::int64_t available_kb) const {

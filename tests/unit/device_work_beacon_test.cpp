@@ -2,6 +2,7 @@
 // and younger than its limit, and at no other time. The waits here are flags the test sets,
 // standing in for the CUDA events that watch_stream_wait() records (tests/gpu runs those).
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <atomic>
 #include <chrono>
@@ -96,6 +97,7 @@ TEST(DeviceWorkBeacon, WaitsGoToTheNewestLiveBeacon) {
 // On a machine without CUDA (CI) recording the event fails: the wait goes unwatched, and the
 // caller (wait_work) is not disturbed.
 TEST(DeviceWorkBeacon, WithoutCudaAStreamWaitIsLeftUnwatched) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA is here: tests/gpu watches real events";
   DeviceWorkBeacon beacon(
       60s, [] {}, kPeriod);
   trainyard::watch_stream_wait();
