@@ -15,6 +15,7 @@
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head_client.h"
 #include "trainyard/cluster/status_report.h"
+#include "trainyard/cluster/wire.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
 
@@ -46,10 +47,6 @@ cluster::HeadClient make_client(const ClientFlags& f) {
                               .token = cluster::resolve_token(f.token_file)});
 }
 
-bool terminal(const std::string& status) {
-  return status == "SUCCEEDED" || status == "FAILED" || status == "STOPPED";
-}
-
 // "KEY=VALUE" split at the first '='; the flag is named in the error.
 std::pair<std::string, std::string> key_value(const std::string& text, const char* flag) {
   const std::size_t eq = text.find('=');
@@ -67,10 +64,11 @@ std::int64_t print_new_logs(cluster::HeadClient& client,
                             int rank) {
   const std::string tag = ":" + std::to_string(rank) + "] ";
   for (;;) {
-    const json answer =
-        client.get(cluster::api::job_logs_path(id) + "?after=" + std::to_string(after));
-    const std::string logs = answer.value("logs", "");
-    const std::int64_t next = answer.value("next", after);
+    const auto page =
+        client.get(cluster::api::job_logs_path(id) + "?after=" + std::to_string(after))
+            .get<cluster::wire::LogPage>();
+    const std::string& logs = page.logs;
+    const std::int64_t next = page.next.value_or(after);
     if (rank < 0) {
       std::fwrite(logs.data(), 1, logs.size(), stdout);
     } else {
@@ -94,12 +92,12 @@ std::int64_t print_new_logs(cluster::HeadClient& client,
 }
 
 // Follows a job's logs until it ends; returns its final details.
-json follow(cluster::HeadClient& client, const std::string& id, int rank) {
+cluster::wire::JobDetails follow(cluster::HeadClient& client, const std::string& id, int rank) {
   std::int64_t printed = 0;
   for (;;) {
-    const json job = client.get(cluster::api::job_path(id));
+    const auto job = client.get(cluster::api::job_path(id)).get<cluster::wire::JobDetails>();
     printed = print_new_logs(client, id, printed, rank);
-    if (terminal(job.value("status", ""))) {
+    if (cluster::api::is_terminal_status(job.status)) {
       // Lines that arrived with the final report.
       print_new_logs(client, id, printed, rank);
       return job;
@@ -108,16 +106,10 @@ json follow(cluster::HeadClient& client, const std::string& id, int rank) {
   }
 }
 
-std::string text_of(const json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return "";
-  return it->is_string() ? it->get<std::string>() : it->dump();
-}
-
-// "12:00:01" of a time in milliseconds since the epoch, local time; "-" for none.
-std::string clock_time(const json& ms) {
-  if (!ms.is_number()) return "-";
-  const std::time_t t = static_cast<std::time_t>(ms.get<double>() / 1000);
+// "2026-11-28 12:00:01" of a time in milliseconds since the epoch, local time; "-" for none.
+std::string clock_time(std::optional<std::int64_t> ms) {
+  if (!ms) return "-";
+  const std::time_t t = static_cast<std::time_t>(*ms / 1000);
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[32];
@@ -125,18 +117,16 @@ std::string clock_time(const json& ms) {
   return buf;
 }
 
-void print_final(const json& job) {
-  const std::string id = text_of(job, "job_id");
-  const std::string status = text_of(job, "status");
+void print_final(const cluster::wire::JobDetails& job) {
+  const char* id = job.job_id.c_str();
   std::printf("------------------------------------------\n");
-  if (status == "SUCCEEDED") {
-    std::printf("Job '%s' succeeded\n", id.c_str());
-  } else if (status == "STOPPED") {
-    std::printf("Job '%s' was stopped\n", id.c_str());
+  if (job.status == cluster::api::kSucceeded) {
+    std::printf("Job '%s' succeeded\n", id);
+  } else if (job.status == cluster::api::kStopped) {
+    std::printf("Job '%s' was stopped\n", id);
   } else {
-    std::printf("Job '%s' failed\n", id.c_str());
-    const std::string message = text_of(job, "message");
-    if (!message.empty()) std::printf("Status message: %s\n", message.c_str());
+    std::printf("Job '%s' failed\n", id);
+    if (!job.message.empty()) std::printf("Status message: %s\n", job.message.c_str());
   }
   std::printf("------------------------------------------\n");
 }
@@ -198,29 +188,19 @@ void add_submit(CLI::App& app, int& exit_code) {
   c->add_flag("--no-wait", f->no_wait, "Return once submitted instead of following the logs");
   c->add_option("command", f->command, "The command each rank runs, after --")->required();
   c->callback([f, &exit_code] {
-    json env = json::object();
-    for (const auto& kv : f->env) {
-      const auto [k, v] = key_value(kv, "--env");
-      env[k] = v;
-    }
-    json metadata = json::object();
-    for (const auto& kv : f->metadata) {
-      const auto [k, v] = key_value(kv, "--metadata");
-      metadata[k] = v;
-    }
-    json body = {{"entrypoint", elastic::shell_quote(f->command)},
-                 {"runtime_env", {{"env_vars", env}}},
-                 {"metadata", metadata},
-                 {"trainyard",
-                  {{"nodes", f->nodes},
-                   {"nproc_per_node", f->nproc_per_node},
-                   {"max_restarts", f->max_restarts}}}};
-    if (!f->submission_id.empty()) body["submission_id"] = f->submission_id;
-    if (f->num_cpus > 0) body["entrypoint_num_cpus"] = f->num_cpus;
-    if (f->num_gpus > 0) body["entrypoint_num_gpus"] = f->num_gpus;
+    cluster::wire::JobSubmission submission{.entrypoint = elastic::shell_quote(f->command),
+                                            .nodes = f->nodes,
+                                            .nproc_per_node = f->nproc_per_node,
+                                            .max_restarts = f->max_restarts};
+    for (const auto& kv : f->env) submission.env_vars.insert(key_value(kv, "--env"));
+    for (const auto& kv : f->metadata) submission.metadata.insert(key_value(kv, "--metadata"));
+    if (!f->submission_id.empty()) submission.submission_id = f->submission_id;
+    if (f->num_cpus > 0) submission.entrypoint_num_cpus = f->num_cpus;
+    if (f->num_gpus > 0) submission.entrypoint_num_gpus = f->num_gpus;
     auto client = make_client(f->client);
-    const json answer = client.post(cluster::api::kJobsPath, body);
-    const std::string id = answer.at("submission_id");
+    const std::string id = client.post(cluster::api::kJobsPath, submission)
+                               .get<cluster::wire::SubmitAnswer>()
+                               .submission_id;
     std::printf(
         "------------------------------------------\n"
         "Job '%s' submitted successfully\n"
@@ -236,9 +216,9 @@ void add_submit(CLI::App& app, int& exit_code) {
     }
     std::printf("Tailing logs until the job exits (disable with --no-wait):\n");
     std::fflush(stdout);
-    const json job = follow(client, id, -1);
+    const auto job = follow(client, id, -1);
     print_final(job);
-    exit_code = job.value("status", "") == "SUCCEEDED" ? 0 : 1;
+    exit_code = job.status == cluster::api::kSucceeded ? 0 : 1;
   });
 }
 
@@ -256,16 +236,12 @@ void add_jobs(CLI::App& app, int& exit_code) {
     } else {
       std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", "JOB ID", "STATUS", "NODES", "START", "END",
                   "ENTRYPOINT");
-      for (const json& j : jobs) {
-        const json ext = j.value("trainyard", json::object());
-        std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", text_of(j, "job_id").c_str(),
-                    text_of(j, "status").c_str(), text_of(ext, "nodes").c_str(),
-                    clock_time(j.value("start_time", json())).c_str(),
-                    clock_time(j.value("end_time", json())).c_str(),
-                    text_of(j, "entrypoint").c_str());
-        const std::string message = text_of(j, "message");
-        if (text_of(j, "status") == "FAILED" && !message.empty()) {
-          std::printf("    %s\n", message.c_str());
+      for (const auto& j : jobs.get<std::vector<cluster::wire::JobDetails>>()) {
+        std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", j.job_id.c_str(), j.status.c_str(),
+                    j.nodes.c_str(), clock_time(j.start_time).c_str(),
+                    clock_time(j.end_time).c_str(), j.entrypoint.c_str());
+        if (j.status == cluster::api::kFailed && !j.message.empty()) {
+          std::printf("    %s\n", j.message.c_str());
         }
       }
     }
@@ -306,9 +282,9 @@ void add_stop_and_delete(CLI::App& app, int& exit_code) {
   stop->add_option("job", *id, "The job's id")->required();
   stop->callback([f, id, &exit_code] {
     auto client = make_client(*f);
-    const json answer = client.post(cluster::api::job_stop_path(*id), json::object());
-    std::printf(answer.value("stopped", false) ? "Job '%s' is stopping.\n"
-                                               : "Job '%s' had already ended.\n",
+    const auto answer = client.post(cluster::api::job_stop_path(*id), json::object())
+                            .get<cluster::wire::StopAnswer>();
+    std::printf(answer.stopped ? "Job '%s' is stopping.\n" : "Job '%s' had already ended.\n",
                 id->c_str());
     exit_code = 0;
   });

@@ -19,6 +19,8 @@
 #include "trainyard/cluster/head.h"
 #include "trainyard/cluster/job_store.h"
 #include "trainyard/cluster/metrics_history.h"
+#include "trainyard/cluster/status_report.h"
+#include "trainyard/cluster/wire.h"
 #include "trainyard/log.h"
 #include "trainyard/metrics/snapshot.h"
 #include "trainyard/net/http_server.h"
@@ -57,6 +59,7 @@ inline std::string iso8601(double unix_seconds) {
   return buf;
 }
 
+// `body`: a json, or any message of wire.h.
 inline net::ServerResponse json_response(const nlohmann::json& body, int status = 200) {
   net::ServerResponse res;
   res.status = status;
@@ -64,29 +67,19 @@ inline net::ServerResponse json_response(const nlohmann::json& body, int status 
   return res;
 }
 
-inline nlohmann::json parse_body(const net::ServerRequest& req) {
-  if (req.body.empty()) return json::object();
-  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw net::HttpStatusError(400, "The request body is not valid JSON.");
-  return j;
-}
-
-inline std::string required_string(const nlohmann::json& body, const char* field) {
-  auto it = body.find(field);
-  if (it == body.end() || !it->is_string() || it->get<std::string>().empty()) {
-    throw net::HttpStatusError(
-        400, std::string("The field '") + field + "' is missing or is not a non-empty string.");
+// The request's body as message T (wire.h): 400 naming the field when it is malformed, 413 naming
+// the limit when a field is too large.
+template <typename T>
+T read_message(const net::ServerRequest& req) {
+  try {
+    return wire::parse_message(req.body, "request body").get<T>();
+  } catch (const wire::MessageTooLargeError& e) {
+    throw net::HttpStatusError(413, e.what());
+  } catch (const InvalidArgumentError& e) {
+    throw net::HttpStatusError(400, e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw net::HttpStatusError(400, std::string("The request body is malformed: ") + e.what());
   }
-  return it->get<std::string>();
-}
-
-inline double number_or(const nlohmann::json& j, const char* field, double fallback) {
-  auto it = j.find(field);
-  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
-}
-
-inline bool is_report_terminal(const std::string& s) {
-  return s == api::kReportSucceeded || s == api::kReportFailed || s == api::kReportStopped;
 }
 
 inline bool contains(const std::vector<std::string>& v, const std::string& x) {
@@ -146,7 +139,9 @@ struct Head::Impl {
   // --- helpers; `mu` held ------------------------------------------------------------------------
   void save(JobRecord& j);
   void set_terminal(JobRecord& j, std::string_view status, const std::string& message);
-  std::string report_state(const JobRecord& j, const std::string& node) const;
+  // The node's latest report on the job, or nullptr.
+  const wire::JobReport* report_of(const JobRecord& j, const std::string& node) const;
+  bool reported(const JobRecord& j, const std::string& node, wire::ReportState state) const;
 
   // Whether the job's ranks take resources on `node` now (Note [Head state]).
   bool placed_on(const JobRecord& j, const std::string& node) const;
@@ -169,9 +164,10 @@ struct Head::Impl {
 
   // A node registered (again) with `reports`: a job it was running that it no longer reports
   // was lost with the worker's restart.
-  void reconcile_registration(const std::string& node_id, const json& reports);
-  void apply_report(const std::string& node_id, const json& r);
-  json assignment(const JobRecord& j) const;
+  void reconcile_registration(const std::string& node_id,
+                              const std::vector<wire::JobReport>& reports);
+  void apply_report(const std::string& node_id, const wire::JobReport& r);
+  wire::Assignment assignment(const JobRecord& j) const;
 
   // Node lifecycle: alive -> suspect -> dead by heartbeat age; pending (after a restart) -> dead.
   void tick_nodes();
@@ -184,17 +180,18 @@ struct Head::Impl {
   void tick();
   json job_json(const JobRecord& j) const;
   JobRecord& find_job(const std::string& id);
-  json status_snapshot();
+  ClusterSnapshot status_snapshot();
   // The history API's answer (`mu` not held; takes it).
   // max_points: 0 for every point, else each series thinned (Note [Thinned history]).
   json metrics_history(const std::optional<std::string>& job, std::size_t max_points);
   void add_routes();
 
   // --- metrics (head_metrics.cpp) ----------------------------------------------------------------
-  // The heartbeat's metrics field of node `node_id`: null when absent or malformed (a malformed
-  // one is logged, at most once a minute per node, and never fails the heartbeat). Not under mu.
+  // The heartbeat's metrics field of node `node_id` as a snapshot: null when absent or malformed (a
+  // malformed one is logged, at most once a minute per node, and never fails the heartbeat). Not
+  // under mu.
   std::shared_ptr<const metrics::Snapshot> parse_node_metrics(const std::string& node_id,
-                                                              const json& body);
+                                                              const json& metrics);
   // A heartbeat of an alive node brought `snapshot` (taken at `time`, seconds since the epoch):
   // the one place where every node snapshot the head accepts passes, called after it replaced the
   // node's latest. Not under mu. The history's ring buffers are fed here.

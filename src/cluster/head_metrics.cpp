@@ -59,12 +59,11 @@ void drop_duplicate_series(metrics::Snapshot& snapshot) {
 }  // namespace
 
 std::shared_ptr<const metrics::Snapshot> Head::Impl::parse_node_metrics(const std::string& node_id,
-                                                                        const json& body) {
-  auto it = body.find(f::kMetrics);
-  if (it == body.end() || it->is_null()) return nullptr;
+                                                                        const json& metrics) {
+  if (metrics.is_null()) return nullptr;
   try {
     auto snapshot = std::make_shared<metrics::Snapshot>();
-    metrics::from_json(*it, *snapshot);
+    metrics::from_json(metrics, *snapshot);
     return snapshot;
   } catch (const std::exception& e) {
     const auto now = std::chrono::steady_clock::now();

@@ -4,6 +4,7 @@
 #include "cluster/head_impl.h"
 #include "trainyard/cluster/auth.h"
 #include "trainyard/cluster/job_spec.h"
+#include "trainyard/elastic/head_backend.h"
 
 #ifndef TRAINYARD_VERSION_STRING
 #define TRAINYARD_VERSION_STRING "0.1.0"
@@ -40,8 +41,9 @@ void Head::Impl::add_routes() {
   // --- Ray Jobs API ------------------------------------------------------------------------------
   s.route("POST", std::string(api::kJobsPath), [this](const net::ServerRequest& req) {
     JobRecord job;
+    const auto submission = read_message<wire::JobSubmission>(req);
     try {
-      job = job_from_submission(parse_body(req));
+      job = job_from_submission(submission);
     } catch (const InvalidArgumentError& e) {
       throw net::HttpStatusError(400, e.what());
     }
@@ -55,7 +57,8 @@ void Head::Impl::add_routes() {
     log->info("job {} submitted: nodes {} x {} rank(s)", job.job_id, job.nodes, job.nproc_per_node);
     jobs[job.job_id] = job;
     schedule();
-    return json_response({{f::kJobId, job.job_id}, {f::kSubmissionId, job.submission_id}});
+    return json_response(
+        wire::SubmitAnswer{.job_id = job.job_id, .submission_id = job.submission_id});
   });
 
   s.route("GET", std::string(api::kJobsPath), [this](const net::ServerRequest&) {
@@ -100,7 +103,7 @@ void Head::Impl::add_routes() {
       }
     }
     if (stopped) wake_tails();
-    return json_response({{f::kStopped, stopped}});
+    return json_response(wire::StopAnswer{.stopped = stopped});
   });
 
   s.route("GET", std::string(api::kJobLogsPattern), [this](const net::ServerRequest& req) {
@@ -124,15 +127,14 @@ void Head::Impl::add_routes() {
       }
       limit = kLogPageLines;
     }
-    std::string text;
+    wire::LogPage page;
     std::int64_t next = from;
     for (const LogLine& l : store->read_logs(id, from, limit)) {
-      text += log_line_prefix(l.node_id, l.rank) + l.text + "\n";
+      page.logs += log_line_prefix(l.node_id, l.rank) + l.text + "\n";
       next = l.order;
     }
-    json out = {{f::kLogs, text}};
-    if (after != req.query.end()) out["next"] = next;
-    return json_response(out);
+    if (after != req.query.end()) page.next = next;
+    return json_response(page);
   });
 
   s.websocket(std::string(api::kJobLogsTailPattern),
@@ -158,39 +160,37 @@ void Head::Impl::add_routes() {
 
   // --- worker protocol ---------------------------------------------------------------------------
   s.route("POST", std::string(api::kNodesPath), [this](const net::ServerRequest& req) {
-    json body = parse_body(req);
-    std::string id = required_string(body, f::kNodeId);
+    const auto reg = read_message<wire::Registration>(req);
+    const std::string& id = reg.node_id;
     std::lock_guard<std::mutex> lock(mu);
     double now = now_seconds();
     NodeRecord& n = nodes[id];
     n.node_id = id;
-    n.hostname = body.value(f::kHostname, "");
-    n.address = body.value(f::kAddress, req.remote_address);
-    n.resources = body.value(f::kResources, json::object());
+    n.hostname = reg.hostname;
+    n.address = reg.address.empty() ? req.remote_address : reg.address;
+    n.resources = reg.resources;
     n.state = api::kNodeAlive;
     n.reason = "";
     n.registered_at = now;
     n.last_heartbeat_at = now;
     n.state_since = now;
-    n.usage = json::object();
+    n.usage = {};
     store->put_node(n);
-    log->info("node {} ({}, {}) registered: {}", id, n.hostname, n.address, n.resources.dump());
-    json reports = body.value(f::kJobs, json::array());
-    reconcile_registration(id, reports);
-    if (reports.is_array()) {
-      for (const auto& report : reports) apply_report(id, report);
-    }
+    log->info("node {} ({}, {}) registered: {}", id, n.hostname, n.address,
+              json(n.resources).dump());
+    reconcile_registration(id, reg.jobs);
+    for (const auto& report : reg.jobs) apply_report(id, report);
     schedule();
-    return json_response({{f::kHeartbeatIntervalMs, o.heartbeat_interval.count()}});
+    return json_response(
+        wire::RegistrationAnswer{.heartbeat_interval_ms = o.heartbeat_interval.count()});
   });
 
   s.route("POST", std::string(api::kNodeHeartbeatPattern), [this](const net::ServerRequest& req) {
-    json body = parse_body(req);
+    const auto hb = read_message<wire::Heartbeat>(req);
     std::string id = req.params.at("node");
-    json out = {
-        {f::kRegistered, false}, {f::kAssignments, json::array()}, {f::kStop, json::array()}};
+    wire::HeartbeatAnswer out;
     // Parsed before taking mu: a large snapshot does not hold up the rest of the head.
-    std::shared_ptr<const metrics::Snapshot> snapshot = parse_node_metrics(id, body);
+    std::shared_ptr<const metrics::Snapshot> snapshot = parse_node_metrics(id, hb.metrics);
     double time = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -207,31 +207,28 @@ void Head::Impl::add_routes() {
       } else {
         node_metrics.erase(id);
       }
-      if (auto u = body.find(f::kUsage); u != body.end() && u->is_object()) n.usage = *u;
+      n.usage = hb.usage;
       if (n.state == api::kNodeSuspect) {
         n.state = api::kNodeAlive;
         n.state_since = n.last_heartbeat_at;
         store->put_node(n);
         log->info("node {} is alive again", id);
       }
-      json reports = body.value(f::kJobs, json::array());
-      if (!reports.is_array()) reports = json::array();
-      for (const auto& r : reports) apply_report(id, r);
+      for (const auto& r : hb.jobs) apply_report(id, r);
       schedule();
-      out[f::kRegistered] = true;
-      for (const auto& r : reports) {
-        if (!r.is_object() || r.value(f::kState, "") != api::kReportRunning) continue;
-        std::string jid = r.value(f::kJobId, "");
-        auto j = jobs.find(jid);
+      out.registered = true;
+      for (const auto& r : hb.jobs) {
+        if (r.state != wire::ReportState::kRunning) continue;
+        auto j = jobs.find(r.job_id);
         if (j == jobs.end() || api::is_terminal_status(j->second.status) ||
             j->second.stop_requested || !contains(j->second.assigned_nodes, id)) {
-          out[f::kStop].push_back(jid);
+          out.stop.push_back(r.job_id);
         }
       }
       for (JobRecord* j : jobs_in_order()) {
         if (api::is_terminal_status(j->status) || j->stop_requested) continue;
-        if (contains(j->assigned_nodes, id) && !j->reports.contains(id)) {
-          out[f::kAssignments].push_back(assignment(*j));
+        if (contains(j->assigned_nodes, id) && !j->reports.count(id)) {
+          out.assignments.push_back(assignment(*j));
         }
       }
     }
@@ -241,13 +238,8 @@ void Head::Impl::add_routes() {
   });
 
   s.route("POST", std::string(api::kNodeLeavePattern), [this](const net::ServerRequest& req) {
-    json body = parse_body(req);
+    const std::string reason = read_message<wire::LeaveRequest>(req).reason;
     std::string id = req.params.at("node");
-    std::string reason = body.value(f::kReason, std::string(api::kNodeExited));
-    if (reason != api::kNodeExited && reason != api::kNodeDrained) {
-      throw net::HttpStatusError(
-          400, "The field 'reason' must be \"exited\" or \"drained\"; got \"" + reason + "\".");
-    }
     std::lock_guard<std::mutex> lock(mu);
     auto it = nodes.find(id);
     if (it == nodes.end()) throw net::HttpStatusError(404, "Node '" + id + "' is not registered.");
@@ -262,32 +254,18 @@ void Head::Impl::add_routes() {
   });
 
   s.route("POST", std::string(api::kWorkerLogsPattern), [this](const net::ServerRequest& req) {
-    json body = parse_body(req);
+    const auto batch = read_message<wire::LogBatch>(req);
     std::string id = req.params.at("id");
-    std::string node = required_string(body, f::kNodeId);
-    auto fs = body.find(f::kFirstSeq);
-    if (fs == body.end() || !fs->is_number_integer() || fs->get<int64_t>() < 0) {
-      throw net::HttpStatusError(400, "The field 'first_seq' must be a non-negative integer.");
-    }
-    auto ls = body.find(f::kLines);
-    if (ls == body.end() || !ls->is_array()) {
-      throw net::HttpStatusError(400, "The field 'lines' must be an array of {rank, text}.");
-    }
     std::vector<JobStore::RankText> lines;
-    for (const auto& l : *ls) {
-      if (!l.is_object() || !l.contains(f::kText) || !(*l.find(f::kText)).is_string()) {
-        throw net::HttpStatusError(
-            400, "Every entry of 'lines' must be {\"rank\": int, \"text\": str}.");
-      }
-      lines.push_back({l.value(f::kRank, 0), l[f::kText].get<std::string>()});
-    }
+    lines.reserve(batch.lines.size());
+    for (const auto& l : batch.lines) lines.push_back({l.rank, l.text});
     {
       std::lock_guard<std::mutex> lock(mu);
       find_job(id);
     }
-    int64_t next = store->append_logs(id, node, fs->get<int64_t>(), lines);
+    int64_t next = store->append_logs(id, batch.node_id, batch.first_seq, lines);
     wake_tails();
-    return json_response({{f::kNextSeq, next}});
+    return json_response(wire::LogBatchAnswer{.next_seq = next});
   });
 
   s.route("GET", std::string(api::kStatusPath), [this](const net::ServerRequest&) {
@@ -333,23 +311,14 @@ void Head::Impl::add_routes() {
     std::string run_id = req.params.at("run_id");
     auto st = store->get_rdzv(run_id);
     if (!st) throw net::HttpStatusError(404, "No rendezvous state for run '" + run_id + "'.");
-    return json_response({{f::kState, st->state}, {f::kToken, st->token}});
+    return json_response(elastic::HeadRdzvState{.state = st->state, .token = st->token});
   });
 
   s.route("POST", std::string(api::kRdzvPattern), [this](const net::ServerRequest& req) {
-    json body = parse_body(req);
-    auto st = body.find(f::kState);
-    if (st == body.end() || !st->is_string()) {
-      throw net::HttpStatusError(400, "The field 'state' must be a string.");
-    }
-    std::optional<std::string> token;
-    if (auto t = body.find(f::kToken); t != body.end() && !t->is_null()) {
-      if (!t->is_string())
-        throw net::HttpStatusError(400, "The field 'token' must be a string or null.");
-      token = t->get<std::string>();
-    }
-    RdzvState r = store->set_rdzv(req.params.at("run_id"), st->get<std::string>(), token);
-    return json_response({{f::kState, r.state}, {f::kToken, r.token}, {f::kWritten, r.written}});
+    const auto w = read_message<elastic::HeadRdzvWrite>(req);
+    RdzvState r = store->set_rdzv(req.params.at("run_id"), w.state, w.token);
+    return json_response(
+        elastic::HeadRdzvState{.state = r.state, .token = r.token, .written = r.written});
   });
 }
 

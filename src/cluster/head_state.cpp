@@ -36,17 +36,23 @@ void Head::Impl::set_terminal(JobRecord& j, std::string_view status, const std::
   log->info("job {} {}: {}", j.job_id, status, message);
 }
 
-std::string Head::Impl::report_state(const JobRecord& j, const std::string& node) const {
+const wire::JobReport* Head::Impl::report_of(const JobRecord& j, const std::string& node) const {
   auto it = j.reports.find(node);
-  if (it == j.reports.end() || !it->is_object()) return "";
-  return it->value(f::kState, "");
+  return it == j.reports.end() ? nullptr : &it->second;
+}
+
+bool Head::Impl::reported(const JobRecord& j,
+                          const std::string& node,
+                          wire::ReportState state) const {
+  const wire::JobReport* r = report_of(j, node);
+  return r != nullptr && r->state == state;
 }
 
 bool Head::Impl::placed_on(const JobRecord& j, const std::string& node) const {
-  std::string r = report_state(j, node);
-  if (r == api::kReportRunning) return true;
+  if (reported(j, node, wire::ReportState::kRunning)) return true;
+  const wire::JobReport* r = report_of(j, node);
   return !api::is_terminal_status(j.status) && contains(j.assigned_nodes, node) &&
-         !is_report_terminal(r);
+         (r == nullptr || !wire::is_terminal(r->state));
 }
 
 std::pair<double, double> Head::Impl::used_on(const std::string& node) const {
@@ -79,14 +85,14 @@ std::vector<NodeRecord*> Head::Impl::nodes_in_order() {
 bool Head::Impl::all_assigned_succeeded(const JobRecord& j) const {
   if (j.assigned_nodes.empty()) return false;
   for (const auto& n : j.assigned_nodes) {
-    if (report_state(j, n) != api::kReportSucceeded) return false;
+    if (!reported(j, n, wire::ReportState::kSucceeded)) return false;
   }
   return true;
 }
 
 bool Head::Impl::any_succeeded(const JobRecord& j) const {
-  for (const auto& [n, r] : j.reports.items()) {
-    if (r.is_object() && r.value(f::kState, "") == api::kReportSucceeded) return true;
+  for (const auto& [n, r] : j.reports) {
+    if (r.state == wire::ReportState::kSucceeded) return true;
   }
   return false;
 }
@@ -96,8 +102,7 @@ void Head::Impl::schedule() {
   for (NodeRecord* n : nodes_in_order()) {
     if (n->state != api::kNodeAlive) continue;
     auto [cpu, gpu] = used_on(n->node_id);
-    free[n->node_id] = {number_or(n->resources, f::kCpu, 0) - cpu,
-                        number_or(n->resources, f::kGpu, 0) - gpu};
+    free[n->node_id] = {n->resources.cpu - cpu, n->resources.gpu - gpu};
   }
   std::vector<std::string> order;
   for (NodeRecord* n : nodes_in_order()) {
@@ -112,7 +117,7 @@ void Head::Impl::schedule() {
     double cpu = job_cpus_per_node(*j), gpu = job_gpus_per_node(*j);
     std::vector<std::string> fit;
     for (const auto& id : order) {
-      if (contains(j->assigned_nodes, id) || (grow && j->reports.contains(id))) continue;
+      if (contains(j->assigned_nodes, id) || (grow && j->reports.count(id))) continue;
       auto& [fc, fg] = free[id];
       if (fc + 1e-9 >= cpu && fg + 1e-9 >= gpu) fit.push_back(id);
       if (static_cast<int>(fit.size() + j->assigned_nodes.size()) >= j->max_nodes) break;
@@ -135,7 +140,7 @@ void Head::Impl::schedule() {
 
 void Head::Impl::drop_node(JobRecord& j, const std::string& node_id, const std::string& why) {
   if (api::is_terminal_status(j.status) || !contains(j.assigned_nodes, node_id)) return;
-  if (report_state(j, node_id) == api::kReportSucceeded) return;  // its part is done
+  if (reported(j, node_id, wire::ReportState::kSucceeded)) return;  // its part is done
   j.assigned_nodes.erase(std::remove(j.assigned_nodes.begin(), j.assigned_nodes.end(), node_id),
                          j.assigned_nodes.end());
   store->append_event(j.job_id, "node_lost", "node " + node_id + " " + why);
@@ -162,83 +167,68 @@ void Head::Impl::node_lost(const std::string& node_id, const std::string& why) {
   for (JobRecord* j : jobs_in_order()) drop_node(*j, node_id, why);
 }
 
-void Head::Impl::reconcile_registration(const std::string& node_id, const json& reports) {
-  std::set<std::string> reported;
-  if (reports.is_array()) {
-    for (const auto& r : reports) {
-      if (r.is_object()) reported.insert(r.value(f::kJobId, ""));
-    }
-  }
+void Head::Impl::reconcile_registration(const std::string& node_id,
+                                        const std::vector<wire::JobReport>& reports) {
+  std::set<std::string> held;
+  for (const auto& r : reports) held.insert(r.job_id);
   for (JobRecord* j : jobs_in_order()) {
-    if (report_state(*j, node_id) == api::kReportRunning && !reported.count(j->job_id)) {
+    if (reported(*j, node_id, wire::ReportState::kRunning) && !held.count(j->job_id)) {
       drop_node(*j, node_id, "restarted without the job");
     }
   }
 }
 
-void Head::Impl::apply_report(const std::string& node_id, const json& r) {
-  if (!r.is_object()) return;
-  auto it = jobs.find(r.value(f::kJobId, ""));
+void Head::Impl::apply_report(const std::string& node_id, const wire::JobReport& r) {
+  using wire::ReportState;
+  auto it = jobs.find(r.job_id);
   if (it == jobs.end()) return;
   JobRecord& j = it->second;
   if (!contains(j.assigned_nodes, node_id)) return;  // Note [Head state]
-  if (j.reports.contains(node_id) && j.reports[node_id] == r) return;
+  if (const wire::JobReport* old = report_of(j, node_id); old != nullptr && *old == r) return;
   j.reports[node_id] = r;
-  std::string state = r.value(f::kState, "");
   if (api::is_terminal_status(j.status)) {
     save(j);
     return;
   }
-  if (state == api::kReportRunning) {
+  if (r.state == ReportState::kRunning) {
     if (j.status == api::kPending) {
       j.status = api::kRunning;
       j.message = "Job is running.";
       store->append_event(j.job_id, "status", "RUNNING: reported by node " + node_id);
     }
-  } else if (state == api::kReportSucceeded) {
+  } else if (r.state == ReportState::kSucceeded) {
     if (all_assigned_succeeded(j)) {
       j.driver_exit_code = 0;
       set_terminal(j, api::kSucceeded, "Job finished successfully.");
     }
-  } else if (state == api::kReportFailed && r.value(f::kErrorType, "") == "NODE_RESTARTED") {
+  } else if (r.state == ReportState::kFailed && r.error_type == wire::kNodeRestarted) {
     // The node's worker restarted and its ranks died with it: a lost node, as a dead one is
     // (an elastic job goes on without it), not a failure of the job's program.
-    drop_node(j, node_id, r.value(f::kMessage, "restarted"));
+    drop_node(j, node_id, r.message.empty() ? "restarted" : r.message);
     return;
-  } else if (state == api::kReportFailed) {
-    std::string msg = r.value(f::kMessage, "");
-    auto code = r.find(f::kExitCode);
-    if (code != r.end() && code->is_number_integer()) j.driver_exit_code = code->get<int>();
-    auto rank = r.find(f::kFailedRank);
-    if (rank != r.end() && rank->is_number_integer()) j.failed_rank = rank->get<int>();
+  } else if (r.state == ReportState::kFailed) {
+    if (r.exit_code) j.driver_exit_code = *r.exit_code;
+    if (r.failed_rank) j.failed_rank = *r.failed_rank;
     j.failed_node = node_id;
-    j.error_type = r.value(f::kErrorType, "");
-    if (j.error_type.empty()) j.error_type = "JOB_ENTRYPOINT_COMMAND_ERROR";
-    j.last_lines.clear();
-    if (auto ll = r.find(f::kLastLines); ll != r.end() && ll->is_array()) {
-      for (const auto& l : *ll) {
-        if (l.is_string()) j.last_lines.push_back(l.get<std::string>());
-      }
-    }
-    if (msg.empty()) msg = "The job failed on node " + node_id + ".";
-    set_terminal(j, api::kFailed, msg);
-  } else if (state == api::kReportStopped && !j.stop_requested) {
+    j.error_type = r.error_type.empty() ? std::string(wire::kCommandError) : r.error_type;
+    j.last_lines = r.last_lines;
+    set_terminal(j, api::kFailed,
+                 r.message.empty() ? "The job failed on node " + node_id + "." : r.message);
+  } else if (r.state == ReportState::kStopped && !j.stop_requested) {
     drop_node(j, node_id, "stopped the job");
     return;
   }
   save(j);
 }
 
-json Head::Impl::assignment(const JobRecord& j) const {
-  json env = json::object();
-  if (j.runtime_env.contains(f::kEnvVars)) env = j.runtime_env[f::kEnvVars];
-  return json{{f::kJobId, j.job_id},
-              {f::kEntrypoint, j.entrypoint},
-              {f::kEnv, env},
-              {f::kNprocPerNode, j.nproc_per_node},
-              {f::kMinNodes, j.min_nodes},
-              {f::kMaxNodes, j.max_nodes},
-              {f::kMaxRestarts, j.max_restarts}};
+wire::Assignment Head::Impl::assignment(const JobRecord& j) const {
+  return wire::Assignment{.job_id = j.job_id,
+                          .entrypoint = j.entrypoint,
+                          .env = j.env_vars,
+                          .nproc_per_node = j.nproc_per_node,
+                          .min_nodes = j.min_nodes,
+                          .max_nodes = j.max_nodes,
+                          .max_restarts = j.max_restarts};
 }
 
 void Head::Impl::tick_nodes() {
@@ -269,8 +259,8 @@ bool Head::Impl::tail_finished(const std::string& job_id) {
   if (it == jobs.end()) return true;
   const JobRecord& j = it->second;
   if (!api::is_terminal_status(j.status)) return false;
-  for (const auto& [node, r] : j.reports.items()) {
-    if (!r.is_object() || r.value(f::kState, "") != api::kReportRunning) continue;
+  for (const auto& [node, r] : j.reports) {
+    if (r.state != wire::ReportState::kRunning) continue;
     auto n = nodes.find(node);
     if (n != nodes.end() && node_is_up(n->second.state)) return false;
   }
@@ -348,64 +338,57 @@ JobRecord& Head::Impl::find_job(const std::string& id) {
   return it->second;
 }
 
-json Head::Impl::status_snapshot() {
+ClusterSnapshot Head::Impl::status_snapshot() {
   double now = now_seconds();
-  json out = {{f::kTime, iso8601(now)},
-              {f::kNodes, json::array()},
-              {f::kFailures, json::array()},
-              {f::kDemands, json::array()},
-              {f::kJobs, json::object()}};
+  ClusterSnapshot out;
+  out.time = iso8601(now);
   for (std::string_view s :
        {api::kPending, api::kRunning, api::kStopped, api::kSucceeded, api::kFailed}) {
-    out[f::kJobs][std::string(s)] = 0;
+    out.jobs[std::string(s)] = 0;
   }
   std::vector<JobRecord*> ordered = jobs_in_order();
-  for (JobRecord* j : ordered) out[f::kJobs][j->status] = out[f::kJobs][j->status].get<int>() + 1;
+  for (JobRecord* j : ordered) ++out.jobs[j->status];
   std::vector<NodeRecord*> dead;
   for (NodeRecord* n : nodes_in_order()) {
-    json ranks = json::array();
+    SnapshotNode node{.node_id = n->node_id,
+                      .hostname = n->hostname,
+                      .address = n->address,
+                      .state = parse_node_state(n->state),
+                      .reason = n->reason,
+                      .resources = n->resources,
+                      .heartbeat_age_s = std::max(0.0, now - n->last_heartbeat_at)};
+    node.resources.gpus.clear();  // the snapshot's totals only
     for (JobRecord* j : ordered) {
       if (!placed_on(*j, n->node_id)) continue;
       auto pos = std::find(j->assigned_nodes.begin(), j->assigned_nodes.end(), n->node_id);
       int index =
           pos == j->assigned_nodes.end() ? 0 : static_cast<int>(pos - j->assigned_nodes.begin());
-      json r = json::array();
-      for (int k = 0; k < j->nproc_per_node; ++k) r.push_back(index * j->nproc_per_node + k);
-      ranks.push_back({{f::kJobId, j->job_id}, {f::kRanks, r}});
+      NodeRanks ranks{.job_id = j->job_id};
+      for (int k = 0; k < j->nproc_per_node; ++k)
+        ranks.ranks.push_back(index * j->nproc_per_node + k);
+      node.ranks.push_back(std::move(ranks));
     }
     auto [cpu_used, gpu_used] = used_on(n->node_id);
-    json resources = {
-        {f::kCpu, number_or(n->resources, f::kCpu, 0)},
-        {f::kGpu, number_or(n->resources, f::kGpu, 0)},
-        {f::kMemoryBytes, static_cast<int64_t>(number_or(n->resources, f::kMemoryBytes, 0))}};
-    json usage = {
-        {f::kCpuUsed, cpu_used},
-        {f::kMemoryUsedBytes, static_cast<int64_t>(number_or(n->usage, f::kMemoryUsedBytes, 0))}};
-    out[f::kNodes].push_back({{f::kNodeId, n->node_id},
-                              {f::kHostname, n->hostname},
-                              {f::kAddress, n->address},
-                              {f::kState, n->state},
-                              {f::kReason, n->reason},
-                              {f::kResources, resources},
-                              {f::kUsage, usage},
-                              {f::kHeartbeatAgeS, std::max(0.0, now - n->last_heartbeat_at)},
-                              {f::kRanks, ranks}});
+    node.usage = NodeUsage{.cpu_used = cpu_used,
+                           .memory_used_bytes = n->usage.memory_used_bytes,
+                           .gpu_used = gpu_used};
+    out.nodes.push_back(std::move(node));
     if (n->state == api::kNodeDead) dead.push_back(n);
   }
   std::sort(dead.begin(), dead.end(),
             [](auto* a, auto* b) { return a->state_since > b->state_since; });
   for (size_t i = 0; i < dead.size() && static_cast<int>(i) < o.failures_shown; ++i) {
-    out[f::kFailures].push_back({{f::kNodeId, dead[i]->node_id},
-                                 {f::kHostname, dead[i]->hostname},
-                                 {f::kTime, iso8601(dead[i]->state_since)},
-                                 {f::kReason, dead[i]->reason}});
+    out.failures.push_back(NodeFailure{.node_id = dead[i]->node_id,
+                                       .hostname = dead[i]->hostname,
+                                       .time = iso8601(dead[i]->state_since),
+                                       .reason = dead[i]->reason});
   }
   for (JobRecord* j : ordered) {
     if (j->status != api::kPending || !j->assigned_nodes.empty() || j->stop_requested) continue;
-    out[f::kDemands].push_back({{f::kJobId, j->job_id},
-                                {f::kCpu, job_cpus_per_node(*j)},
-                                {f::kGpu, job_gpus_per_node(*j)},
-                                {f::kNodes, j->min_nodes}});
+    out.demands.push_back(ResourceDemand{.job_id = j->job_id,
+                                         .cpu = job_cpus_per_node(*j),
+                                         .gpu = job_gpus_per_node(*j),
+                                         .nodes = j->min_nodes});
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "trainyard/cluster/api.h"
 #include "trainyard/error.h"
 
 // Note [Store durability]
@@ -148,11 +149,14 @@ struct JobStore::Impl {
     j.start_time_ms = s.i64(7);
     if (!s.is_null(8)) j.end_time_ms = s.i64(8);
     if (!s.is_null(9)) j.driver_exit_code = static_cast<int>(s.i64(9));
-    j.metadata = s.js(10, json::object());
-    j.runtime_env = s.js(11, json::object());
+    j.metadata = s.js(10, json::object()).get<std::map<std::string, std::string>>();
+    // runtime_env is stored as the submission held it: {"env_vars": {...}}.
+    j.env_vars = s.js(11, json::object())
+                     .value(api::field::kEnvVars, json::object())
+                     .get<std::map<std::string, std::string>>();
     if (!s.is_null(12)) j.entrypoint_num_cpus = s.f64(12);
     if (!s.is_null(13)) j.entrypoint_num_gpus = s.f64(13);
-    j.entrypoint_resources = s.js(14, json::object());
+    j.entrypoint_resources = s.js(14, json::object()).get<std::map<std::string, double>>();
     j.nodes = s.text(15);
     j.min_nodes = static_cast<int>(s.i64(16));
     j.max_nodes = static_cast<int>(s.i64(17));
@@ -162,7 +166,7 @@ struct JobStore::Impl {
     if (!s.is_null(21)) j.failed_rank = static_cast<int>(s.i64(21));
     if (!s.is_null(22)) j.failed_node = s.text(22);
     j.last_lines = s.js(23, json::array()).get<std::vector<std::string>>();
-    j.reports = s.js(24, json::object());
+    j.reports = s.js(24, json::object()).get<std::map<std::string, wire::JobReport>>();
     j.stop_requested = s.i64(25) != 0;
     return j;
   }
@@ -175,9 +179,10 @@ struct JobStore::Impl {
     } else {
       s.bind_null(9);
     }
-    s.bind(10, j.metadata.dump()).bind(11, j.runtime_env.dump());
+    s.bind(10, json(j.metadata).dump());
+    s.bind(11, json{{api::field::kEnvVars, j.env_vars}}.dump());
     s.bind_opt(12, j.entrypoint_num_cpus).bind_opt(13, j.entrypoint_num_gpus);
-    s.bind(14, j.entrypoint_resources.dump()).bind(15, j.nodes);
+    s.bind(14, json(j.entrypoint_resources).dump()).bind(15, j.nodes);
     s.bind(16, static_cast<int64_t>(j.min_nodes)).bind(17, static_cast<int64_t>(j.max_nodes));
     s.bind(18, static_cast<int64_t>(j.nproc_per_node));
     s.bind(19, static_cast<int64_t>(j.max_restarts));
@@ -187,7 +192,9 @@ struct JobStore::Impl {
     } else {
       s.bind_null(21);
     }
-    s.bind_opt(22, j.failed_node).bind(23, json(j.last_lines).dump()).bind(24, j.reports.dump());
+    s.bind_opt(22, j.failed_node)
+        .bind(23, json(j.last_lines).dump())
+        .bind(24, json(j.reports).dump());
     s.bind(25, static_cast<int64_t>(j.stop_requested ? 1 : 0));
   }
 };
@@ -277,9 +284,9 @@ void JobStore::put_node(const NodeRecord& n) {
                "INSERT OR REPLACE INTO nodes (node_id, hostname, address, resources, state, "
                "reason, registered_at, last_heartbeat_at, state_since, usage) VALUES "
                "(?,?,?,?,?,?,?,?,?,?)");
-  s.bind(1, n.node_id).bind(2, n.hostname).bind(3, n.address).bind(4, n.resources.dump());
+  s.bind(1, n.node_id).bind(2, n.hostname).bind(3, n.address).bind(4, json(n.resources).dump());
   s.bind(5, n.state).bind(6, n.reason).bind(7, n.registered_at).bind(8, n.last_heartbeat_at);
-  s.bind(9, n.state_since).bind(10, n.usage.dump());
+  s.bind(9, n.state_since).bind(10, json(n.usage).dump());
   s.step();
 }
 
@@ -301,13 +308,13 @@ std::vector<NodeRecord> JobStore::list_nodes() {
     n.node_id = s.text(0);
     n.hostname = s.text(1);
     n.address = s.text(2);
-    n.resources = s.js(3, json::object());
+    n.resources = s.js(3, json::object()).get<NodeResources>();
     n.state = s.text(4);
     n.reason = s.text(5);
     n.registered_at = s.f64(6);
     n.last_heartbeat_at = s.f64(7);
     n.state_since = s.f64(8);
-    n.usage = s.js(9, json::object());
+    n.usage = s.js(9, json::object()).get<wire::Usage>();
     out.push_back(std::move(n));
   }
   return out;

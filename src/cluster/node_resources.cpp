@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cluster/json_fields.h"
 #include "metrics/nvml.h"
+#include "trainyard/cluster/api.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/text_file.h"
@@ -23,49 +25,38 @@ namespace fs = std::filesystem;
 // --- JSON --------------------------------------------------------------------------------------
 
 namespace {
-
-template <typename T>
-T required_field(const nlohmann::json& j, const char* object, const char* field) {
-  TY_CHECK(j.is_object(), "The ", object, " must be a JSON object, not ", j.dump(), ".");
-  const auto it = j.find(field);
-  TY_CHECK(it != j.end(), "The ", object, " has no '", field, "' field: ", j.dump(), ".");
-  try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw InvalidArgumentError(detail::concat("The ", object, "'s '", field,
-                                              "' field has the wrong type: ", it->dump(), "."));
-  }
-}
-
+namespace f = api::field;
+namespace jf = json_fields;
 }  // namespace
 
 void to_json(nlohmann::json& j, const GpuInfo& gpu) {
-  j = nlohmann::json{{"index", gpu.index}, {"name", gpu.name}, {"memory_bytes", gpu.memory_bytes}};
+  j = nlohmann::json{
+      {f::kIndex, gpu.index}, {f::kName, gpu.name}, {f::kMemoryBytes, gpu.memory_bytes}};
 }
 
 void from_json(const nlohmann::json& j, GpuInfo& gpu) {
-  gpu.index = required_field<int>(j, "GPU", "index");
-  gpu.name = required_field<std::string>(j, "GPU", "name");
-  gpu.memory_bytes = required_field<std::int64_t>(j, "GPU", "memory_bytes");
+  gpu.index = jf::required<int>(j, {"GPU"}, f::kIndex);
+  gpu.name = jf::required<std::string>(j, {"GPU"}, f::kName);
+  gpu.memory_bytes = jf::required<std::int64_t>(j, {"GPU"}, f::kMemoryBytes);
 }
 
 void to_json(nlohmann::json& j, const NodeResources& resources) {
-  j = nlohmann::json{{"cpu", resources.cpu},
-                     {"gpu", resources.gpu},
-                     {"memory_bytes", resources.memory_bytes},
-                     {"gpus", resources.gpus}};
+  j = nlohmann::json{{f::kCpu, resources.cpu},
+                     {f::kGpu, resources.gpu},
+                     {f::kMemoryBytes, resources.memory_bytes},
+                     {f::kGpus, resources.gpus}};
 }
 
 void from_json(const nlohmann::json& j, NodeResources& resources) {
-  resources.cpu = required_field<double>(j, "node's resources", "cpu");
-  resources.gpu = required_field<double>(j, "node's resources", "gpu");
-  resources.memory_bytes = required_field<std::int64_t>(j, "node's resources", "memory_bytes");
-  resources.gpus.clear();
-  if (const auto it = j.find("gpus"); it != j.end() && !it->is_null()) {
-    TY_CHECK(it->is_array(), "The node's resources' 'gpus' field must be an array, not ",
-             it->dump(), ".");
-    for (const auto& gpu : *it) resources.gpus.push_back(gpu.get<GpuInfo>());
-  }
+  const jf::Context c{"node's resources"};
+  resources.cpu = jf::required<double>(j, c, f::kCpu);
+  resources.gpu = jf::required<double>(j, c, f::kGpu);
+  resources.memory_bytes = jf::required<std::int64_t>(j, c, f::kMemoryBytes);
+  TY_CHECK(std::isfinite(resources.cpu) && resources.cpu >= 0 && std::isfinite(resources.gpu) &&
+               resources.gpu >= 0 && resources.memory_bytes >= 0,
+           "The node's resources must be finite and not negative; got ", resources.cpu, " CPU, ",
+           resources.gpu, " GPU and ", resources.memory_bytes, " bytes of memory.");
+  resources.gpus = jf::optional_list<GpuInfo>(j, c, f::kGpus, 1024);
 }
 
 // --- reading /proc and /sys --------------------------------------------------------------------

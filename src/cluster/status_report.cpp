@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cluster/json_fields.h"
+#include "trainyard/cluster/api.h"
 #include "trainyard/error.h"
 
 namespace trainyard::cluster {
@@ -46,138 +48,105 @@ NodeState parse_node_state(std::string_view text) {
 
 namespace {
 
-const json& field(const json& j, const char* object, const char* name) {
-  TY_CHECK(j.is_object(), "The ", object, " in the cluster snapshot must be a JSON object, not ",
-           j.dump(), ".");
-  const auto it = j.find(name);
-  TY_CHECK(it != j.end(), "The ", object, " in the cluster snapshot has no '", name,
-           "' field: ", j.dump(), ".");
-  return *it;
-}
+namespace f = api::field;
+namespace jf = json_fields;
 
-template <typename T>
-T get_as(const json& value, const char* object, const char* name) {
-  try {
-    return value.get<T>();
-  } catch (const json::exception&) {
-    throw InvalidArgumentError(
-        detail::concat("The ", object, "'s '", name,
-                       "' field in the cluster snapshot has the wrong type: ", value.dump(), "."));
-  }
-}
-
-template <typename T>
-T required(const json& j, const char* object, const char* name) {
-  return get_as<T>(field(j, object, name), object, name);
-}
-
-template <typename T>
-T optional_field(const json& j, const char* object, const char* name, T fallback) {
-  const auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return fallback;
-  return get_as<T>(*it, object, name);
-}
-
-template <typename T>
-std::vector<T> optional_list(const json& j, const char* object, const char* name) {
-  const auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return {};
-  TY_CHECK(it->is_array(), "The ", object, "'s '", name,
-           "' field in the cluster snapshot must be an array, not ", it->dump(), ".");
-  std::vector<T> items;
-  for (const auto& item : *it) items.push_back(item.get<T>());
-  return items;
+// Every message here is part of the cluster snapshot.
+jf::Context in_snapshot(std::string_view object) {
+  return {object, " in the cluster snapshot"};
 }
 
 }  // namespace
 
 void to_json(json& j, const NodeRanks& ranks) {
-  j = json{{"job_id", ranks.job_id}, {"ranks", ranks.ranks}};
+  j = json{{f::kJobId, ranks.job_id}, {f::kRanks, ranks.ranks}};
 }
 
 void from_json(const json& j, NodeRanks& ranks) {
-  ranks.job_id = required<std::string>(j, "node's ranks entry", "job_id");
-  ranks.ranks = required<std::vector<int>>(j, "node's ranks entry", "ranks");
+  const auto c = in_snapshot("node's ranks entry");
+  ranks.job_id = jf::required<std::string>(j, c, f::kJobId);
+  ranks.ranks = jf::required<std::vector<int>>(j, c, f::kRanks);
 }
 
 void to_json(json& j, const SnapshotNode& node) {
-  j = json{{"node_id", node.node_id},
-           {"hostname", node.hostname},
-           {"address", node.address},
-           {"state", to_string(node.state)},
-           {"reason", node.reason},
-           {"resources", node.resources},
-           {"usage",
-            {{"cpu_used", node.usage.cpu_used},
-             {"memory_used_bytes", node.usage.memory_used_bytes},
-             {"gpu_used", node.usage.gpu_used}}},
-           {"heartbeat_age_s", node.heartbeat_age_s},
-           {"ranks", node.ranks}};
+  j = json{{f::kNodeId, node.node_id},
+           {f::kHostname, node.hostname},
+           {f::kAddress, node.address},
+           {f::kState, to_string(node.state)},
+           {f::kReason, node.reason},
+           {f::kResources, node.resources},
+           {f::kUsage,
+            {{f::kCpuUsed, node.usage.cpu_used},
+             {f::kMemoryUsedBytes, node.usage.memory_used_bytes},
+             {f::kGpuUsed, node.usage.gpu_used}}},
+           {f::kHeartbeatAgeS, node.heartbeat_age_s},
+           {f::kRanks, node.ranks}};
 }
 
 void from_json(const json& j, SnapshotNode& node) {
-  const char* kNode = "node";
-  node.node_id = required<std::string>(j, kNode, "node_id");
-  node.hostname = required<std::string>(j, kNode, "hostname");
-  node.address = required<std::string>(j, kNode, "address");
-  node.state = parse_node_state(required<std::string>(j, kNode, "state"));
-  node.reason = optional_field<std::string>(j, kNode, "reason", "");
-  node.resources = field(j, kNode, "resources").get<NodeResources>();
+  const auto c = in_snapshot("node");
+  node.node_id = jf::required<std::string>(j, c, f::kNodeId);
+  node.hostname = jf::required<std::string>(j, c, f::kHostname);
+  node.address = jf::required<std::string>(j, c, f::kAddress);
+  node.state = parse_node_state(jf::required<std::string>(j, c, f::kState));
+  node.reason = jf::optional_or<std::string>(j, c, f::kReason, "");
+  node.resources = jf::field(j, c, f::kResources).get<NodeResources>();
   node.usage = {};
-  if (const auto it = j.find("usage"); it != j.end() && !it->is_null()) {
-    const char* kUsage = "node's usage";
-    node.usage.cpu_used = optional_field<double>(*it, kUsage, "cpu_used", 0);
-    node.usage.memory_used_bytes =
-        optional_field<std::int64_t>(*it, kUsage, "memory_used_bytes", 0);
-    node.usage.gpu_used = optional_field<double>(*it, kUsage, "gpu_used", 0);
+  if (const auto it = j.find(f::kUsage); it != j.end() && !it->is_null()) {
+    const auto u = in_snapshot("node's usage");
+    node.usage.cpu_used = jf::optional_or<double>(*it, u, f::kCpuUsed, 0);
+    node.usage.memory_used_bytes = jf::optional_or<std::int64_t>(*it, u, f::kMemoryUsedBytes, 0);
+    node.usage.gpu_used = jf::optional_or<double>(*it, u, f::kGpuUsed, 0);
   }
-  node.heartbeat_age_s = optional_field<double>(j, kNode, "heartbeat_age_s", 0);
-  node.ranks = optional_list<NodeRanks>(j, kNode, "ranks");
+  node.heartbeat_age_s = jf::optional_or<double>(j, c, f::kHeartbeatAgeS, 0);
+  node.ranks = jf::optional_list<NodeRanks>(j, c, f::kRanks);
 }
 
 void to_json(json& j, const NodeFailure& failure) {
-  j = json{{"node_id", failure.node_id},
-           {"hostname", failure.hostname},
-           {"time", failure.time},
-           {"reason", failure.reason}};
+  j = json{{f::kNodeId, failure.node_id},
+           {f::kHostname, failure.hostname},
+           {f::kTime, failure.time},
+           {f::kReason, failure.reason}};
 }
 
 void from_json(const json& j, NodeFailure& failure) {
-  const char* kFailure = "failure";
-  failure.node_id = required<std::string>(j, kFailure, "node_id");
-  failure.hostname = optional_field<std::string>(j, kFailure, "hostname", "");
-  failure.time = optional_field<std::string>(j, kFailure, "time", "");
-  failure.reason = optional_field<std::string>(j, kFailure, "reason", "");
+  const auto c = in_snapshot("failure");
+  failure.node_id = jf::required<std::string>(j, c, f::kNodeId);
+  failure.hostname = jf::optional_or<std::string>(j, c, f::kHostname, "");
+  failure.time = jf::optional_or<std::string>(j, c, f::kTime, "");
+  failure.reason = jf::optional_or<std::string>(j, c, f::kReason, "");
 }
 
 void to_json(json& j, const ResourceDemand& demand) {
-  j = json{
-      {"job_id", demand.job_id}, {"cpu", demand.cpu}, {"gpu", demand.gpu}, {"nodes", demand.nodes}};
+  j = json{{f::kJobId, demand.job_id},
+           {f::kCpu, demand.cpu},
+           {f::kGpu, demand.gpu},
+           {f::kNodes, demand.nodes}};
 }
 
 void from_json(const json& j, ResourceDemand& demand) {
-  const char* kDemand = "demand";
-  demand.job_id = required<std::string>(j, kDemand, "job_id");
-  demand.cpu = optional_field<double>(j, kDemand, "cpu", 0);
-  demand.gpu = optional_field<double>(j, kDemand, "gpu", 0);
-  demand.nodes = required<int>(j, kDemand, "nodes");
+  const auto c = in_snapshot("demand");
+  demand.job_id = jf::required<std::string>(j, c, f::kJobId);
+  demand.cpu = jf::optional_or<double>(j, c, f::kCpu, 0);
+  demand.gpu = jf::optional_or<double>(j, c, f::kGpu, 0);
+  demand.nodes = jf::required<int>(j, c, f::kNodes);
 }
 
 void to_json(json& j, const ClusterSnapshot& snapshot) {
-  j = json{{"time", snapshot.time},
-           {"nodes", snapshot.nodes},
-           {"failures", snapshot.failures},
-           {"demands", snapshot.demands},
-           {"jobs", snapshot.jobs}};
+  j = json{{f::kTime, snapshot.time},
+           {f::kNodes, snapshot.nodes},
+           {f::kFailures, snapshot.failures},
+           {f::kDemands, snapshot.demands},
+           {f::kJobs, snapshot.jobs}};
 }
 
 void from_json(const json& j, ClusterSnapshot& snapshot) {
-  const char* kSnapshot = "snapshot";
-  snapshot.time = required<std::string>(j, kSnapshot, "time");
-  snapshot.nodes = optional_list<SnapshotNode>(j, kSnapshot, "nodes");
-  snapshot.failures = optional_list<NodeFailure>(j, kSnapshot, "failures");
-  snapshot.demands = optional_list<ResourceDemand>(j, kSnapshot, "demands");
-  snapshot.jobs = optional_field<std::map<std::string, int>>(j, kSnapshot, "jobs", {});
+  const auto c = in_snapshot("snapshot");
+  snapshot.time = jf::required<std::string>(j, c, f::kTime);
+  snapshot.nodes = jf::optional_list<SnapshotNode>(j, c, f::kNodes);
+  snapshot.failures = jf::optional_list<NodeFailure>(j, c, f::kFailures);
+  snapshot.demands = jf::optional_list<ResourceDemand>(j, c, f::kDemands);
+  snapshot.jobs = jf::optional_or<std::map<std::string, int>>(j, c, f::kJobs, {});
 }
 
 namespace {

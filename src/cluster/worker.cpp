@@ -46,6 +46,7 @@
 
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head_client.h"
+#include "trainyard/cluster/wire.h"
 #include "trainyard/comm/address.h"
 #include "trainyard/comm/env_contract.h"
 #include "trainyard/elastic/agent.h"
@@ -68,9 +69,11 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr std::size_t kMaxLinesPerPost = 2'000;
-constexpr std::size_t kMaxBytesPerPost = 4 << 20;  // well under the head's 64 MiB body limit
-constexpr milliseconds kShipInterval{250};         // how often spooled lines are sent
-constexpr milliseconds kWarnEvery{10'000};         // a failing head is logged at most this often
+// Text per batch: escaped as JSON (control characters as \u00XX, six bytes each) it stays under
+// the head's 8 MiB body limit (HttpServerOptions::max_body_bytes), even for one 1 MiB line.
+constexpr std::size_t kMaxBytesPerPost = 1 << 20;
+constexpr milliseconds kShipInterval{250};  // how often spooled lines are sent
+constexpr milliseconds kWarnEvery{10'000};  // a failing head is logged at most this often
 constexpr const char* kAssignmentFile = "assignment.json";
 constexpr const char* kReportFile = "report.json";
 constexpr const char* kOutputFile = "output.log";
@@ -223,7 +226,6 @@ class LogSpool {
 // One job placed on this node.
 struct Job {
   std::string id;
-  json assignment;
   fs::path dir;
   std::unique_ptr<LogSpool> spool;
   // Its ranks' metrics folder (state_dir/jobs/<id>/metrics) and processes; see Note [Metrics in
@@ -232,10 +234,10 @@ struct Job {
   std::unique_ptr<elastic::Agent> agent;  // null once finished (or when it never started)
 
   mutable std::mutex mu;
-  json report;  // guarded by mu: the running JobReport (ranks, restarts)
+  wire::JobReport report;  // guarded by mu: the running report (ranks, restarts)
   // guarded by mu: the report written when the agent ended. It goes out only once every line the
   // ranks printed is stored on the head, so that a job that ended there has its whole log.
-  std::optional<json> final_report;
+  std::optional<wire::JobReport> final_report;
   bool final_acknowledged = false;  // a registration or heartbeat carrying it was answered
   bool stop_requested = false;
 };
@@ -246,7 +248,7 @@ struct Worker::Impl {
   explicit Impl(WorkerOptions o) : options(std::move(o)) {}
 
   WorkerOptions options;
-  std::string base;  // the head's base URL
+  std::string base;                     // the head's base URL
   std::string node_id;
   NodeResources resources;
   std::string address;  // advertised
@@ -280,15 +282,15 @@ struct Worker::Impl {
 
   // Every job's report: the final one where it is due (its lines all shipped), else the running
   // one. `finals` gets the jobs whose final report is in it.
-  json job_reports(std::vector<Job*>& finals);
+  std::vector<wire::JobReport> job_reports(std::vector<Job*>& finals);
   void acknowledge(const std::vector<Job*>& finals);
-  json registration(std::vector<Job*>& finals);
-  json heartbeat_body(std::vector<Job*>& finals);
+  wire::Registration registration(std::vector<Job*>& finals);
+  wire::Heartbeat heartbeat_body(std::vector<Job*>& finals);
   // The heartbeat's metrics field; see Note [Metrics in heartbeats].
   json metrics_json();
   void loop_once(milliseconds& backoff, int& attempts, Clock::time_point& next_heartbeat);
-  void handle_answer(const json& answer);
-  void start_job(const json& assignment);
+  void handle_answer(const wire::HeartbeatAnswer& answer);
+  void start_job(const wire::Assignment& assignment);
   void recover_jobs();
   void poll_jobs();
   // Sends spooled lines, a batch per job (every batch when `all`), until `deadline`.
@@ -340,8 +342,8 @@ void Worker::Impl::warn_rate_limited(const std::string& what) {
   log->warn("{}", what);
 }
 
-json Worker::Impl::job_reports(std::vector<Job*>& finals) {
-  json out = json::array();
+std::vector<wire::JobReport> Worker::Impl::job_reports(std::vector<Job*>& finals) {
+  std::vector<wire::JobReport> out;
   for (auto& [id, job] : jobs) {
     std::lock_guard<std::mutex> lock(job->mu);
     if (job->final_report && job->spool->empty()) {
@@ -361,26 +363,23 @@ void Worker::Impl::acknowledge(const std::vector<Job*>& finals) {
   }
 }
 
-json Worker::Impl::registration(std::vector<Job*>& finals) {
-  json jobs_json = job_reports(finals);
+wire::Registration Worker::Impl::registration(std::vector<Job*>& finals) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  return {{"node_id", node_id},
-          {"hostname", host},
-          {"address", address},
-          {"resources", resources},
-          {"jobs", jobs_json}};
+  return {.node_id = node_id,
+          .hostname = host,
+          .address = address,
+          .resources = resources,
+          .jobs = job_reports(finals)};
 }
 
-json Worker::Impl::heartbeat_body(std::vector<Job*>& finals) {
-  json jobs_json = job_reports(finals);
+wire::Heartbeat Worker::Impl::heartbeat_body(std::vector<Job*>& finals) {
   const UsageSample u = usage.sample();
-  return {{"usage",
-           {{"cpu_used", u.cpu_used},
-            {"cpu_fraction", u.cpu_fraction},
-            {"memory_used_bytes", u.memory_used_bytes}}},
-          {"jobs", jobs_json},
-          {api::field::kMetrics, metrics_json()}};
+  return {.usage = {.cpu_used = u.cpu_used,
+                    .cpu_fraction = u.cpu_fraction,
+                    .memory_used_bytes = u.memory_used_bytes},
+          .jobs = job_reports(finals),
+          .metrics = metrics_json()};
 }
 
 // Note [Metrics in heartbeats]
@@ -461,11 +460,10 @@ void Worker::Impl::loop_once(milliseconds& backoff,
                           net::url_host(base), net::url_port(base),
                           {.what = "the head", .host_flag = "--head", .local_flag = "--address"});
       std::vector<Job*> finals;
-      const json answer = client->post(api::kNodesPath, registration(finals), true);
+      const auto answer =
+          client->post(api::kNodesPath, registration(finals), true).get<wire::RegistrationAnswer>();
       acknowledge(finals);
-      if (answer.contains("heartbeat_interval_ms")) {
-        heartbeat_interval = milliseconds(answer["heartbeat_interval_ms"].get<std::int64_t>());
-      }
+      heartbeat_interval = milliseconds(answer.heartbeat_interval_ms);
       registered = true;
       log->info(
           "Registered with the head at {} as node {} ({} CPU, {} GPU, {} bytes of memory; "
@@ -494,11 +492,12 @@ void Worker::Impl::loop_once(milliseconds& backoff,
   if (Clock::now() >= next_heartbeat) {
     try {
       std::vector<Job*> finals;
-      const json answer =
-          client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals), true);
+      const auto answer =
+          client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals), true)
+              .get<wire::HeartbeatAnswer>();
       // A head that does not know this node (restarted) applied nothing: the registration that
       // follows carries the final reports again.
-      if (answer.value("registered", true)) acknowledge(finals);
+      if (answer.registered) acknowledge(finals);
       handle_answer(answer);
     } catch (const Error& e) {
       warn_rate_limited(detail::concat("A heartbeat to the head at ", base,
@@ -525,8 +524,8 @@ void Worker::Impl::loop_once(milliseconds& backoff,
   wait_for(std::min(kShipInterval, heartbeat_interval));
 }
 
-void Worker::Impl::handle_answer(const json& answer) {
-  if (!answer.value("registered", true)) {
+void Worker::Impl::handle_answer(const wire::HeartbeatAnswer& answer) {
+  if (!answer.registered) {
     log->warn(
         "The head at {} does not know node {} (it restarted, or took this node for dead); "
         "registering again.",
@@ -534,12 +533,11 @@ void Worker::Impl::handle_answer(const json& answer) {
     registered = false;
     return;
   }
-  for (const json& a : answer.value("assignments", json::array())) {
-    const std::string id = a.at("job_id");
-    if (jobs.count(id) == 0) start_job(a);
+  for (const wire::Assignment& a : answer.assignments) {
+    if (jobs.count(a.job_id) == 0) start_job(a);
   }
-  for (const json& id : answer.value("stop", json::array())) {
-    auto it = jobs.find(id.get<std::string>());
+  for (const std::string& id : answer.stop) {
+    auto it = jobs.find(id);
     if (it == jobs.end()) continue;
     Job& job = *it->second;
     std::lock_guard<std::mutex> lock(job.mu);
@@ -551,31 +549,29 @@ void Worker::Impl::handle_answer(const json& answer) {
   }
 }
 
-void Worker::Impl::start_job(const json& a) {
+void Worker::Impl::start_job(const wire::Assignment& a) {
   auto job = std::make_unique<Job>();
-  job->id = a.at("job_id");
+  job->id = a.job_id;
   // The id names a folder under state_dir/jobs: nothing that could step out of it.
   TY_CHECK_T(InvalidArgumentError,
              !job->id.empty() && job->id.front() != '.' &&
                  job->id.find_first_of("/\\") == std::string::npos,
              "The head assigned a job with the id '", job->id,
              "', which cannot name a folder; the job is not run here.");
-  job->assignment = a;
   job->dir = fs::path(options.state_dir) / "jobs" / job->id;
   fs::create_directories(job->dir);
-  write_file_atomically(job->dir / kAssignmentFile, a.dump());
+  write_file_atomically(job->dir / kAssignmentFile, json(a).dump());
   job->spool = std::make_unique<LogSpool>(job->dir);
   job->metrics =
       std::make_unique<elastic::AgentMetrics>(job->id, (job->dir / kMetricsDir).string());
-  job->report = {
-      {"job_id", job->id}, {"state", "running"}, {"restart_count", 0}, {"ranks", json::array()}};
+  job->report = {.job_id = job->id, .state = wire::ReportState::kRunning};
   Job* raw = job.get();
   try {
-    const int nproc = a.value("nproc_per_node", 1);
+    const int nproc = a.nproc_per_node;
     elastic::RendezvousOptions r;
     r.run_id = job->id;
-    r.min_nodes = a.value("min_nodes", 1);
-    r.max_nodes = a.value("max_nodes", 1);
+    r.min_nodes = a.min_nodes;
+    r.max_nodes = a.max_nodes;
     r.node_id = node_id + "-" + random_hex(6);
     r.local_addr = address;
     r.local_world_size = nproc;
@@ -585,18 +581,13 @@ void Worker::Impl::start_job(const json& a) {
     auto backend =
         elastic::make_head_backend({.head = base, .run_id = job->id, .token = options.token});
     elastic::LaunchOptions o;
-    o.command = {"/bin/sh", "-c", a.at("entrypoint").get<std::string>()};
+    o.command = {"/bin/sh", "-c", a.entrypoint};
     o.nproc_per_node = nproc;
     o.run_id = job->id;
-    o.max_restarts = a.value("max_restarts", 0);
+    o.max_restarts = a.max_restarts;
     o.term_timeout = options.stop_timeout;
     o.rendezvous = std::make_shared<elastic::Rendezvous>(std::move(backend), r);
-    const json env = a.value("env", json::object());  // kept: items() refers to it
-    for (const auto& [k, v] : env.items()) {
-      TY_CHECK_T(InvalidArgumentError, v.is_string(), "runtime_env.env_vars.", k,
-                 " is not a string.");
-      o.extra_env.emplace_back(k, v.get<std::string>());
-    }
+    for (const auto& [k, v] : a.env) o.extra_env.emplace_back(k, v);
     o.extra_env.emplace_back("TRAINYARD_JOB_ID", job->id);
     o.extra_env.push_back(job->metrics->env());
     // `trainyard ...` in an entrypoint is this very binary, as `ray` is in a Ray job's.
@@ -613,27 +604,25 @@ void Worker::Impl::start_job(const json& a) {
       raw->metrics->on_event(e);  // before the round's ranks start, old rank files go
       if (e.kind == Kind::kRoundStarted) {
         std::lock_guard<std::mutex> lock(raw->mu);
-        json ranks = json::array();
-        for (int i = 0; i < e.local_world_size; ++i) ranks.push_back(e.rank_offset + i);
-        raw->report["ranks"] = ranks;
-        raw->report["restart_count"] = e.restart_count;
-        raw->report["world_size"] = e.world_size;
+        raw->report.ranks.clear();
+        for (int i = 0; i < e.local_world_size; ++i) raw->report.ranks.push_back(e.rank_offset + i);
+        raw->report.restart_count = e.restart_count;
+        raw->report.world_size = e.world_size;
       }
     };
     job->agent = std::make_unique<elastic::Agent>(std::move(o));
     job->agent->start();
     running++;
-    log->info("Started job {} ({} rank(s) here): {}", job->id, nproc,
-              a.at("entrypoint").get<std::string>());
+    log->info("Started job {} ({} rank(s) here): {}", job->id, nproc, a.entrypoint);
   } catch (const std::exception& e) {
     log->error("Could not start job {}: {}", job->id, e.what());
     job->agent.reset();
     std::lock_guard<std::mutex> lock(job->mu);
-    job->final_report =
-        json{{"job_id", job->id},
-             {"state", "failed"},
-             {"error_type", "JOB_ENTRYPOINT_COMMAND_START_ERROR"},
-             {"message", detail::concat("Node ", node_id, " could not start the job: ", e.what())}};
+    job->final_report = wire::JobReport{
+        .job_id = job->id,
+        .state = wire::ReportState::kFailed,
+        .error_type = std::string(wire::kCommandStartError),
+        .message = detail::concat("Node ", node_id, " could not start the job: ", e.what())};
     write_file_atomically(job->dir / kReportFile, lossy_dump(*job->final_report));
   }
   jobs.emplace(raw->id, std::move(job));
@@ -657,27 +646,27 @@ void Worker::Impl::finish_job(Job& job, const elastic::LaunchResult& result) {
   job.agent.reset();
   running--;
   std::lock_guard<std::mutex> lock(job.mu);
-  json r = job.report;
-  r["restart_count"] = result.restart_count;
+  wire::JobReport r = job.report;
+  r.restart_count = result.restart_count;
   if (result.succeeded) {
-    r["state"] = "succeeded";
-    r["exit_code"] = 0;
+    r.state = wire::ReportState::kSucceeded;
+    r.exit_code = 0;
   } else if (job.stop_requested || (result.received_signal != 0 && result.first_failure < 0)) {
-    r["state"] = "stopped";
-    r["message"] = "Stopped on request.";
+    r.state = wire::ReportState::kStopped;
+    r.message = "Stopped on request.";
   } else {
-    r["state"] = "failed";
-    r["exit_code"] = result.exit_code();
-    r["error_type"] = "JOB_ENTRYPOINT_COMMAND_ERROR";
-    r["message"] = result.summary.empty() ? std::string("The job's ranks failed.") : result.summary;
+    r.state = wire::ReportState::kFailed;
+    r.exit_code = result.exit_code();
+    r.error_type = wire::kCommandError;
+    r.message = result.summary.empty() ? std::string("The job's ranks failed.") : result.summary;
     if (result.first_failure >= 0) {
       const auto& e = result.exits[static_cast<std::size_t>(result.first_failure)];
-      r["failed_rank"] = e.rank;
-      r["last_lines"] = e.last_lines;
+      r.failed_rank = e.rank;
+      r.last_lines = e.last_lines;
     }
   }
   write_file_atomically(job.dir / kReportFile, lossy_dump(r));
-  log->info("Job {} ended here: {}.", job.id, r["state"].get<std::string>());
+  log->info("Job {} ended here: {}.", job.id, wire::to_string(r.state));
   job.final_report = std::move(r);
 }
 
@@ -690,23 +679,29 @@ void Worker::Impl::recover_jobs() {
     auto job = std::make_unique<Job>();
     job->id = entry.path().filename();
     job->dir = entry.path();
-    job->assignment = json::parse(*assignment, nullptr, false);
     job->spool = std::make_unique<LogSpool>(job->dir);
-    json report;
-    if (auto text = read_file(entry.path() / kReportFile))
-      report = json::parse(*text, nullptr, false);
-    if (!report.is_object()) {
-      report = {{"job_id", job->id},
-                {"state", "failed"},
-                {"error_type", "NODE_RESTARTED"},
-                {"message", detail::concat("The worker on node ", node_id,
-                                           " restarted while the job ran; its ranks on this "
-                                           "node were stopped with it.")}};
-      write_file_atomically(job->dir / kReportFile, lossy_dump(report));
+    std::optional<wire::JobReport> report;
+    if (auto text = read_file(entry.path() / kReportFile)) {
+      try {
+        report = wire::parse_message(*text, "job report").get<wire::JobReport>();
+      } catch (const std::exception& e) {
+        log->warn("Job {}'s report {} is unreadable ({}); it is reported as lost.", job->id,
+                  (entry.path() / kReportFile).string(), e.what());
+      }
+    }
+    if (!report) {
+      report = wire::JobReport{
+          .job_id = job->id,
+          .state = wire::ReportState::kFailed,
+          .error_type = std::string(wire::kNodeRestarted),
+          .message = detail::concat("The worker on node ", node_id,
+                                    " restarted while the job ran; its ranks on this node were "
+                                    "stopped with it.")};
+      write_file_atomically(job->dir / kReportFile, lossy_dump(*report));
     }
     log->info("Recovered job {} from {} ({}).", job->id, job->dir.string(),
-              report.value("state", "?"));
-    job->report = report;
+              wire::to_string(report->state));
+    job->report = *report;
     job->final_report = std::move(report);
     jobs.emplace(job->id, std::move(job));
   }
@@ -723,13 +718,12 @@ void Worker::Impl::ship_logs(bool all, Clock::time_point deadline) {
       }
       lines.resize(n);
       if (lines.empty()) break;
-      json body_lines = json::array();
-      for (const auto& l : lines) body_lines.push_back({{"rank", l.rank}, {"text", l.text}});
+      wire::LogBatch batch{.node_id = node_id, .first_seq = lines.front().seq};
+      for (const auto& l : lines) batch.lines.push_back({.rank = l.rank, .text = l.text});
       try {
-        const json answer = client->post(
-            api::worker_logs_path(id),
-            {{"node_id", node_id}, {"first_seq", lines.front().seq}, {"lines", body_lines}}, true);
-        job->spool->shipped(answer.value("next_seq", lines.back().seq + 1));
+        const auto answer =
+            client->post(api::worker_logs_path(id), batch, true).get<wire::LogBatchAnswer>();
+        job->spool->shipped(answer.next_seq);
       } catch (const NotFoundError&) {
         // The job was deleted on the head: its lines have nowhere to go.
         job->spool->shipped(lines.back().seq + 1);
@@ -771,7 +765,7 @@ void Worker::Impl::drain(const std::string& reason) {
     ship_logs(true, Clock::now() + options.stop_timeout);
     std::vector<Job*> finals;
     client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals), true);
-    client->post(api::node_leave_path(node_id), {{"reason", reason}}, true);
+    client->post(api::node_leave_path(node_id), wire::LeaveRequest{.reason = reason}, true);
     log->info("Left the cluster ({}).", reason);
   } catch (const Error& e) {
     log->warn("Could not tell the head at {} that node {} leaves: {}", base, node_id, e.what());

@@ -14,6 +14,9 @@ namespace {
 using nlohmann::json;
 
 constexpr int kHeadDefaultPort = 8265;
+constexpr const char* kStateField = "state";
+constexpr const char* kTokenField = "token";
+constexpr const char* kWrittenField = "written";
 
 class HeadBackend final : public RendezvousBackend {
  public:
@@ -27,19 +30,20 @@ class HeadBackend final : public RendezvousBackend {
     if (r.status == 404) return std::nullopt;
     const json answer = parse(r, "GET");
     return read(answer, "GET", [&] {
-      return std::make_pair(answer.at("state").get<std::string>(),
-                            answer.at("token").get<std::string>());
+      auto st = answer.get<HeadRdzvState>();
+      return std::make_pair(std::move(st.state), std::move(st.token));
     });
   }
 
   SetResult set_state(const std::string& state, const std::optional<std::string>& token) override {
-    const json body = {{"state", state}, {"token", token ? json(*token) : json(nullptr)}};
+    const json body = HeadRdzvWrite{.state = state, .token = token};
     const net::HttpResponse r = call("POST", body.dump());
     const json answer = parse(r, "POST");
     return read(answer, "POST", [&] {
-      return SetResult{.state = answer.at("state").get<std::string>(),
-                       .token = answer.at("token").get<std::string>(),
-                       .written = answer.at("written").get<bool>()};
+      auto st = answer.get<HeadRdzvState>();
+      TY_CHECK(st.written.has_value(), "The answer has no 'written' field.");
+      return SetResult{
+          .state = std::move(st.state), .token = std::move(st.token), .written = *st.written};
     });
   }
 
@@ -91,7 +95,7 @@ class HeadBackend final : public RendezvousBackend {
   auto read(const json& answer, const char* method, F&& f) const -> decltype(f()) {
     try {
       return f();
-    } catch (const json::exception& e) {
+    } catch (const std::exception& e) {
       throw Error(detail::concat(describe(), " answered the rendezvous ", method,
                                  " with JSON trainyard cannot read (", e.what(),
                                  "): ", net::excerpt(answer.dump())));
@@ -104,6 +108,39 @@ class HeadBackend final : public RendezvousBackend {
 };
 
 }  // namespace
+
+void to_json(json& j, const HeadRdzvWrite& v) {
+  j = json{{kStateField, v.state}, {kTokenField, v.token ? json(*v.token) : json(nullptr)}};
+}
+
+void from_json(const json& j, HeadRdzvWrite& v) {
+  const auto st = j.is_object() ? j.find(kStateField) : j.end();
+  TY_CHECK(st != j.end() && st->is_string(), "The field 'state' must be a string.");
+  v.state = st->get<std::string>();
+  v.token.reset();
+  if (const auto t = j.find(kTokenField); t != j.end() && !t->is_null()) {
+    TY_CHECK(t->is_string(), "The field 'token' must be a string or null.");
+    v.token = t->get<std::string>();
+  }
+}
+
+void to_json(json& j, const HeadRdzvState& v) {
+  j = json{{kStateField, v.state}, {kTokenField, v.token}};
+  if (v.written) j[kWrittenField] = *v.written;
+}
+
+void from_json(const json& j, HeadRdzvState& v) {
+  TY_CHECK(j.is_object(), "The rendezvous answer must be a JSON object.");
+  const auto st = j.find(kStateField);
+  const auto t = j.find(kTokenField);
+  TY_CHECK(st != j.end() && st->is_string() && t != j.end() && t->is_string(),
+           "The rendezvous answer needs the strings 'state' and 'token'.");
+  v.state = st->get<std::string>();
+  v.token = t->get<std::string>();
+  v.written.reset();
+  if (const auto w = j.find(kWrittenField); w != j.end() && w->is_boolean())
+    v.written = w->get<bool>();
+}
 
 std::unique_ptr<RendezvousBackend> make_head_backend(HeadBackendOptions options) {
   TY_CHECK_T(InvalidArgumentError, !options.run_id.empty(),

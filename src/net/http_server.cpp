@@ -64,8 +64,6 @@ extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, std::size_t size)
 namespace trainyard::net {
 namespace {
 
-constexpr long long kMaxBodyBytes = 64LL << 20;
-
 std::vector<std::string> split_path(const std::string& path) {
   std::vector<std::string> out;
   size_t i = 0;
@@ -303,7 +301,7 @@ struct HttpServer::Impl {
     ServerResponse res;
     try {
       // The hook (authentication) judges the headers before the body is read, so that a client
-      // without the token cannot make the server read and hold up to kMaxBodyBytes.
+      // without the token cannot make the server read and hold up to max_body_bytes.
       if (self->hook) {
         if (auto stop = self->hook(req)) {
           send_response(conn, *stop);
@@ -311,19 +309,20 @@ struct HttpServer::Impl {
         }
       }
       const mg_request_info* ri = mg_get_request_info(conn);
-      if (ri->content_length > kMaxBodyBytes) {
+      const long long limit = self->options.max_body_bytes;
+      if (ri->content_length > limit) {
         throw HttpStatusError(413, "The request body of " + std::to_string(ri->content_length) +
                                        " bytes is larger than the limit of " +
-                                       std::to_string(kMaxBodyBytes) + " bytes.");
+                                       std::to_string(limit) + " bytes.");
       }
       char buf[16384];
       for (;;) {
         int n = mg_read(conn, buf, sizeof(buf));
         if (n <= 0) break;
         req.body.append(buf, static_cast<size_t>(n));
-        if (static_cast<long long>(req.body.size()) > kMaxBodyBytes) {
+        if (static_cast<long long>(req.body.size()) > limit) {
           throw HttpStatusError(413, "The request body is larger than the limit of " +
-                                         std::to_string(kMaxBodyBytes) + " bytes.");
+                                         std::to_string(limit) + " bytes.");
         }
       }
       res = self->dispatch(req);
@@ -415,6 +414,8 @@ HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>
   TY_CHECK(options.threads >= 1, "HttpServerOptions.threads must be at least 1; got ",
            options.threads, ".");
   TY_CHECK(!options.bind_address.empty(), "HttpServerOptions.bind_address must not be empty.");
+  TY_CHECK(options.max_body_bytes >= 0, "HttpServerOptions.max_body_bytes must not be negative; ",
+           "got ", options.max_body_bytes, ".");
   impl_->options = std::move(options);
 }
 

@@ -183,6 +183,29 @@ TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
   EXPECT_EQ(call("GET", "/api/nothing").status, 404);
 }
 
+TEST_F(HeadTest, HostileBodiesAreRefusedAndTheHeadLivesOn) {
+  start(options());
+  // 200,000 levels of nesting crashed a server thread (stack overflow) before.
+  const std::string deep = std::string(200'000, '[') + std::string(200'000, ']');
+  for (const char* path : {"/api/cluster/nodes", "/api/jobs/"}) {
+    auto r = test::http("POST", head_->url() + path, "{\"node_id\": " + deep + "}");
+    EXPECT_EQ(r.status, 400) << path << ": " << r.body.substr(0, 200);
+    EXPECT_NE(r.json().value("error", "").find("deeper than 32"), std::string::npos) << r.body;
+  }
+  // A body past the server's limit is refused before it is read, naming the limit.
+  auto big = call("POST", "/api/jobs/", {{"entrypoint", std::string(9 << 20, 'x')}});
+  EXPECT_EQ(big.status, 413) << big.body.substr(0, 200);
+  EXPECT_NE(big.json().value("error", "").find("limit of 8388608 bytes"), std::string::npos)
+      << big.body;
+  // A field past its own limit: 413 naming the field and the limit.
+  auto field = call("POST", "/api/jobs/", {{"entrypoint", std::string(200'000, 'x')}});
+  EXPECT_EQ(field.status, 413) << field.body.substr(0, 200);
+  EXPECT_NE(field.json().value("error", "").find("'entrypoint' is 200000 bytes"), std::string::npos)
+      << field.body;
+  EXPECT_EQ(get("/api/jobs/").size(), 0u);  // nothing was kept
+  EXPECT_EQ(call("GET", "/api/version").json()["version"], "2");
+}
+
 TEST_F(HeadTest, SimulatedWorkerRunsAJobToSuccess) {
   start(options());
   register_node("n1", 4);

@@ -47,7 +47,7 @@ TEST(JobStoreTest, JobsNodesAndEventsSurviveReopen) {
     n.node_id = "n1";
     n.hostname = "h";
     n.state = "alive";
-    n.resources = {{"cpu", 4}};
+    n.resources.cpu = 4;
     store.put_node(n);
   }
   JobStore store(dir.path());
@@ -65,7 +65,7 @@ TEST(JobStoreTest, JobsNodesAndEventsSurviveReopen) {
   EXPECT_EQ(store.list_events("a").size(), 1u);
   auto node = store.get_node("n1");
   ASSERT_TRUE(node);
-  EXPECT_EQ(node->resources["cpu"], 4);
+  EXPECT_EQ(node->resources.cpu, 4);
   EXPECT_TRUE(store.delete_job("a"));
   EXPECT_FALSE(store.get_job("a"));
   EXPECT_TRUE(store.list_events("a").empty());

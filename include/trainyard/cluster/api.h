@@ -61,7 +61,8 @@ inline std::string rdzv_path(const std::string& run_id) {
 inline constexpr std::string_view kAuthorizationHeader = "Authorization";
 inline constexpr std::string_view kRayAuthorizationHeader = "X-Ray-Authorization";
 inline constexpr std::string_view kBearerPrefix = "Bearer ";
-inline constexpr std::string_view kTokenEnv = "TRAINYARD_TOKEN";
+// The token for clients that have no --token-file (written once: the CLI and the daemons read it).
+inline constexpr const char* kTokenEnv = "TRAINYARD_TOKEN";
 
 // --- job statuses (Ray's) and JobReport states (the worker's) ------------------------------------
 inline constexpr std::string_view kPending = "PENDING";
@@ -106,6 +107,14 @@ inline constexpr const char* kFailedRank = "failed_rank";
 inline constexpr const char* kFailedNode = "failed_node";
 inline constexpr const char* kLastLines = "last_lines";
 inline constexpr const char* kDemand = "demand";
+inline constexpr const char* kDemandCpu = "CPU";  // in a job's demand, as Ray names resources
+inline constexpr const char* kDemandGpu = "GPU";
+inline constexpr const char* kEntrypointMemory = "entrypoint_memory";  // accepted, not used
+inline constexpr const char* kType = "type";
+inline constexpr const char* kDriverInfo = "driver_info";
+inline constexpr const char* kDriverAgentHttpAddress = "driver_agent_http_address";
+inline constexpr const char* kDriverNodeId = "driver_node_id";
+inline constexpr const char* kNext = "next";  // GET /logs?after=N: the N to ask for next
 inline constexpr const char* kStatus = "status";
 inline constexpr const char* kMessage = "message";
 inline constexpr const char* kErrorType = "error_type";
@@ -125,8 +134,12 @@ inline constexpr const char* kCpu = "cpu";
 inline constexpr const char* kGpu = "gpu";
 inline constexpr const char* kMemoryBytes = "memory_bytes";
 inline constexpr const char* kGpus = "gpus";
+inline constexpr const char* kIndex = "index";  // a GPU's
+inline constexpr const char* kName = "name";    // a GPU's
 inline constexpr const char* kUsage = "usage";
 inline constexpr const char* kCpuUsed = "cpu_used";
+inline constexpr const char* kCpuFraction = "cpu_fraction";
+inline constexpr const char* kGpuUsed = "gpu_used";
 inline constexpr const char* kMemoryUsedBytes = "memory_used_bytes";
 inline constexpr const char* kJobs = "jobs";
 inline constexpr const char* kHeartbeatIntervalMs = "heartbeat_interval_ms";
@@ -143,6 +156,7 @@ inline constexpr const char* kMetrics = "metrics";  // heartbeat: a metrics::Sna
 // JobReport
 inline constexpr const char* kState = "state";
 inline constexpr const char* kRestartCount = "restart_count";
+inline constexpr const char* kWorldSize = "world_size";
 inline constexpr const char* kExitCode = "exit_code";
 // Assignment
 inline constexpr const char* kEnv = "env";

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "trainyard/cluster/api.h"
 #include "trainyard/error.h"
 
 namespace trainyard::net {
@@ -22,7 +23,7 @@ namespace trainyard::cluster {
 inline constexpr int kDefaultHeadPort = 8265;
 // Where client commands look for the head and the token when no flag gives them.
 inline constexpr const char* kAddressEnv = "TRAINYARD_ADDRESS";
-inline constexpr const char* kTokenEnv = "TRAINYARD_TOKEN";
+using api::kTokenEnv;
 
 // The head answered 404: no such job (or node).
 class NotFoundError : public Error {

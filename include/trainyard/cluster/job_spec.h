@@ -9,17 +9,17 @@
 #include <utility>
 
 #include "trainyard/cluster/job_store.h"
+#include "trainyard/cluster/wire.h"
 
 namespace trainyard::cluster {
 
 // "2" -> {2, 2}, "1:3" -> {1, 3}. InvalidArgumentError naming trainyard.nodes otherwise.
 std::pair<int, int> parse_nodes(const std::string& nodes);
 
-// A submit request's body (POST /api/jobs/) as a new PENDING JobRecord; job_id and submission_id
-// are the request's submission_id, or a new id. InvalidArgumentError naming the field for a
-// missing entrypoint, a wrong type, an unknown top-level or trainyard field, or runtime_env keys
-// other than env_vars (all of them named).
-JobRecord job_from_submission(const nlohmann::json& body);
+// A submit request (POST /api/jobs/, validated by wire::from_json) as a new PENDING JobRecord;
+// job_id and submission_id are the request's submission_id, or a new id. InvalidArgumentError
+// naming trainyard.nodes when it is not "N" or "MIN:MAX".
+JobRecord job_from_submission(const wire::JobSubmission& submission);
 
 // "raysubmit_" + 16 random letters and digits, as Ray makes them.
 std::string make_submission_id();

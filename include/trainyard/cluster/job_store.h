@@ -6,11 +6,15 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "trainyard/cluster/node_resources.h"
+#include "trainyard/cluster/wire.h"
 
 namespace trainyard::cluster {
 
@@ -18,13 +22,13 @@ struct NodeRecord {
   std::string node_id;
   std::string hostname;
   std::string address;
-  nlohmann::json resources = nlohmann::json::object();  // {cpu, gpu, memory_bytes, gpus}
+  NodeResources resources;
   std::string state;             // api::kNodeAlive, kNodeSuspect, kNodeDead, kNodeExited, ...
   std::string reason;            // why it is dead/exited ("heartbeat timeout", "drained", ...)
   double registered_at = 0;      // Unix seconds
   double last_heartbeat_at = 0;  // Unix seconds
   double state_since = 0;        // Unix seconds: when `state` was entered
-  nlohmann::json usage = nlohmann::json::object();  // {cpu_used, memory_used_bytes}
+  wire::Usage usage;
 };
 
 // One job: Ray's JobDetails fields plus trainyard's extension and the head's bookkeeping.
@@ -38,11 +42,11 @@ struct JobRecord {
   int64_t start_time_ms = 0;  // submission time, Unix milliseconds
   std::optional<int64_t> end_time_ms;
   std::optional<int> driver_exit_code;
-  nlohmann::json metadata = nlohmann::json::object();
-  nlohmann::json runtime_env = nlohmann::json::object();
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> env_vars;  // runtime_env.env_vars
   std::optional<double> entrypoint_num_cpus;
   std::optional<double> entrypoint_num_gpus;
-  nlohmann::json entrypoint_resources = nlohmann::json::object();
+  std::map<std::string, double> entrypoint_resources;
   // trainyard extension
   std::string nodes = "1";  // as submitted: "N" or "MIN:MAX"
   int min_nodes = 1;
@@ -54,7 +58,7 @@ struct JobRecord {
   std::optional<std::string> failed_node;
   std::vector<std::string> last_lines;
   // bookkeeping
-  nlohmann::json reports = nlohmann::json::object();  // node id -> its latest JobReport
+  std::map<std::string, wire::JobReport> reports;  // node id -> its latest report
   bool stop_requested = false;
   int64_t order = 0;  // submission order, set by insert_job
 };

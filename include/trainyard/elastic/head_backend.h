@@ -4,6 +4,8 @@
 // calls fail with NetworkError and the rendezvous rides the outage out (Note [Backend outages]).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -15,6 +17,24 @@ namespace trainyard::elastic {
 
 // The head's rendezvous path; the run id follows it. The head serves what this names.
 inline constexpr const char* kHeadRendezvousPath = "/api/cluster/rdzv/";
+
+// The messages of kHeadRendezvousPath, written once for the head and this backend.
+// POST {"state": S, "token": T or null}: write S if the stored token is T (null: none stored).
+struct HeadRdzvWrite {
+  std::string state;
+  std::optional<std::string> token;
+};
+// GET's answer {"state", "token"} and POST's, which adds "written".
+struct HeadRdzvState {
+  std::string state;
+  std::string token;
+  std::optional<bool> written;  // POST only
+};
+// from_json throws InvalidArgumentError naming the field.
+void to_json(nlohmann::json& j, const HeadRdzvWrite& v);
+void from_json(const nlohmann::json& j, HeadRdzvWrite& v);
+void to_json(nlohmann::json& j, const HeadRdzvState& v);
+void from_json(const nlohmann::json& j, HeadRdzvState& v);
 
 struct HeadBackendOptions {
   std::string head;    // "host:port" or "http://host:port"; the name is resolved on every call

@@ -89,6 +89,9 @@ struct HttpServerOptions {
   // civetweb's worker threads: each open WebSocket holds one for its lifetime.
   int threads = kDefaultThreads;
   std::chrono::milliseconds request_timeout{30'000};  // to read one request
+  // A larger body is refused with 413 naming the limit, before it is read.
+  static constexpr long long kDefaultMaxBodyBytes = 8LL << 20;
+  long long max_body_bytes = kDefaultMaxBodyBytes;
 };
 
 // Handlers run on civetweb's worker threads, several at once: they must be thread-safe.
