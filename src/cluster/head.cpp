@@ -55,6 +55,7 @@ Head::~Head() {
 void Head::start() {
   Impl& m = *impl_;
   TY_CHECK(!m.server, "Head::start() was called twice.");
+  m.state_dir = std::make_unique<StateDir>(m.o.state_dir, "a trainyard head");
   m.store = std::make_unique<JobStore>(m.o.state_dir);
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -80,6 +81,7 @@ void Head::start() {
   } catch (...) {
     m.server.reset();
     m.store.reset();
+    m.state_dir.reset();
     throw;
   }
   {
@@ -147,6 +149,7 @@ void Head::stop() {
     m.tails.clear();
   }
   m.store.reset();
+  m.state_dir.reset();  // another head may take the folder now
 }
 
 int Head::port() const {

@@ -19,6 +19,7 @@
 #include "trainyard/cluster/head.h"
 #include "trainyard/cluster/job_store.h"
 #include "trainyard/cluster/metrics_history.h"
+#include "trainyard/cluster/state_dir.h"
 #include "trainyard/cluster/status_report.h"
 #include "trainyard/cluster/wire.h"
 #include "trainyard/log.h"
@@ -106,6 +107,7 @@ struct Head::Impl {
   };
   HeadOptions o;
   std::chrono::milliseconds suspect_after{0};
+  std::unique_ptr<StateDir> state_dir;  // held while started (Note [One owner per state directory])
   std::unique_ptr<JobStore> store;
   std::unique_ptr<net::HttpServer> server;
   std::shared_ptr<spdlog::logger> log = logger("head");

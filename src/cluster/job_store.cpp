@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "trainyard/cluster/api.h"
+#include "trainyard/cluster/state_dir.h"
 #include "trainyard/error.h"
 
 // Note [Store durability]
@@ -238,6 +239,12 @@ JobStore::JobStore(const std::filesystem::path& state_dir) : impl_(std::make_uni
                 ec.message() + ".");
   }
   impl_->path = state_dir / kFileName;
+  // Submitted env vars (secrets among them) live here: only the head's user may read it. SQLite
+  // gives the -wal and -shm files the database's mode; older ones are tightened too.
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::filesystem::path file = impl_->path.string() + suffix;
+    if (*suffix == '\0' || std::filesystem::exists(file)) make_private_file(file);
+  }
   int rc =
       sqlite3_open_v2(impl_->path.c_str(), &impl_->db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);

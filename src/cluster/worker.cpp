@@ -46,6 +46,7 @@
 
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head_client.h"
+#include "trainyard/cluster/state_dir.h"
 #include "trainyard/cluster/wire.h"
 #include "trainyard/comm/address.h"
 #include "trainyard/comm/env_contract.h"
@@ -81,9 +82,10 @@ constexpr const char* kShippedFile = "shipped";
 constexpr const char* kMetricsDir = "metrics";  // state_dir/jobs/<id>/metrics: the rank files
 
 // Writes `text` to `path` through a temporary name and a rename, so a crash leaves the old or the
-// new contents.
+// new contents. The file is private to the worker's user (0600).
 void write_file_atomically(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
+  make_private_file(tmp);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;
@@ -176,6 +178,7 @@ class LogSpool {
       }
     }
     next_ = std::max(next_, shipped_);
+    make_private_file(output);  // the job's output may hold secrets
     file_ = std::fopen(output.c_str(), "a");
     TY_CHECK_T(Error, file_ != nullptr, "Could not open ", output.string(),
                " for appending. HINT: check the worker's --state-dir.");
@@ -248,6 +251,7 @@ struct Worker::Impl {
   explicit Impl(WorkerOptions o) : options(std::move(o)) {}
 
   WorkerOptions options;
+  std::unique_ptr<StateDir> state_dir;  // held for the worker's life once started
   std::string base;                     // the head's base URL
   std::string node_id;
   NodeResources resources;
@@ -304,6 +308,7 @@ void Worker::Impl::start() {
              "WorkerOptions.state_dir is empty. HINT: pass --state-dir, a folder of its own for "
              "each worker on a machine.");
   base = net::base_url(options.head, kDefaultHeadPort, "--head");
+  state_dir = std::make_unique<StateDir>(options.state_dir, "a trainyard worker");
   std::error_code ec;
   fs::create_directories(fs::path(options.state_dir) / "jobs", ec);
   TY_CHECK_T(Error, !ec, "Could not create the worker's state directory ", options.state_dir, ": ",

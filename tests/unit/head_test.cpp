@@ -206,6 +206,38 @@ TEST_F(HeadTest, HostileBodiesAreRefusedAndTheHeadLivesOn) {
   EXPECT_EQ(call("GET", "/api/version").json()["version"], "2");
 }
 
+TEST_F(HeadTest, ASecondHeadOnTheSameStateDirIsRefusedAndSecretsArePrivate) {
+  start(options());
+  std::string id = submit(
+      {{"entrypoint", "true"}, {"runtime_env", {{"env_vars", {{"AWS_SECRET_ACCESS_KEY", "k"}}}}}});
+  try {
+    Head second(short_lived(options()));
+    second.start();
+    FAIL() << "a second head started on the same state directory";
+  } catch (const InvalidArgumentError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("is in use by a trainyard head (host "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
+    EXPECT_NE(msg.find("started "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--state-dir"), std::string::npos) << msg;
+  }
+  // The first head did not notice.
+  EXPECT_EQ(status_of(id), "PENDING");
+  const auto mode = [](const std::filesystem::path& p) {
+    return std::filesystem::status(p).permissions() & std::filesystem::perms::all;
+  };
+  const auto state = dir_.path() / "state";
+  EXPECT_EQ(mode(state), std::filesystem::perms::owner_all);
+  const auto rw = std::filesystem::perms::owner_read | std::filesystem::perms::owner_write;
+  for (const char* f : {"head.db", "head.db-wal", "head.db-shm", "lock"}) {
+    ASSERT_TRUE(std::filesystem::exists(state / f)) << f;
+    EXPECT_EQ(mode(state / f), rw) << f;
+  }
+  // Once the first head stops, the folder is free.
+  restart();
+  EXPECT_EQ(status_of(id), "PENDING");
+}
+
 TEST_F(HeadTest, SimulatedWorkerRunsAJobToSuccess) {
   start(options());
   register_node("n1", 4);

@@ -69,6 +69,24 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+TEST_F(WorkerMetricsTest, ASecondWorkerOnTheSameStateDirIsRefused) {
+  // Two workers sharing a folder would take the same node id and run every job twice.
+  WorkerOptions o;
+  o.head = head_->url();
+  o.token = kToken;
+  o.state_dir = (dir_.path() / "worker").string();
+  Worker second(std::move(o));
+  try {
+    second.start();
+    FAIL() << "a second worker started on the same state directory";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_TRUE(has(e.what(), "is in use by a trainyard worker (host ")) << e.what();
+  }
+  EXPECT_EQ(
+      std::filesystem::status(dir_.path() / "worker").permissions() & std::filesystem::perms::all,
+      std::filesystem::perms::owner_all);
+}
+
 TEST_F(WorkerMetricsTest, HeartbeatsCarryTheNodeAndItsRanksUntilTheJobEnds) {
   const std::string node = worker_->node_id();
   auto submitted = call("POST", std::string(api::kJobsPath),
