@@ -5,12 +5,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "tools/stop_signals.h"
+#include "trainyard/cluster/auth.h"
 #include "trainyard/cluster/head.h"
 #include "trainyard/cluster/head_client.h"
 #include "trainyard/cluster/worker.h"
@@ -70,6 +72,7 @@ void add_head(CLI::App& app, int& exit_code) {
     std::string bind = "127.0.0.1";
     int port = cluster::kDefaultHeadPort;
     std::string token_file;
+    bool insecure_no_token = false;
     std::string state_dir;
     std::string heartbeat_interval = "2";
     std::string dead_after = "10";
@@ -86,9 +89,14 @@ void add_head(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   c->add_option("--token-file", f->token_file,
-                "The cluster token, in a file only its owner can read (default: $TRAINYARD_TOKEN)");
-  c->add_option("--state-dir", f->state_dir, "The head's database and this node's identity")
-      ->required();
+                "The cluster token, in a file only its owner can read (default: $TRAINYARD_TOKEN, "
+                "else one the head makes in --state-dir)");
+  c->add_flag("--insecure-no-token", f->insecure_no_token,
+              "Serve without a token: any local user or container can then run commands as you "
+              "(loopback only)");
+  c->add_option("--state-dir", f->state_dir,
+                "The head's database, its generated token and this node's identity (default: "
+                "~/.trainyard/head)");
   c->add_option("--heartbeat-interval", f->heartbeat_interval,
                 "Seconds between a worker's heartbeats")
       ->capture_default_str();
@@ -105,19 +113,37 @@ void add_head(CLI::App& app, int& exit_code) {
     TY_CHECK_T(InvalidArgumentError, dead_after.has_value() && *dead_after > 3 * *interval,
                "--dead-after '", f->dead_after,
                "' must be a number of seconds longer than three --heartbeat-interval (",
-               3 * interval->count() / 1000.0, " s): a node is suspect after three missed "
+               3 * interval->count() / 1000.0,
+               " s): a node is suspect after three missed "
                "heartbeats, dead after --dead-after.");
-    const std::optional<std::string> token = cluster::resolve_token(f->token_file);
+    std::optional<std::string> token;
+    if (!f->insecure_no_token) {
+      // The head's own token only: a local head's generated one is not this head's.
+      if (!f->token_file.empty()) {
+        token = cluster::load_token(f->token_file);
+      } else if (const char* env = std::getenv(cluster::kTokenEnv); env && *env) {
+        token = env;
+      }
+    }
+    if (f->state_dir.empty()) f->state_dir = cluster::default_head_state_dir().string();
     SignalWait signals;
     cluster::Head head({.bind_address = f->bind,
                         .port = f->port,
                         .token = token,
+                        .unauthenticated = f->insecure_no_token,
                         .state_dir = f->state_dir,
                         .heartbeat_interval = *interval,
                         .dead_after = *dead_after});
     head.start();
     std::printf("trainyard head: serving http://%s:%d (state in %s)\n", f->bind.c_str(),
                 head.port(), f->state_dir.c_str());
+    if (!head.generated_token_file().empty()) {
+      std::printf(
+          "The cluster token is in %s (only you can read it). Clients and workers on this host "
+          "find it there when the head uses its default --state-dir; elsewhere give them a copy "
+          "with --token-file, or its text in %s.\n",
+          head.generated_token_file().c_str(), cluster::kTokenEnv);
+    }
     std::fflush(stdout);
     // The head's own node runs ranks as a worker of itself, as the seeds' Ray head task trains.
     std::unique_ptr<cluster::Worker> worker;
@@ -125,7 +151,7 @@ void add_head(CLI::App& app, int& exit_code) {
       const bool any = f->bind == "0.0.0.0" || f->bind == "::";
       cluster::WorkerOptions w{
           .head = (any ? std::string("127.0.0.1") : f->bind) + ":" + std::to_string(head.port()),
-          .token = token,
+          .token = head.token(),
           .state_dir = f->state_dir + "/node",
           .resources = overrides(f->resources),
           .heartbeat_interval = *interval};

@@ -1,7 +1,11 @@
 #include "trainyard/cluster/auth.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -55,6 +59,11 @@ std::string load_token(const std::filesystem::path& token_file) {
     throw InvalidArgumentError("Cannot read the token file " + token_file.string() + ": " +
                                std::strerror(errno) + ".");
   }
+  if (S_ISDIR(st.st_mode)) {
+    throw InvalidArgumentError("The token file " + token_file.string() +
+                               " is a directory. Hint: give the file that holds the token, e.g. " +
+                               (token_file / kGeneratedTokenFile).string() + ".");
+  }
   if ((st.st_mode & 077) != 0) {
     throw InvalidArgumentError(
         "The token file " + token_file.string() + " has mode " + octal_mode(st.st_mode) +
@@ -74,6 +83,66 @@ std::string load_token(const std::filesystem::path& token_file) {
                                token_file.string() + "`.");
   }
   return token;
+}
+
+// Note [Secure by default]
+// Loopback is shared by every user and container on a host, so a head without a token let any
+// of them run commands as the workers' user. A head given no token therefore makes one: 32 bytes
+// from getrandom(2) in <state_dir>/token, mode 0600 in a 0700 folder, kept across restarts (its
+// workers and clients keep working). Clients of the same user on the same host find it through
+// the default state directory (~/.trainyard/head/token); others get it as a file
+// (--token-file) or TRAINYARD_TOKEN. Serving without a token takes --insecure-no-token, and even
+// then only on loopback, refusing browsers' writes and foreign Host headers.
+
+std::string load_or_create_token(const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) return load_token(file);
+    throw Error("Cannot create the token file " + file.string() + ": " + std::strerror(errno) +
+                ".");
+  }
+  unsigned char bytes[32];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      ::unlink(file.c_str());
+      throw Error(std::string("Cannot read random bytes for a token: ") + std::strerror(errno));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  std::string token;
+  for (unsigned char b : bytes) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
+  const std::string text = token + "\n";
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!written || !synced) {
+    ::unlink(file.c_str());
+    throw Error("Cannot write the token file " + file.string() + ".");
+  }
+  return token;
+}
+
+std::filesystem::path default_head_state_dir() {
+  const char* home = std::getenv("HOME");
+  std::string dir = home != nullptr ? home : "";
+  if (dir.empty()) {
+    if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr)
+      dir = pw->pw_dir;
+  }
+  if (dir.empty()) {
+    throw InvalidArgumentError(
+        "There is no home directory for the head's default state directory. Hint: pass "
+        "--state-dir.");
+  }
+  return std::filesystem::path(dir) / ".trainyard" / "head";
 }
 
 bool is_loopback_address(const std::string& address) {

@@ -34,7 +34,15 @@ void validate(const HeadOptions& o) {
            o.history_points, ".");
   TY_CHECK(o.http_threads >= 2, "HeadOptions.http_threads must be at least 2; got ", o.http_threads,
            ".");
-  check_bind_policy(o.bind_address, o.token);
+  TY_CHECK(!(o.unauthenticated && o.token), "HeadOptions.unauthenticated is set together with a ",
+           "token: give --token-file (or TRAINYARD_TOKEN) or --insecure-no-token, not both.");
+  if (o.unauthenticated && !is_loopback_address(o.bind_address)) {
+    throw InvalidArgumentError(
+        "--bind " + o.bind_address +
+        " listens beyond this machine, and --insecure-no-token would let anyone who reaches it "
+        "run commands on the workers. Hint: drop --insecure-no-token (the head then makes a "
+        "token, or give one with --token-file), or bind 127.0.0.1.");
+  }
 }
 
 Head::Head(HeadOptions options) : impl_(std::make_unique<Impl>()) {
@@ -56,6 +64,11 @@ void Head::start() {
   Impl& m = *impl_;
   TY_CHECK(!m.server, "Head::start() was called twice.");
   m.state_dir = std::make_unique<StateDir>(m.o.state_dir, "a trainyard head");
+  // Note [Secure by default] (auth.cpp).
+  if (!m.o.token && !m.o.unauthenticated) {
+    m.generated_token_file = m.o.state_dir / kGeneratedTokenFile;
+    m.o.token = load_or_create_token(m.generated_token_file);
+  }
   m.store = std::make_unique<JobStore>(m.o.state_dir);
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -122,8 +135,17 @@ void Head::start() {
       lock.lock();
     }
   });
-  m.log->info("head listening on {} (state in {}, {})", url(), m.store->path().string(),
-              m.o.token ? "token required" : "no token: loopback only");
+  if (m.o.unauthenticated) {
+    m.log->warn(
+        "head listening on {} WITHOUT AUTHENTICATION (--insecure-no-token): every user and "
+        "container that shares this host's loopback can submit jobs, which run as this user on "
+        "the workers (state in {})",
+        url(), m.store->path().string());
+  } else {
+    m.log->info(
+        "head listening on {} (state in {}, token required{})", url(), m.store->path().string(),
+        m.generated_token_file.empty() ? "" : ": made in " + m.generated_token_file.string());
+  }
 }
 
 void Head::stop() {
@@ -150,6 +172,14 @@ void Head::stop() {
   }
   m.store.reset();
   m.state_dir.reset();  // another head may take the folder now
+}
+
+const std::optional<std::string>& Head::token() const {
+  return impl_->o.token;
+}
+
+std::filesystem::path Head::generated_token_file() const {
+  return impl_->generated_token_file;
 }
 
 int Head::port() const {

@@ -76,13 +76,16 @@ json HeadClient::call(const char* method,
     case 201:
       break;
     case 401:
-      throw Error(detail::concat("The head at ", base_, " wants a token for ", what,
-                                 " (HTTP 401). HINT: pass --token-file or set ", kTokenEnv, "."));
+      throw Error(detail::concat(
+          "The head at ", base_, " wants a token for ", what, " (HTTP 401). HINT: pass ",
+          "--token-file or set ", kTokenEnv, "; a head started without a token made one in its ",
+          "--state-dir (", kGeneratedTokenFile, ", by default ~/.trainyard/head/",
+          kGeneratedTokenFile, ")."));
     case 403:
       throw Error(detail::concat("The head at ", base_, " refused ", what,
                                  " (HTTP 403: ", message_of(r.body),
-                                 "). HINT: the token does not match the "
-                                 "head's --token-file."));
+                                 "). HINT: the token does not match the head's (its "
+                                 "--token-file, or the one it made in its --state-dir)."));
     case 404:
       throw NotFoundError(message_of(r.body));
     case 400:
@@ -110,6 +113,13 @@ std::string resolve_address(const std::string& flag) {
 std::optional<std::string> resolve_token(const std::string& token_file_flag) {
   if (!token_file_flag.empty()) return load_token(token_file_flag);
   if (const char* env = std::getenv(kTokenEnv); env != nullptr && *env != '\0') return env;
+  // A head on this host in its default state directory (Note [Secure by default]).
+  try {
+    const auto local = default_head_state_dir() / kGeneratedTokenFile;
+    if (std::filesystem::exists(local)) return load_token(local);
+  } catch (const InvalidArgumentError&) {
+    // No home directory: no local head's token to find.
+  }
   return std::nullopt;
 }
 

@@ -109,6 +109,7 @@ struct Head::Impl {
   std::chrono::milliseconds suspect_after{0};
   std::unique_ptr<StateDir> state_dir;  // held while started (Note [One owner per state directory])
   std::unique_ptr<JobStore> store;
+  std::filesystem::path generated_token_file;  // set by start() when it made or read one
   std::unique_ptr<net::HttpServer> server;
   std::shared_ptr<spdlog::logger> log = logger("head");
   std::mutex mu;  // guards nodes and jobs; see Note [Head state]

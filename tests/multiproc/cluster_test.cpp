@@ -14,6 +14,7 @@
 #include "../text.h"
 #include "cluster_fixture.h"
 #include "multiproc_util.h"
+#include "trainyard/cluster/auth.h"
 #include "trainyard/net/http_client.h"
 
 #ifndef TRAINYARD_CLI_PATH
@@ -245,14 +246,60 @@ TEST_F(ClusterTest, TheTokenIsCheckedOnEveryCall) {
   EXPECT_FALSE(contains(cluster.log_of("head"), cluster.token()));
 }
 
+TEST_F(ClusterTest, AHeadWithoutATokenMakesOneThatLocalClientsFind) {
+  // `trainyard head` with no token and no --state-dir: the token is made in ~/.trainyard/head,
+  // a client of the same user finds it there, and a request without it is refused.
+  const auto home = dir.path() / "home";
+  std::filesystem::create_directories(home);
+  const std::string address = cluster.address();
+  const std::vector<std::pair<std::string, std::string>> env = {{"HOME", home.string()},
+                                                                {"TRAINYARD_TOKEN", ""}};
+  elastic::Subprocess head(elastic::SubprocessOptions{
+      .argv = {kCli, "head", "--port", std::to_string(cluster.port()), "--num-cpus", "0"},
+      .env = env});
+  const auto token_file = home / ".trainyard" / "head" / "token";
+  RunOutput status;
+  ASSERT_TRUE(ClusterFixture::eventually(
+      [&] {
+        status = run_program({kCli, "status", "--address", address}, env, 10s);
+        return status.status.exit_code == 0;
+      },
+      20s))
+      << status.out << status.err;
+  EXPECT_TRUE(contains(status.out, "Node status")) << status.out;
+  EXPECT_EQ(std::filesystem::status(home / ".trainyard" / "head").permissions() &
+                std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+  EXPECT_EQ(raw("GET", address + "/api/jobs/").status, 401);
+  EXPECT_EQ(raw("POST", address + "/api/jobs/", {}, R"({"entrypoint": "id"})").status, 401);
+  // Another user's client (another home) has no token.
+  const RunOutput stranger =
+      run_program({kCli, "status", "--address", address},
+                  {{"HOME", (dir.path() / "stranger").string()}, {"TRAINYARD_TOKEN", ""}}, 10s);
+  EXPECT_NE(stranger.status.exit_code, 0);
+  EXPECT_TRUE(contains(stranger.err, "401")) << stranger.err;
+  head.send_signal(SIGTERM);
+  const RunOutput out = collect(head, 15s);
+  EXPECT_TRUE(contains(out.out, "The cluster token is in " + token_file.string())) << out.out;
+  EXPECT_FALSE(contains(out.out + out.err, cluster::load_token(token_file)));
+}
+
 TEST_F(ClusterTest, UnsafeHeadSettingsAreRefused) {
   // A bind beyond loopback without a token.
-  const RunOutput open = run_program({kCli, "head", "--bind", "0.0.0.0", "--port", "0",
-                                      "--state-dir", (dir.path() / "open").string()},
-                                     {{"TRAINYARD_TOKEN", ""}}, 10s);
+  const RunOutput open =
+      run_program({kCli, "head", "--bind", "0.0.0.0", "--port", "0", "--insecure-no-token",
+                   "--state-dir", (dir.path() / "open").string()},
+                  {{"TRAINYARD_TOKEN", ""}}, 10s);
   EXPECT_NE(open.status.exit_code, 0);
   EXPECT_TRUE(contains(open.err, "--bind")) << open.err;
-  EXPECT_TRUE(contains(open.err, "--token-file")) << open.err;
+  EXPECT_TRUE(contains(open.err, "--insecure-no-token")) << open.err;
+  // A directory given as the token file.
+  const RunOutput folder =
+      run_program({kCli, "head", "--port", "0", "--token-file", dir.path().string(), "--state-dir",
+                   (dir.path() / "folder").string()},
+                  {}, 10s);
+  EXPECT_NE(folder.status.exit_code, 0);
+  EXPECT_TRUE(contains(folder.err, dir.path().string() + " is a directory")) << folder.err;
   // A token file others can read.
   ::chmod(cluster.token_file().c_str(), 0644);
   const RunOutput readable =

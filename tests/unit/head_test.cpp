@@ -32,9 +32,9 @@ class HeadTest : public ::testing::Test {
                        .tick_interval = std::chrono::milliseconds(50)};
   }
   void start(HeadOptions o) {
-    token_ = o.token;
     head_ = std::make_unique<Head>(std::move(o));
     head_->start();
+    token_ = head_->token();  // given, or made in the state directory
   }
   void restart() {
     HeadOptions o = short_lived(options(token_));
@@ -48,6 +48,12 @@ class HeadTest : public ::testing::Test {
     if (token_ && !headers.count("Authorization") && !headers.count("X-Ray-Authorization"))
       headers["Authorization"] = "Bearer " + *token_;
     return test::http(method, head_->url() + path, body.is_null() ? "" : body.dump(), headers);
+  }
+  // A request with a body that is not JSON (or too large to build as JSON), with the token.
+  HttpResult call_text(const std::string& method,
+                       const std::string& path,
+                       const std::string& text) {
+    return test::http(method, head_->url() + path, text, {{"Authorization", "Bearer " + *token_}});
   }
   json get(const std::string& path) { return call("GET", path).json(); }
   std::string submit(json body) {
@@ -114,8 +120,38 @@ TEST_F(HeadTest, TokenIsRequiredAndAcceptedInEitherHeader) {
             "<refused 401>\n");
 }
 
-TEST_F(HeadTest, TokenlessHeadRefusesBrowsersAndForeignHosts) {
+TEST_F(HeadTest, WithoutATokenTheHeadMakesOneAndRequiresIt) {
   start(options());
+  const auto file = dir_.path() / "state" / "token";
+  EXPECT_EQ(head_->generated_token_file(), file);
+  ASSERT_TRUE(token_.has_value());
+  EXPECT_EQ(token_->size(), 64u);  // 32 random bytes as hex
+  EXPECT_EQ(load_token(file), *token_);
+  EXPECT_EQ(std::filesystem::status(file).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  // Loopback is no excuse: a local client without the token is refused.
+  EXPECT_EQ(test::http("GET", head_->url() + "/api/jobs/").status, 401);
+  EXPECT_EQ(test::http("POST", head_->url() + "/api/jobs/", R"({"entrypoint": "id"})").status, 401);
+  EXPECT_EQ(call("GET", "/api/jobs/").status, 200);
+  // A restarted head keeps its token, so its workers and clients keep working.
+  const std::string before = *token_;
+  head_.reset();
+  start(options());
+  EXPECT_EQ(token_, before);
+  // A given token is used instead, and nothing is made.
+  head_.reset();
+  std::filesystem::remove(file);
+  start(options("given-token"));
+  EXPECT_EQ(token_, "given-token");
+  EXPECT_TRUE(head_->generated_token_file().empty());
+  EXPECT_FALSE(std::filesystem::exists(file));
+}
+
+TEST_F(HeadTest, TokenlessHeadRefusesBrowsersAndForeignHosts) {
+  HeadOptions o = options();
+  o.unauthenticated = true;
+  start(o);
+  EXPECT_FALSE(token_.has_value());
   EXPECT_EQ(call("GET", "/api/version").json()["version"], "2");
   auto r =
       call("POST", "/api/jobs/", {{"entrypoint", "true"}}, {{"Origin", "http://evil.example"}});
@@ -127,13 +163,17 @@ TEST_F(HeadTest, TokenlessHeadRefusesBrowsersAndForeignHosts) {
 TEST_F(HeadTest, NonLoopbackBindWithoutTokenIsRefused) {
   HeadOptions o = options();
   o.bind_address = "0.0.0.0";
+  o.unauthenticated = true;
   try {
     Head head(o);
     FAIL() << "a public head without a token was created";
   } catch (const InvalidArgumentError& e) {
     EXPECT_NE(std::string(e.what()).find("--bind"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--token-file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--insecure-no-token"), std::string::npos) << e.what();
   }
+  // Without --insecure-no-token the head makes a token and may listen beyond loopback.
+  o.unauthenticated = false;
+  EXPECT_NO_THROW(Head{o});
 }
 
 TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
@@ -153,7 +193,7 @@ TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
   expect_400({{"entrypoint", "x"}, {"entrypoint_num_cpus", "2"}}, {"entrypoint_num_cpus"});
   expect_400({{"entrypoint", "x"}, {"trainyard", {{"nodes", "3:1"}}}}, {"trainyard.nodes"});
   expect_400({{"entrypoint", "x"}, {"trainyard", {{"gpus", 1}}}}, {"trainyard.gpus"});
-  auto bad = test::http("POST", head_->url() + "/api/jobs/", "{not json");
+  auto bad = call_text("POST", "/api/jobs/", "{not json");
   EXPECT_EQ(bad.status, 400);
 
   std::string generated = submit({{"entrypoint", "true"}});
@@ -188,7 +228,7 @@ TEST_F(HeadTest, HostileBodiesAreRefusedAndTheHeadLivesOn) {
   // 200,000 levels of nesting crashed a server thread (stack overflow) before.
   const std::string deep = std::string(200'000, '[') + std::string(200'000, ']');
   for (const char* path : {"/api/cluster/nodes", "/api/jobs/"}) {
-    auto r = test::http("POST", head_->url() + path, "{\"node_id\": " + deep + "}");
+    auto r = call_text("POST", path, "{\"node_id\": " + deep + "}");
     EXPECT_EQ(r.status, 400) << path << ": " << r.body.substr(0, 200);
     EXPECT_NE(r.json().value("error", "").find("deeper than 32"), std::string::npos) << r.body;
   }
@@ -518,8 +558,9 @@ TEST_F(HeadTest, LogTailSendsOldAndNewLinesAndClosesAtTheEnd) {
   call("POST", api::worker_logs_path(id),
        {{"node_id", "n1"}, {"first_seq", 0}, {"lines", {{{"rank", 0}, {"text", "old"}}}}});
   auto tail = std::async(std::launch::async, [&] {
-    return test::websocket_read_all("ws://127.0.0.1:" + std::to_string(head_->port()) +
-                                    api::job_logs_tail_path(id));
+    return test::websocket_read_all(
+        "ws://127.0.0.1:" + std::to_string(head_->port()) + api::job_logs_tail_path(id),
+        "Bearer " + *token_);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the client connects
   call("POST", api::worker_logs_path(id),

@@ -13,9 +13,21 @@
 namespace trainyard::cluster {
 
 // Reads the token from a file: surrounding whitespace is trimmed. InvalidArgumentError when the
-// file cannot be read, when group or others may read it (the message names the file, its mode and
-// the fix, `chmod 600`), or when it holds no token.
+// file cannot be read, is a directory, when group or others may read it (the message names the
+// file, its mode and the fix, `chmod 600`), or when it holds no token.
 std::string load_token(const std::filesystem::path& token_file);
+
+// The token a head makes for itself when it is given none: <state_dir>/kGeneratedTokenFile.
+inline constexpr const char* kGeneratedTokenFile = "token";
+
+// The token in `file` (load_token's checks) when it exists; otherwise a new one (32 random bytes
+// from the kernel, as hex) written there with mode 0600. See Note [Secure by default].
+std::string load_or_create_token(const std::filesystem::path& file);
+
+// Where `trainyard head` keeps its state when --state-dir is not given, and where a client on the
+// same host finds a head's generated token: $HOME/.trainyard/head (the password entry's home
+// when HOME is unset). InvalidArgumentError when there is no home directory.
+std::filesystem::path default_head_state_dir();
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_address(const std::string& address);

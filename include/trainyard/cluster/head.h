@@ -21,8 +21,12 @@ struct HeadOptions {
   static constexpr int kDefaultHttpThreads = 32;
   std::string bind_address = "127.0.0.1";  // --bind; beyond loopback only with a token
   int port = kDefaultPort;                 // 0: the system picks one; read it with port()
-  std::optional<std::string> token;        // required of every call when set (cluster/auth.h)
-  std::filesystem::path state_dir;         // holds head.db; required
+  // Required of every call (cluster/auth.h). When unset, start() reads or makes
+  // <state_dir>/token (Note [Secure by default] in auth.cpp); token() says which.
+  std::optional<std::string> token;
+  // --insecure-no-token: serve without a token (loopback only). Leaves token unset.
+  bool unauthenticated = false;
+  std::filesystem::path state_dir;                      // holds head.db; required
   std::chrono::milliseconds heartbeat_interval{2'000};  // told to workers at registration
   // A node without a heartbeat for this long is suspect; zero means 3 heartbeat intervals.
   std::chrono::milliseconds suspect_after{0};
@@ -36,7 +40,7 @@ struct HeadOptions {
 };
 
 // Validates the options: InvalidArgumentError naming the field (and, for a non-loopback bind
-// without a token, --bind and --token-file).
+// without a token, --bind and --insecure-no-token).
 void validate(const HeadOptions& options);
 
 // The prefix of a log line served by GET /api/jobs/{id}/logs and the tail: "[<short id>:<rank>] ".
@@ -60,11 +64,16 @@ class Head {
   void stop();
   int port() const;         // after start()
   std::string url() const;  // "http://<bind address>:<port>"
+  // After start(): the token every call needs (the one given or the one generated), or nullopt
+  // when unauthenticated; and the generated token's file, empty when one was given.
+  const std::optional<std::string>& token() const;
+  std::filesystem::path generated_token_file() const;
 
   // The cluster snapshot served at GET /api/cluster/status:
   // {"time": ISO8601, "nodes": [{node_id, hostname, address, state, reason,
   //    resources{cpu, gpu, memory_bytes}, usage{cpu_used (CPUs of placed ranks),
-  //    memory_used_bytes}, heartbeat_age_s, ranks[{job_id, ranks[...]}]}],
+  //    memory_used_bytes, gpu_used (GPUs of placed ranks)}, heartbeat_age_s,
+  //    ranks[{job_id, ranks[...]}]}],
   //  "failures": [{node_id, hostname, time, reason}], "demands": [{job_id, cpu, gpu, nodes}]
   //  (cpu and gpu per node, nodes = the minimum), "jobs": {"PENDING": n, ...}}.
   // Thread-safe.

@@ -74,7 +74,8 @@ class HeadClient {
 std::string resolve_address(const std::string& flag);
 
 // The token from --token-file (when given; refused if others can read it) or TRAINYARD_TOKEN,
-// else none.
+// else the generated token of a head on this host in its default state directory
+// (~/.trainyard/head/token) when there is one, else none.
 std::optional<std::string> resolve_token(const std::string& token_file_flag);
 
 }  // namespace trainyard::cluster
