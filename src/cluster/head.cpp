@@ -85,6 +85,12 @@ void Head::start() {
       m.nodes[n.node_id] = n;
     }
     for (JobRecord& j : m.store->list_jobs()) m.jobs[j.job_id] = std::move(j);
+    // What a node that is gone reported running holds nothing (Note [Head state]); an older head
+    // kept such reservations.
+    for (auto& [id, n] : m.nodes) {
+      if (node_is_up(n.state)) continue;
+      for (JobRecord* j : m.jobs_in_order()) m.release_node(*j, id);
+    }
   }
   m.server = std::make_unique<net::HttpServer>(net::HttpServerOptions{
       .bind_address = m.o.bind_address, .port = m.o.port, .threads = m.o.http_threads});

@@ -134,6 +134,9 @@ struct Head::Impl {
   std::map<std::string, std::shared_ptr<const metrics::Snapshot>> node_metrics;
   std::mutex metrics_warn_mu;
   std::map<std::string, std::chrono::steady_clock::time_point> metrics_warned;  // by node
+  // See Note [A head that did not run]. Guarded by mu.
+  static constexpr double kPauseSlackSeconds = 1.0;
+  double last_tick_at = 0;  // now_seconds() of the last tick_nodes(); 0 before the first
   std::thread ticker;
   std::mutex tick_mu;
   std::condition_variable tick_cv;
@@ -162,7 +165,11 @@ struct Head::Impl {
   // min_nodes remain and none succeeded, or goes back to the queue if it had not started.
   void drop_node(JobRecord& j, const std::string& node_id, const std::string& why);
 
-  // A node left the cluster (died or left): take it off all its jobs.
+  // A node that is gone no longer holds the CPUs and GPUs of the job's ranks it ran.
+  void release_node(JobRecord& j, const std::string& node_id);
+
+  // A node left the cluster (died or left): take it off all its jobs and release what its ranks
+  // held.
   void node_lost(const std::string& node_id, const std::string& why);
 
   // A node registered (again) with `reports`: a job it was running that it no longer reports

@@ -16,7 +16,9 @@
 // deleted, or the node was taken off it) is told to stop it in the heartbeat's answer.
 // A node's CPUs and GPUs are taken by a job's ranks while the job is placed there and not
 // finished on that node, or while the node still reports it running (a stopped job's ranks
-// until they are gone).
+// until they are gone). A node that dies or leaves takes its ranks with it: its reports of
+// running jobs are dropped then (release_node), whatever the job's state, and a restarted head
+// drops those of nodes it knows are gone, so no terminal state keeps a reservation.
 
 namespace trainyard::cluster {
 
@@ -164,7 +166,17 @@ void Head::Impl::drop_node(JobRecord& j, const std::string& node_id, const std::
 
 void Head::Impl::node_lost(const std::string& node_id, const std::string& why) {
   node_metrics.erase(node_id);  // its series leave /metrics (Note [The head's metrics])
-  for (JobRecord* j : jobs_in_order()) drop_node(*j, node_id, why);
+  for (JobRecord* j : jobs_in_order()) {
+    drop_node(*j, node_id, why);
+    release_node(*j, node_id);
+  }
+}
+
+void Head::Impl::release_node(JobRecord& j, const std::string& node_id) {
+  if (!reported(j, node_id, wire::ReportState::kRunning)) return;
+  j.reports.erase(node_id);  // its ranks are gone with it: their CPUs and GPUs are free
+  store->append_event(j.job_id, "released", "node " + node_id + " is gone");
+  save(j);
 }
 
 void Head::Impl::reconcile_registration(const std::string& node_id,
@@ -231,10 +243,31 @@ wire::Assignment Head::Impl::assignment(const JobRecord& j) const {
                           .max_restarts = j.max_restarts};
 }
 
+// Note [A head that did not run]
+// A heartbeat's age says a node is silent only while the head was there to hear it. A head that
+// was stopped (SIGSTOP, a suspended VM) or starved of CPU for longer than dead_after used to
+// wake up, see every node's last heartbeat as old and declare them all dead, failing their jobs,
+// although the heartbeats were waiting unread in its sockets. So each tick measures how long it
+// has been since the previous one: whatever exceeds the tick interval by more than
+// kPauseSlackSeconds was time the head did not run, and it is not counted against any node (their
+// ages are credited with it, never past now). Said once per pause, at warning level.
 void Head::Impl::tick_nodes() {
   double now = now_seconds();
   double suspect_s = std::chrono::duration<double>(suspect_after).count();
   double dead_s = std::chrono::duration<double>(o.dead_after).count();
+  const double tick_s = std::chrono::duration<double>(o.tick_interval).count();
+  const double paused = last_tick_at > 0 ? now - last_tick_at - tick_s : 0;
+  last_tick_at = now;
+  if (paused > kPauseSlackSeconds) {
+    log->warn(
+        "The head did not run for {:.1f} s (stopped, or starved of CPU): node heartbeats it "
+        "could not read in that time are not counted against the nodes.",
+        paused);
+    for (auto& [id, n] : nodes) {
+      n.last_heartbeat_at = std::min(now, n.last_heartbeat_at + paused);
+      if (n.state == api::kNodePending) n.state_since = std::min(now, n.state_since + paused);
+    }
+  }
   for (NodeRecord* n : nodes_in_order()) {
     bool up = n->state == api::kNodeAlive || n->state == api::kNodeSuspect;
     double age = now - (n->state == api::kNodePending ? n->state_since : n->last_heartbeat_at);

@@ -386,6 +386,36 @@ HeadOptions short_lived(HeadOptions o) {
   return o;
 }
 
+TEST_F(HeadTest, ADeadNodesReservationIsReleasedWhenItsJobFails) {
+  // A job FAILED by its node's death kept the node's CPU reserved forever, across restarts:
+  // after that the node ran nothing and a job waited as a demand for good.
+  start(short_lived(options()));
+  register_node("n1", 1);
+  std::string id = submit({{"entrypoint", "x"}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  ASSERT_TRUE(eventually([&] { return status_of(id) == "FAILED"; }));
+  ASSERT_EQ(node_in_status("n1")["state"], "dead");
+  // The node comes back (its worker restarted, without the job) and has its CPU to give.
+  register_node("n1", 1);
+  EXPECT_EQ(node_in_status("n1")["usage"]["cpu_used"], 0.0);
+  std::string next = submit({{"entrypoint", "y"}});
+  ASSERT_TRUE(eventually([&] {
+    return get("/api/jobs/" + next)["trainyard"]["assigned_nodes"] == json::array({"n1"});
+  })) << get("/api/cluster/status").dump();
+  // A second death of a node whose job already ended: released as well.
+  heartbeat("n1", json::array({report(next, "running")}));
+  call("POST", "/api/jobs/" + next + "/stop");
+  ASSERT_TRUE(eventually([&] { return node_in_status("n1")["state"] == "dead"; }));
+  restart();
+  register_node("n1", 1);
+  EXPECT_EQ(node_in_status("n1")["usage"]["cpu_used"], 0.0);
+  std::string third = submit({{"entrypoint", "z"}});
+  EXPECT_TRUE(eventually([&] {
+    return get("/api/jobs/" + third)["trainyard"]["assigned_nodes"] == json::array({"n1"});
+  })) << get("/api/cluster/status").dump();
+}
+
 TEST_F(HeadTest, SilentNodeGoesSuspectThenDeadAndFailsItsJob) {
   start(short_lived(options()));
   register_node("n1", 2);
