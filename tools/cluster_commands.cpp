@@ -18,6 +18,7 @@
 #include "trainyard/cluster/wire.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
+#include "trainyard/terminal_text.h"
 
 namespace trainyard::cli {
 namespace {
@@ -55,6 +56,19 @@ std::pair<std::string, std::string> key_value(const std::string& text, const cha
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
+// Writes a job's output to stdout: on a terminal with its control characters escaped, so that a
+// job cannot drive the user's terminal (clear it, retitle it, rewrite lines); to a pipe or file
+// as it is.
+std::string shown(std::string_view text) {
+  static const bool terminal = ::isatty(STDOUT_FILENO) == 1;
+  return terminal ? escape_for_terminal(text) : std::string(text);
+}
+
+void write_output(std::string_view text) {
+  const std::string out = shown(text);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+}
+
 // Prints the job's log lines after line `after` (all of them for 0) and returns the number of the
 // last line printed; pages through GET /logs?after=N. Lines of other ranks are left out when
 // rank >= 0 (lines carry a "[node:rank] " prefix).
@@ -70,7 +84,7 @@ std::int64_t print_new_logs(cluster::HeadClient& client,
     const std::string& logs = page.logs;
     const std::int64_t next = page.next.value_or(after);
     if (rank < 0) {
-      std::fwrite(logs.data(), 1, logs.size(), stdout);
+      write_output(logs);
     } else {
       std::size_t start = 0;
       while (start < logs.size()) {
@@ -80,7 +94,7 @@ std::int64_t print_new_logs(cluster::HeadClient& client,
         const std::size_t close = line.find("] ");
         if (close != std::string_view::npos && close + 2 >= tag.size() &&
             line.substr(close + 2 - tag.size(), tag.size()) == tag) {
-          std::fwrite(line.data(), 1, line.size(), stdout);
+          write_output(line);
         }
         start = end;
       }
@@ -126,7 +140,7 @@ void print_final(const cluster::wire::JobDetails& job) {
     std::printf("Job '%s' was stopped\n", id);
   } else {
     std::printf("Job '%s' failed\n", id);
-    if (!job.message.empty()) std::printf("Status message: %s\n", job.message.c_str());
+    if (!job.message.empty()) std::printf("Status message: %s\n", shown(job.message).c_str());
   }
   std::printf("------------------------------------------\n");
 }
@@ -183,8 +197,12 @@ void add_submit(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0.0, 4096.0));
   c->add_option("--num-gpus", f->num_gpus, "GPUs each rank needs (default 0)")
       ->check(CLI::Range(0.0, 64.0));
-  c->add_option("--env", f->env, "KEY=VALUE set in every rank's environment (repeatable)");
-  c->add_option("--metadata", f->metadata, "KEY=VALUE kept with the job (repeatable)");
+  // One KEY=VALUE per flag: a flag taking several would also take the `--` that starts the
+  // command, and the command's own flags would then be refused as the CLI's.
+  c->add_option("--env", f->env, "KEY=VALUE set in every rank's environment (repeatable)")
+      ->allow_extra_args(false);
+  c->add_option("--metadata", f->metadata, "KEY=VALUE kept with the job (repeatable)")
+      ->allow_extra_args(false);
   c->add_flag("--no-wait", f->no_wait, "Return once submitted instead of following the logs");
   c->add_option("command", f->command, "The command each rank runs, after --")->required();
   c->callback([f, &exit_code] {
@@ -239,9 +257,9 @@ void add_jobs(CLI::App& app, int& exit_code) {
       for (const auto& j : jobs.get<std::vector<cluster::wire::JobDetails>>()) {
         std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", j.job_id.c_str(), j.status.c_str(),
                     j.nodes.c_str(), clock_time(j.start_time).c_str(),
-                    clock_time(j.end_time).c_str(), j.entrypoint.c_str());
+                    clock_time(j.end_time).c_str(), shown(j.entrypoint).c_str());
         if (j.status == cluster::api::kFailed && !j.message.empty()) {
-          std::printf("    %s\n", j.message.c_str());
+          std::printf("    %s\n", shown(j.message).c_str());
         }
       }
     }

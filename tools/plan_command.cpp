@@ -1,6 +1,7 @@
 #include "tools/plan_command.h"
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "trainyard/error.h"
@@ -12,8 +13,10 @@ namespace {
 // The flags as given, parsed and checked when the command runs, so each error names its flag.
 struct PlanFlags {
   std::string model, params, precision = "bf16-mixed", gpu_mem, runtime_mem, format = "table";
-  int gpus = 1, nodes = 0, gpus_per_node = 0;
-  std::int64_t seq_len = 0, batch_size = 1;
+  int gpus = 1, gpus_per_node = 0;
+  std::optional<int> nodes;             // unset: one node
+  std::optional<std::int64_t> seq_len;  // unset: the model's max_position_embeddings, else 2048
+  std::int64_t batch_size = 1;
   bool activation_checkpointing = false, decimal = false, cpu = false;
   double headroom = 0.10;
 };
@@ -30,19 +33,22 @@ plan::PlanOptions to_options(const PlanFlags& f) {
            o.model ? o.model->parameter_count() : 0, " parameters). HINT: give one of them.");
   o.precision = plan::parse_precision(f.precision, "--precision");
   TY_CHECK(f.gpus >= 1, "--gpus must be >= 1, got ", f.gpus, ".");
-  TY_CHECK(f.nodes >= 0 && f.gpus_per_node >= 0, "--nodes and --gpus-per-node must be >= 1, got ",
-           f.nodes, " and ", f.gpus_per_node, ".");
+  TY_CHECK(f.gpus_per_node >= 0, "--gpus-per-node must be >= 1, got ", f.gpus_per_node, ".");
   o.world_size = f.gpus;
   o.gpus_per_node = f.gpus_per_node;
-  if (f.nodes > 0) {
-    TY_CHECK(f.gpus % f.nodes == 0, "--nodes (", f.nodes, ") must divide --gpus (", f.gpus,
+  if (f.nodes) {
+    const int nodes = *f.nodes;
+    TY_CHECK(nodes >= 1, "--nodes must be >= 1, got ", nodes, ". HINT: leave it out for one node.");
+    TY_CHECK(f.gpus % nodes == 0, "--nodes (", nodes, ") must divide --gpus (", f.gpus,
              "): every node runs the same number of ranks.");
-    TY_CHECK(f.gpus_per_node == 0 || f.gpus_per_node * f.nodes == f.gpus, "--nodes ", f.nodes,
+    TY_CHECK(f.gpus_per_node == 0 || f.gpus_per_node * nodes == f.gpus, "--nodes ", nodes,
              " x --gpus-per-node ", f.gpus_per_node, " is not --gpus ", f.gpus, ".");
-    o.gpus_per_node = f.gpus / f.nodes;
+    o.gpus_per_node = f.gpus / nodes;
   }
-  TY_CHECK(f.seq_len >= 0, "--seq-len must be >= 2, got ", f.seq_len, ".");
-  o.seq_len = f.seq_len > 0 ? f.seq_len : o.model ? o.model->max_position_embeddings : 2048;
+  TY_CHECK(!f.seq_len || *f.seq_len >= 2, "--seq-len must be >= 2 (a token and the next one to ",
+           "predict), got ", f.seq_len.value_or(0), ". HINT: leave it out for the model's ",
+           "max_position_embeddings.");
+  o.seq_len = f.seq_len ? *f.seq_len : o.model ? o.model->max_position_embeddings : 2048;
   o.micro_batch = f.batch_size;
   o.activation_checkpointing = f.activation_checkpointing;
   if (!f.gpu_mem.empty()) {

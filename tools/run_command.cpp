@@ -24,7 +24,9 @@
 #include "tools/run_metrics.h"
 #include "tools/stop_signals.h"
 #include "trainyard/blas_core.h"
+#include "trainyard/cluster/node_resources.h"
 #include "trainyard/comm/address.h"
+#include "trainyard/cpu_count.h"
 #include "trainyard/elastic/c10d_backend.h"
 #include "trainyard/elastic/etcd_backend.h"
 #include "trainyard/elastic/launcher.h"
@@ -86,6 +88,37 @@ CLI::Validator whole_number(int min, int max, const std::string& envname, const 
         if (n && *n >= min && *n <= max) return {};
         return detail::concat("must be a whole number between ", min, " and ", max, ", got '",
                               value, "' (from the flag or ", envname, "). HINT: ", hint);
+      },
+      "");
+}
+
+// --nproc-per-node as torchrun takes it (and Kubeflow Trainer v2 sets PET_NPROC_PER_NODE on GPU
+// pods): a whole number, or auto (the visible GPUs when there are any, else the usable CPUs),
+// cpu (the usable CPUs) or gpu (the visible GPUs; an error without any). The word is replaced by
+// its number before CLI11 converts it.
+CLI::Validator nproc_per_node_value() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        if (value == "auto" || value == "cpu" || value == "gpu") {
+          auto gpus = cluster::detect_nvml_gpus();
+          if (const char* visible = std::getenv(cluster::kCudaVisibleDevicesEnv))
+            gpus = cluster::select_visible_gpus(gpus, visible);
+          if (value == "gpu" && gpus.empty()) {
+            return "is 'gpu', but this node has no GPU that NVML (libnvidia-ml.so.1) and "
+                   "CUDA_VISIBLE_DEVICES leave visible. HINT: --nproc-per-node cpu, or a number.";
+          }
+          const int n =
+              value == "cpu" || gpus.empty() ? usable_cpu_count() : static_cast<int>(gpus.size());
+          value = std::to_string(std::min(n, kMaxNprocPerNode));
+          return {};
+        }
+        auto n = parse_int(value);
+        if (n && *n >= 1 && *n <= kMaxNprocPerNode) return {};
+        return detail::concat("must be a whole number between 1 and ", kMaxNprocPerNode,
+                              ", or auto, cpu or gpu; got '", value,
+                              "' (from the flag or PET_NPROC_PER_NODE). HINT: the number of "
+                              "ranks on this node, e.g. 4, or auto for one per GPU (else per "
+                              "CPU).");
       },
       "");
 }
@@ -313,10 +346,11 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->positionals_at_end();
 
   cmd->add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
-                  "Number of ranks to start on this node")
+                  "Number of ranks to start on this node: N, or auto (one per GPU, else per "
+                  "usable CPU), cpu or gpu")
       ->envname("PET_NPROC_PER_NODE")
-      ->check(whole_number(1, kMaxNprocPerNode, "PET_NPROC_PER_NODE",
-                           "the number of ranks on this node, e.g. 4."))
+      ->transform(nproc_per_node_value())
+      ->type_name("N|auto|cpu|gpu")
       ->capture_default_str();
   cmd->add_option("--nnodes", flags->nnodes, "Number of nodes: N, or MIN:MAX (elastic)")
       ->envname("PET_NNODES")

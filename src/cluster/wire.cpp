@@ -1,6 +1,7 @@
 #include "trainyard/cluster/wire.h"
 
 #include <array>
+#include <cmath>
 #include <set>
 
 #include "cluster/json_fields.h"
@@ -112,6 +113,12 @@ std::optional<double> non_negative_number(const json& body, const char* field) {
   if (v < 0) {
     throw InvalidArgumentError(std::string("The field '") + field + "' must not be negative; got " +
                                std::to_string(v) + ".");
+  }
+  // A rank's share of a node: far below this on any machine, and multiplied by ranks and nodes
+  // it must stay a finite number.
+  if (!(v <= kMaxResourceAmount)) {
+    throw InvalidArgumentError(detail::concat("The field '", field, "' must be at most ",
+                                              kMaxResourceAmount, " per rank; got ", v, "."));
   }
   return v;
 }
@@ -474,6 +481,10 @@ void from_json(const json& body, JobSubmission& v) {
     }
     for (const auto& [k, x] : it->items()) {
       if (!x.is_number()) wrong_type(std::string(f::kEntrypointResources) + "." + k, "a number", x);
+      if (!(std::abs(x.get<double>()) <= kMaxResourceAmount)) {
+        throw InvalidArgumentError(detail::concat("The field 'entrypoint_resources.", k,
+                                                  "' must be at most ", kMaxResourceAmount, "."));
+      }
       check_size(std::string(f::kEntrypointResources) + " key", k.size(), kMaxNameBytes, "");
       v.entrypoint_resources[k] = x.get<double>();
     }

@@ -686,8 +686,12 @@ std::int64_t parse_count(std::string_view text, std::string_view flag) {
   if (suffix == "b" || suffix == "g") scale = 1e9;
   if (suffix == "t") scale = 1e12;
   const double n = value * scale;
-  TY_CHECK(ok && scale > 0 && n >= 1 && n < 9.2e18, flag, " is '", text,
+  TY_CHECK(ok && scale > 0, flag, " is '", text,
            "'; expected a parameter count such as 7.5e9, 6.9B, 410M or 70000000.");
+  TY_CHECK(n >= 1, flag, " is '", text, "', fewer than one parameter; a model has at least one.");
+  TY_CHECK(n < 9.2e18, flag, " is '", text, "', ", n,
+           " parameters: more than trainyard can count (under 9.2e18; the largest models have "
+           "about 2e12).");
   return static_cast<std::int64_t>(std::llround(n));
 }
 

@@ -189,6 +189,26 @@ TEST_F(ClusterTest, AnElasticJobGoesOnWithoutAKilledWorkerAndGrowsBackWhenANodeJ
   EXPECT_EQ(cluster.wait_for_terminal("elastic", 40s), "SUCCEEDED") << cluster.log_of("head");
 }
 
+TEST_F(ClusterTest, AHeadThatWasStoppedDoesNotDeclareItsNodesDead) {
+  // The head is stopped for longer than --dead-after (3 s) while a job runs: the heartbeats it
+  // could not read in that time count against nobody (Note [A head that did not run]).
+  start_head_and_two_workers();
+  const RunOutput r = cluster.cli(
+      {"submit", "--nodes", "2", "--submission-id", "paused", "--no-wait", "--", "sleep", "12"});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  ASSERT_TRUE(ClusterFixture::eventually(
+      [&] { return cluster.job("paused").value("status", "") == "RUNNING"; }, 20s));
+  cluster.head().send_signal(SIGSTOP);
+  std::this_thread::sleep_for(5s);
+  cluster.head().send_signal(SIGCONT);
+  std::this_thread::sleep_for(1500ms);  // several ticks of the woken head
+  EXPECT_EQ(cluster.nodes_in("dead"), 0u) << cluster.log_of("head");
+  EXPECT_EQ(cluster.job("paused").value("status", ""), "RUNNING") << cluster.log_of("head");
+  EXPECT_EQ(cluster.wait_for_terminal("paused", 40s), "SUCCEEDED") << cluster.log_of("head");
+  EXPECT_TRUE(contains(cluster.log_of("head"), "The head did not run for "))
+      << cluster.log_of("head");
+}
+
 TEST_F(ClusterTest, AWorkerStoppedWithSigtermLeavesWithoutAFailure) {
   start_head_and_two_workers();
   cluster.worker("w2").send_signal(SIGTERM);
@@ -282,6 +302,20 @@ TEST_F(ClusterTest, AHeadWithoutATokenMakesOneThatLocalClientsFind) {
   const RunOutput out = collect(head, 15s);
   EXPECT_TRUE(contains(out.out, "The cluster token is in " + token_file.string())) << out.out;
   EXPECT_FALSE(contains(out.out + out.err, cluster::load_token(token_file)));
+}
+
+TEST_F(ClusterTest, SubmitPassesTheCommandsOwnFlagsAfterEnvAndMetadata) {
+  // `--env A=B -- sh -c ...` was refused: "The following argument was not expected: -c".
+  cluster.start_head();
+  ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 1; }, 20s));
+  const RunOutput env = cluster.cli(
+      {"submit", "--env", "A=B", "--env", "C=D", "--", "sh", "-c", "echo \"A is $A, C is $C\""});
+  EXPECT_EQ(env.status.exit_code, 0) << env.out << env.err;
+  EXPECT_TRUE(contains(env.out, "A is B, C is D")) << env.out;
+  const RunOutput meta =
+      cluster.cli({"submit", "--metadata", "k=v", "--submission-id", "listing", "--", "ls", "-la"});
+  EXPECT_EQ(meta.status.exit_code, 0) << meta.out << meta.err;
+  EXPECT_EQ(cluster.job("listing")["metadata"]["k"], "v");
 }
 
 TEST_F(ClusterTest, UnsafeHeadSettingsAreRefused) {

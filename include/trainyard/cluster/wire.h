@@ -31,6 +31,7 @@ inline constexpr std::size_t kMaxMessageBytes = 4 << 10;    // a report's or a j
 inline constexpr std::size_t kMaxLastLines = 100;
 inline constexpr std::size_t kMaxJobsPerReport = 1'000;  // jobs one node reports at once
 inline constexpr std::size_t kMaxLogLinesPerBatch = 10'000;
+inline constexpr double kMaxResourceAmount = 1e6;  // entrypoint_num_cpus/gpus, per rank
 
 // A field past its size limit: the head answers 413 with this message.
 class MessageTooLargeError : public InvalidArgumentError {
