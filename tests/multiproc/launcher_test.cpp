@@ -21,6 +21,8 @@
 #include "../text.h"
 #include "launch_capture.h"
 #include "multiproc_util.h"
+#include "trainyard/cluster/node_resources.h"
+#include "trainyard/cpu_count.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"
 
@@ -593,6 +595,48 @@ TEST(LauncherCli, FlagsFromPetEnvironmentAndUnderscoreSpellings) {
   EXPECT_NE(r.status.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "--nproc-per-node")) << r.err;
   EXPECT_TRUE(contains(r.err, "PET_NPROC_PER_NODE")) << r.err;
+}
+
+TEST(LauncherCli, NprocPerNodeTakesAutoCpuAndGpuAsTorchrunDoes) {
+  // Kubeflow Trainer v2 sets PET_NPROC_PER_NODE=auto on GPU pods; torchrun also takes cpu and gpu.
+  const std::string count = std::to_string(usable_cpu_count());
+  const auto gpus = cluster::detect_nvml_gpus();
+  for (const char* value : {"auto", "cpu"}) {
+    auto r = run_cli({"run", "--no-prefix", "--", "/bin/sh", "-c",
+                      R"(if [ "$RANK" = 0 ]; then echo "world $WORLD_SIZE"; fi)"},
+                     {{"PET_NPROC_PER_NODE", value}});
+    ASSERT_EQ(r.status.exit_code, 0) << value << ": " << r.err;
+    if (std::string(value) == "cpu" || gpus.empty())
+      EXPECT_TRUE(contains(r.out, "world " + count + "\n")) << value << ": " << r.out;
+  }
+  if (gpus.empty()) {
+    auto r = run_cli({"run", "--nproc-per-node", "gpu", "/bin/true"});
+    EXPECT_NE(r.status.exit_code, 0);
+    EXPECT_TRUE(contains(r.err, "is 'gpu', but this node has no GPU")) << r.err;
+  }
+  auto r = run_cli({"run", "--nproc-per-node", "many", "/bin/true"});
+  EXPECT_NE(r.status.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "or auto, cpu or gpu; got 'many'")) << r.err;
+}
+
+TEST(PlanCli, ZeroAndHugeValuesAreErrorsNamingTheFlag) {
+  // --seq-len 0 and --nodes 0 were silently taken as "not given".
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--seq-len", "0"}, "--seq-len must be >= 2"},
+      {{"--nodes", "0"}, "--nodes must be >= 1, got 0"},
+      {{"--params", "1e30"}, "more than trainyard can count"},
+      {{"--params", "0.1"}, "fewer than one parameter"}};
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> args = {"plan", "--params", "7e9"};
+    if (flags[0] == "--params") args.resize(1);
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto r = run_cli(args);
+    EXPECT_NE(r.status.exit_code, 0) << flags[0];
+    EXPECT_TRUE(contains(r.err, message)) << flags[0] << ": " << r.err;
+  }
+  EXPECT_EQ(
+      run_cli({"plan", "--params", "7e9", "--seq-len", "2048", "--nodes", "1"}).status.exit_code,
+      0);
 }
 
 TEST(LauncherCli, ProgramArgumentsPassThroughUntouched) {
