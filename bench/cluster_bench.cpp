@@ -21,15 +21,27 @@
 //          (what the dashboard polls) at the end: its size and latency.
 //          Also the worker's side: the time to build one heartbeat's metrics (NodeSampler on
 //          this machine's /proc plus --ranks-per-node rank files read, labelled and serialised).
+// hostile: one fake node heartbeats a RUNNING job every 100 ms while GET /api/version is timed,
+//          for --seconds unloaded, then for --seconds under 40 idle connections, 40 clients
+//          sending a byte a second (reconnecting when cut) and 64 log followers that never read:
+//          p50/p99/max of both, the head's thread count and RSS; the job must end SUCCEEDED and
+//          the node alive (Note [Serving hostile clients]).
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -255,13 +267,18 @@ void restart_part(const Options& o, const fs::path& dir) {
 namespace metrics = trainyard::metrics;
 namespace mname = metrics::name;
 
-// Resident memory of this process, bytes.
-double rss_bytes() {
+// A field of /proc/self/status ("VmRSS:" in kB, "Threads:"), as a number.
+double proc_status(const char* key) {
   std::ifstream in("/proc/self/status");
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::strlen(key)));
   }
   return 0;
+}
+
+// Resident memory of this process, bytes.
+double rss_bytes() {
+  return proc_status("VmRSS:") * 1024;
 }
 
 // What one rank's registry holds after some training: ~40 series. `t` moves the values on.
@@ -497,6 +514,123 @@ void metrics_part(const Options& o, const fs::path& dir) {
   head.stop();
 }
 
+// --- hostile: the head under idle, slow and non-reading clients --------------------------------
+
+// A raw TCP client of the head: connects, sends what it is told, never reads (a small receive
+// buffer, so that it stops taking data early).
+struct RawClient {
+  int fd = -1;
+  explicit RawClient(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ~RawClient() {
+    if (fd >= 0) ::close(fd);
+  }
+  bool send(const std::string& bytes) const {
+    return fd >= 0 && ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) > 0;
+  }
+};
+
+struct Latencies {
+  std::vector<double> version, heartbeat;  // ms
+};
+
+// Every 100 ms for `seconds`: GET /api/version and node n1's heartbeat, each timed; `each` runs
+// between rounds (the attackers' next bytes, the job's log lines).
+Latencies probe(const Head& head, double seconds, const std::function<void(int)>& each) {
+  HttpClient client;
+  Latencies out;
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  for (int round = 0; Clock::now() < end; ++round) {
+    each(round);
+    auto t0 = Clock::now();
+    call(client, head, "GET", std::string(api::kVersionPath));
+    out.version.push_back(seconds_since(t0) * 1e3);
+    t0 = Clock::now();
+    call(client, head, "POST", api::node_heartbeat_path("n1"),
+         {{f::kUsage, json::object()},
+          {f::kJobs, {{{f::kJobId, "hostile"}, {f::kState, api::kReportRunning}}}}});
+    out.heartbeat.push_back(seconds_since(t0) * 1e3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return out;
+}
+
+void print_latencies(const char* phase, Latencies l) {
+  std::sort(l.version.begin(), l.version.end());
+  std::sort(l.heartbeat.begin(), l.heartbeat.end());
+  std::printf("%-44s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.0f %8.1f\n", phase,
+              percentile(l.version, 0.5), percentile(l.version, 0.99), l.version.back(),
+              percentile(l.heartbeat, 0.5), percentile(l.heartbeat, 0.99), l.heartbeat.back(),
+              proc_status("Threads:"), rss_bytes() / (1 << 20));
+  std::fflush(stdout);
+}
+
+void hostile_part(const Options& o, const fs::path& dir) {
+  Head head(HeadOptions{.port = 0,
+                        .token = kToken,
+                        .state_dir = dir / "hostile",
+                        .heartbeat_interval = std::chrono::milliseconds(500),
+                        .dead_after = std::chrono::milliseconds(3'000)});
+  head.start();
+  HttpClient client;
+  call(client, head, "POST", std::string(api::kNodesPath),
+       {{f::kNodeId, "n1"},
+        {f::kHostname, "bench"},
+        {f::kResources, {{f::kCpu, 4}, {f::kGpu, 0}, {f::kMemoryBytes, 1LL << 30}}}});
+  call(client, head, "POST", std::string(api::kJobsPath),
+       {{f::kEntrypoint, "train"}, {f::kSubmissionId, "hostile"}});
+  std::printf("%-44s %8s %8s %8s %8s %8s %8s %8s %8s\n", "phase (ms; head threads, RSS MiB)",
+              "ver p50", "ver p99", "ver max", "hb p50", "hb p99", "hb max", "threads", "RSS");
+  std::int64_t seq = 0;
+  const std::string line(1000, 'x');
+  const auto log_lines = [&](int) {
+    call(client, head, "POST", api::worker_logs_path("hostile"),
+         {{f::kNodeId, "n1"}, {f::kFirstSeq, seq++}, {f::kLines, {{{f::kText, line}}}}});
+  };
+  print_latencies("unloaded", probe(head, o.seconds, log_lines));
+  std::vector<std::unique_ptr<RawClient>> idle, slow, followers;
+  for (int i = 0; i < 40; ++i) idle.push_back(std::make_unique<RawClient>(head.port()));
+  const std::string handshake = "GET " + api::job_logs_tail_path("hostile") +
+                                " HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                                "Connection: Upgrade\r\nSec-WebSocket-Key: "
+                                "dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                                "Authorization: Bearer " +
+                                std::string(kToken) + "\r\n\r\n";
+  for (int i = 0; i < 64; ++i) {
+    followers.push_back(std::make_unique<RawClient>(head.port()));
+    followers.back()->send(handshake);
+  }
+  const auto attack = [&](int round) {
+    log_lines(round);
+    if (round % 10 != 0) return;  // one byte a second from each slow client
+    if (slow.empty())
+      for (int i = 0; i < 40; ++i) slow.push_back(std::make_unique<RawClient>(head.port()));
+    for (auto& c : slow) {
+      // A client cut at the request deadline comes back at once, as an attacker would.
+      if (!c->send("G")) c = std::make_unique<RawClient>(head.port());
+    }
+  };
+  print_latencies("40 idle + 40 slow (1 B/s) + 64 followers", probe(head, o.seconds, attack));
+  call(client, head, "POST", api::node_heartbeat_path("n1"),
+       {{f::kUsage, json::object()},
+        {f::kJobs, {{{f::kJobId, "hostile"}, {f::kState, api::kReportSucceeded}}}}});
+  const json job = call(client, head, "GET", api::job_path("hostile"));
+  const json status = call(client, head, "GET", std::string(api::kStatusPath));
+  std::printf("job: %s; node n1: %s\n", job.value(f::kStatus, "?").c_str(),
+              status[f::kNodes][0].value(f::kState, "?").c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -553,8 +687,10 @@ int main(int argc, char** argv) {
         restart_part(o, dir);
       else if (p == "metrics")
         metrics_part(o, dir);
+      else if (p == "hostile")
+        hostile_part(o, dir);
       else
-        throw trainyard::Error("unknown part '" + p + "' (api, restart, metrics)");
+        throw trainyard::Error("unknown part '" + p + "' (api, restart, metrics, hostile)");
       std::printf("\n");
     }
   } catch (const std::exception& e) {

@@ -20,7 +20,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev libopenblas0-pthread   # LibTorch, Gloo headers, a fast BLAS
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
-  libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev libcivetweb-dev
+  libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev libmicrohttpd-dev
   ca-certificates                                  # TLS to S3 and STS
   libicu-dev                                       # Unicode for the tokenizer (NFC, classes)
   libturbojpeg0-dev libpng-dev                     # JPEG and PNG for the ImageFolder dataset

@@ -1,11 +1,15 @@
 #include "tools/daemon_commands.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <optional>
@@ -67,6 +71,21 @@ cluster::DetectOptions overrides(const ResourceFlags& f) {
   return o;
 }
 
+// The head serves up to HttpServerOptions::max_connections clients at once besides its own files;
+// Debian's default soft limit of 1,024 descriptors would refuse accept()s first. The soft limit
+// is process-global, so main's command raises it (to the hard limit, at most 65,536).
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t want = std::min<rlim_t>(limit.rlim_max, 65'536);
+  if (limit.rlim_cur >= want) return;
+  limit.rlim_cur = want;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    logger("head")->warn("Could not raise the open file limit to {}: {}", want,
+                         std::strerror(errno));
+  }
+}
+
 void add_head(CLI::App& app, int& exit_code) {
   struct Flags {
     std::string bind = "127.0.0.1";
@@ -126,6 +145,7 @@ void add_head(CLI::App& app, int& exit_code) {
       }
     }
     if (f->state_dir.empty()) f->state_dir = cluster::default_head_state_dir().string();
+    raise_open_file_limit();
     SignalWait signals;
     cluster::Head head({.bind_address = f->bind,
                         .port = f->port,

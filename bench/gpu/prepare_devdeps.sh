@@ -11,7 +11,7 @@ mkdir -p "$D/fmnist"
 grep -qx '/.devdeps/' "$(git -C "$ROOT" rev-parse --absolute-git-dir)/info/exclude" 2>/dev/null ||
   echo '/.devdeps/' >>"$(git -C "$ROOT" rev-parse --absolute-git-dir)/info/exclude"
 (cd "$D" && apt-get download libgloo-dev libicu-dev libicu72 libcurl4-openssl-dev \
-  libcivetweb-dev libcivetweb1 libsqlite3-dev libturbojpeg0-dev libturbojpeg0 \
+  libmicrohttpd-dev libmicrohttpd12 libsqlite3-dev libturbojpeg0-dev libturbojpeg0 \
   libjpeg62-turbo-dev libjpeg62-turbo libjs-chart.js)
 F=/usr/share/datasets/fashion-mnist
 for kind in images-idx3 labels-idx1; do

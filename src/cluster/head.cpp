@@ -32,6 +32,9 @@ void validate(const HeadOptions& o) {
            o.tick_interval.count(), " ms.");
   TY_CHECK(o.history_points >= 2, "HeadOptions.history_points must be at least 2; got ",
            o.history_points, ".");
+  TY_CHECK(o.max_log_followers_per_job >= 1 && o.max_log_followers >= 1,
+           "HeadOptions.max_log_followers_per_job (", o.max_log_followers_per_job,
+           ") and max_log_followers (", o.max_log_followers, ") must be at least 1.");
   TY_CHECK(o.http_threads >= 2, "HeadOptions.http_threads must be at least 2; got ", o.http_threads,
            ".");
   TY_CHECK(!(o.unauthenticated && o.token), "HeadOptions.unauthenticated is set together with a ",
@@ -93,7 +96,11 @@ void Head::start() {
     }
   }
   m.server = std::make_unique<net::HttpServer>(net::HttpServerOptions{
-      .bind_address = m.o.bind_address, .port = m.o.port, .threads = m.o.http_threads});
+      .bind_address = m.o.bind_address,
+      .port = m.o.port,
+      .threads = m.o.http_threads,
+      // Followers beyond the head's own caps are refused by it with a reason (429).
+      .max_websockets = m.o.max_log_followers + 16});
   m.add_routes();
   try {
     m.server->start();

@@ -76,11 +76,11 @@ json HeadClient::call(const char* method,
     case 201:
       break;
     case 401:
-      throw Error(detail::concat(
-          "The head at ", base_, " wants a token for ", what, " (HTTP 401). HINT: pass ",
-          "--token-file or set ", kTokenEnv, "; a head started without a token made one in its ",
-          "--state-dir (", kGeneratedTokenFile, ", by default ~/.trainyard/head/",
-          kGeneratedTokenFile, ")."));
+      throw Error(detail::concat("The head at ", base_, " wants a token for ", what,
+                                 " (HTTP 401). HINT: pass ", "--token-file or set ", kTokenEnv,
+                                 "; a head started without a token made one in its ",
+                                 "--state-dir (", kGeneratedTokenFile,
+                                 ", by default ~/.trainyard/head/", kGeneratedTokenFile, ")."));
     case 403:
       throw Error(detail::concat("The head at ", base_, " refused ", what,
                                  " (HTTP 403: ", message_of(r.body),

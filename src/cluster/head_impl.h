@@ -121,10 +121,13 @@ struct Head::Impl {
   std::mutex tails_mu;
   std::vector<std::shared_ptr<Tail>> tails;
   // Note [Tails on their own thread]
-  // A WebSocket write blocks while its client does not read (civetweb's write timeout). Log
-  // tails are therefore pumped only on `tail_pumper`, woken by wake_tails() (new lines, a job's
-  // end) and every tick_interval: a stalled follower delays other followers, never the tick (node
-  // deaths, scheduling) or a worker's heartbeat. Guarded by tails_mu: tails_wanted.
+  // Log tails are pumped on `tail_pumper`, woken by wake_tails() (new lines, a job's end) and
+  // every tick_interval, never on a request's thread. A WebSocket write only queues (the server
+  // writes what the client takes, Note [Serving hostile clients]): a tail stops at
+  // kTailHighWaterBytes unread and goes on at a later pump, and a follower that reads nothing is
+  // dropped by the server, so no follower delays another, the tick or a heartbeat. Followers are
+  // capped per job and in all (HeadOptions), past that 429. Guarded by tails_mu: tails_wanted.
+  static constexpr std::size_t kTailHighWaterBytes = 256 << 10;
   std::thread tail_pumper;
   std::condition_variable tails_cv;
   bool tails_wanted = false;

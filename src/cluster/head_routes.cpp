@@ -137,26 +137,60 @@ void Head::Impl::add_routes() {
     return json_response(page);
   });
 
-  s.websocket(std::string(api::kJobLogsTailPattern),
-              [this](std::shared_ptr<net::WebSocketConnection> ws) {
-                std::string id = ws->request().params.at("id");
-                {
-                  std::lock_guard<std::mutex> lock(mu);
-                  if (!jobs.count(id)) {
-                    ws->send_text("Job '" + id + "' does not exist.\n");
-                    ws->close();
-                    return;
-                  }
-                }
-                auto t = std::make_shared<Tail>();
-                t->ws = ws;
-                t->job_id = id;
-                {
-                  std::lock_guard<std::mutex> lock(tails_mu);
-                  tails.push_back(t);
-                }
-                pump(t);
-              });
+  // Followers are capped per job and in all: each costs the head a buffer and a share of the
+  // tail pump (Note [Tails on their own thread]).
+  const auto admit_follower =
+      [this](const net::ServerRequest& req) -> std::optional<net::ServerResponse> {
+    const std::string& id = req.params.at("id");
+    std::size_t of_job = 0, all = 0;
+    {
+      std::lock_guard<std::mutex> lock(tails_mu);
+      for (const auto& t : tails) {
+        if (t->ws->closed()) continue;
+        ++all;
+        if (t->job_id == id) ++of_job;
+      }
+    }
+    if (of_job >= static_cast<std::size_t>(o.max_log_followers_per_job)) {
+      return net::ServerResponse::json_error(
+          429, "Job '" + id + "' has " + std::to_string(of_job) +
+                   " log followers, the most a job may have (--max-log-followers-per-job). "
+                   "Hint: GET " +
+                   api::job_logs_path(id) +
+                   "?after=N pages through the log "
+                   "without holding a connection.");
+    }
+    if (all >= static_cast<std::size_t>(o.max_log_followers)) {
+      return net::ServerResponse::json_error(
+          429, "The head has " + std::to_string(all) +
+                   " log followers, the most it serves at once. Try again later, or page "
+                   "through GET " +
+                   api::job_logs_path(id) + "?after=N.");
+    }
+    return std::nullopt;
+  };
+  s.websocket(
+      std::string(api::kJobLogsTailPattern),
+      [this](std::shared_ptr<net::WebSocketConnection> ws) {
+        std::string id = ws->request().params.at("id");
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!jobs.count(id)) {
+            ws->send_text("Job '" + id + "' does not exist.\n");
+            ws->close();
+            return;
+          }
+        }
+        auto t = std::make_shared<Tail>();
+        t->ws = ws;
+        t->job_id = id;
+        {
+          std::lock_guard<std::mutex> lock(tails_mu);
+          tails.push_back(t);
+        }
+        pump(t);
+      },
+      admit_follower);
 
   // --- worker protocol ---------------------------------------------------------------------------
   s.route("POST", std::string(api::kNodesPath), [this](const net::ServerRequest& req) {

@@ -313,6 +313,9 @@ void Head::Impl::pump(const std::shared_ptr<Tail>& t) {
     finished = tail_finished(t->job_id);  // before reading: no line is missed
   }
   for (;;) {
+    // A follower with much unread goes on at the next pump (Note [Tails on their own thread]);
+    // one that reads nothing at all is dropped by the server.
+    if (t->ws->buffered_bytes() >= kTailHighWaterBytes) return;
     std::vector<LogLine> lines = store->read_logs(t->job_id, t->last_order, 1000);
     if (lines.empty()) break;
     std::string text;

@@ -2,7 +2,10 @@
 // poll. Real HTTP on 127.0.0.1.
 #pragma once
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -108,6 +111,73 @@ inline std::string websocket_read_all(const std::string& url,
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   pclose(p);
   return out;
+}
+
+// A TCP connection to 127.0.0.1:port for hostile-client tests; closed when destroyed.
+class RawClient {
+ public:
+  explicit RawClient(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    // A small receive buffer, so that a client that does not read stops taking data early.
+    int small = 4096;
+    if (fd_ >= 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  }
+  ~RawClient() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+
+  bool connected() const { return connected_; }
+  bool send(const std::string& bytes) {
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  // Whether the server closed the connection (reads and discards what waits, without blocking).
+  bool closed_by_server() {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0) return true;
+      if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+    }
+  }
+  // Reads up to `max` bytes within `timeout`, stopping at "\r\n\r\n" (a response's head).
+  std::string read_head(std::chrono::milliseconds timeout, std::size_t max = 4096) {
+    std::string got;
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (got.size() < max && got.find("\r\n\r\n") == std::string::npos &&
+           std::chrono::steady_clock::now() < end) {
+      char c;
+      const ssize_t n = ::recv(fd_, &c, 1, MSG_DONTWAIT);
+      if (n == 1) {
+        got.push_back(c);
+      } else if (n == 0) {
+        break;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    return got;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+// A WebSocket handshake for `path` as a client sends it (it then never reads, if it so wishes).
+inline std::string websocket_handshake(const std::string& path, const std::string& token = "") {
+  std::string h = "GET " + path +
+                  " HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+  if (!token.empty()) h += "Authorization: Bearer " + token + "\r\n";
+  return h + "\r\n";
 }
 
 }  // namespace trainyard::test

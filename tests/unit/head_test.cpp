@@ -416,6 +416,48 @@ TEST_F(HeadTest, ADeadNodesReservationIsReleasedWhenItsJobFails) {
   })) << get("/api/cluster/status").dump();
 }
 
+TEST_F(HeadTest, FloodsAndFollowersThatDoNotReadDelayNoHeartbeat) {
+  // Under civetweb 33 idle connections, 40 slow clients or 32 followers that did not read took
+  // every thread: heartbeats went unread, nodes were declared dead and the running job FAILED.
+  start(short_lived(options()));  // suspect after 0.4 s without a heartbeat, dead after 1.5 s
+  register_node("n1", 2);
+  std::string id = submit({{"entrypoint", "x"}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  std::vector<std::unique_ptr<test::RawClient>> idle, slow, followers;
+  for (int i = 0; i < 40; ++i) {
+    idle.push_back(std::make_unique<test::RawClient>(head_->port()));
+    slow.push_back(std::make_unique<test::RawClient>(head_->port()));
+  }
+  int admitted = 0, refused = 0;
+  for (int i = 0; i < 64; ++i) {
+    followers.push_back(std::make_unique<test::RawClient>(head_->port()));
+    followers.back()->send(test::websocket_handshake(api::job_logs_tail_path(id), *token_));
+    const std::string answer = followers.back()->read_head(std::chrono::seconds(5), 8192);
+    if (answer.find(" 101 ") != std::string::npos) ++admitted;
+    if (answer.find(" 429 ") != std::string::npos) ++refused;
+  }
+  EXPECT_EQ(admitted, 32);  // HeadOptions::max_log_followers_per_job
+  EXPECT_EQ(refused, 32);
+  double worst_ms = 0;
+  const std::string text(2000, 'y');
+  for (int step = 0; step < 30; ++step) {  // 3 s: twice dead_after
+    for (auto& c : slow) c->send("G");
+    call("POST", api::worker_logs_path(id),
+         {{"node_id", "n1"}, {"first_seq", step}, {"lines", {{{"rank", 0}, {"text", text}}}}});
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(heartbeat("n1")["registered"], true);
+    worst_ms = std::max(
+        worst_ms,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_LT(worst_ms, 1000);
+  EXPECT_EQ(node_in_status("n1")["state"], "alive");
+  heartbeat("n1", json::array({report(id, "succeeded")}));
+  EXPECT_EQ(status_of(id), "SUCCEEDED");
+}
+
 TEST_F(HeadTest, SilentNodeGoesSuspectThenDeadAndFailsItsJob) {
   start(short_lived(options()));
   register_node("n1", 2);

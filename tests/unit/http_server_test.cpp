@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "cluster_test_util.h"
@@ -163,6 +164,106 @@ TEST(HttpServerTest, StopAfterServingIsQuick) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
   EXPECT_FALSE(server.running());
   EXPECT_EQ(http("GET", base(server) + "/x").status, 0);
+}
+
+// Note [Serving hostile clients]: 40 idle connections and 40 that send a byte every 100 ms hold
+// no thread; the server answers others at once, and cuts the slow ones at request_timeout.
+TEST(HttpServerTest, IdleAndSlowClientsHoldNothingAndAreCutAtTheDeadline) {
+  HttpServer server(HttpServerOptions{.threads = 2, .request_timeout = std::chrono::seconds(2)});
+  server.route("GET", "/x", [](const ServerRequest&) { return ServerResponse{.body = "{}"}; });
+  server.start();
+  std::vector<std::unique_ptr<test::RawClient>> idle, slow;
+  for (int i = 0; i < 40; ++i) {
+    idle.push_back(std::make_unique<test::RawClient>(server.port()));
+    slow.push_back(std::make_unique<test::RawClient>(server.port()));
+    ASSERT_TRUE(idle.back()->connected() && slow.back()->connected());
+  }
+  const std::string request = "GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: ";
+  double worst_ms = 0;
+  for (int step = 0; step < 10; ++step) {  // 1 s of dribbling
+    for (auto& c : slow) c->send(std::string(1, request[static_cast<std::size_t>(step)]));
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(http("GET", base(server) + "/x").status, 200);
+    worst_ms = std::max(
+        worst_ms,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // Under civetweb each of them held a thread and this took 30 s; generous for a loaded machine.
+  EXPECT_LT(worst_ms, 1000) << "a request waited behind idle and slow clients";
+  // Past the 2 s deadline every one of them is cut, the slow ones although they kept sending.
+  EXPECT_TRUE(test::eventually(
+      [&] {
+        for (auto* group : {&idle, &slow})
+          for (auto& c : *group)
+            if (!c->closed_by_server()) return false;
+        return true;
+      },
+      std::chrono::seconds(6)));
+  EXPECT_GE(server.stats().requests_timed_out, 80u);
+  EXPECT_EQ(http("GET", base(server) + "/x").status, 200);
+}
+
+TEST(HttpServerTest, AWebSocketClientThatDoesNotReadIsDroppedAndDelaysNothing) {
+  HttpServer server(HttpServerOptions{.websocket_buffer_bytes = 256 << 10,
+                                      .websocket_stall_timeout = std::chrono::seconds(1)});
+  std::vector<std::shared_ptr<WebSocketConnection>> kept;
+  std::mutex mu;
+  server.websocket("/ws", [&](std::shared_ptr<WebSocketConnection> ws) {
+    std::lock_guard<std::mutex> lock(mu);
+    kept.push_back(ws);
+  });
+  server.route("GET", "/x", [](const ServerRequest&) { return ServerResponse{.body = "{}"}; });
+  server.start();
+  test::RawClient reader(server.port());
+  ASSERT_TRUE(reader.send(test::websocket_handshake("/ws")));
+  const std::string head = reader.read_head(std::chrono::seconds(5));
+  ASSERT_NE(head.find("101"), std::string::npos) << head;
+  // RFC 6455's example key and its answer.
+  EXPECT_NE(head.find("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), std::string::npos)
+      << head;
+  ASSERT_TRUE(test::eventually([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return kept.size() == 1;
+  }));
+  std::shared_ptr<WebSocketConnection> ws = kept[0];
+  // The writer never blocks: it queues until the client's share is full, then the client is
+  // dropped with a close frame, and the writer learns it from send_text.
+  const std::string chunk(16 << 10, 'x');
+  const auto t0 = std::chrono::steady_clock::now();
+  bool refused = false;
+  for (int i = 0; i < 1000 && !refused; ++i) {
+    refused = !ws->send_text(chunk);
+    if (!refused && ws->buffered_bytes() > (128 << 10))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(refused) << "a client that reads nothing was never dropped";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
+  EXPECT_EQ(http("GET", base(server) + "/x").status, 200);  // nothing else waited
+  EXPECT_TRUE(test::eventually([&] { return server.stats().websockets_dropped == 1; }));
+  EXPECT_TRUE(test::eventually([&] { return server.stats().websockets_open == 0; }));
+}
+
+TEST(HttpServerTest, WebSocketsPastTheLimitAndRefusedAdmissionsAreAnsweredWithTheReason) {
+  HttpServer server(HttpServerOptions{.max_websockets = 1});
+  server.websocket(
+      "/ws/{name}", [](std::shared_ptr<WebSocketConnection>) {},
+      [](const ServerRequest& req) -> std::optional<ServerResponse> {
+        if (req.params.at("name") == "full") return ServerResponse::json_error(429, "too many");
+        return std::nullopt;
+      });
+  server.start();
+  test::RawClient refused(server.port());
+  refused.send(test::websocket_handshake("/ws/full"));
+  const std::string r = refused.read_head(std::chrono::seconds(5), 8192);
+  EXPECT_NE(r.find("429"), std::string::npos) << r;
+  test::RawClient first(server.port());
+  first.send(test::websocket_handshake("/ws/a"));
+  EXPECT_NE(first.read_head(std::chrono::seconds(5)).find("101"), std::string::npos);
+  ASSERT_TRUE(test::eventually([&] { return server.stats().websockets_open == 1; }));
+  test::RawClient second(server.port());
+  second.send(test::websocket_handshake("/ws/b"));
+  EXPECT_NE(second.read_head(std::chrono::seconds(5)).find("503"), std::string::npos);
 }
 
 }  // namespace

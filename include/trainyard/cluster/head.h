@@ -18,7 +18,7 @@ namespace trainyard::cluster {
 
 struct HeadOptions {
   static constexpr int kDefaultPort = 8265;  // Ray's dashboard port, where Ray's clients look
-  static constexpr int kDefaultHttpThreads = 32;
+  static constexpr int kDefaultHttpThreads = 8;
   std::string bind_address = "127.0.0.1";  // --bind; beyond loopback only with a token
   int port = kDefaultPort;                 // 0: the system picks one; read it with port()
   // Required of every call (cluster/auth.h). When unset, start() reads or makes
@@ -32,8 +32,11 @@ struct HeadOptions {
   std::chrono::milliseconds suspect_after{0};
   std::chrono::milliseconds dead_after{10'000};  // ... and dead ("heartbeat timeout")
   std::chrono::milliseconds tick_interval{500};  // node lifecycle, scheduling, log tails
-  int http_threads = kDefaultHttpThreads;        // each open log tail holds one
-  int failures_shown = 10;                       // most recent node failures in the status snapshot
+  int http_threads = kDefaultHttpThreads;  // run handlers; connections and log tails hold none
+  // WebSocket log followers (`ray job logs -f`), per job and in all; past them 429.
+  int max_log_followers_per_job = 32;
+  int max_log_followers = 128;
+  int failures_shown = 10;  // most recent node failures in the status snapshot
   // Points kept per metrics series for the history API and the dashboard (one per heartbeat);
   // points older than history_points heartbeat intervals are dropped too.
   int history_points = MetricsHistoryOptions::kDefaultPoints;

@@ -1,11 +1,14 @@
-// A small HTTP and WebSocket server over civetweb's C API (Note [civetweb] in http_server.cpp):
-// routes by method and path pattern ("/api/jobs/{id}/logs"), a hook run before every handler (for
-// authentication), WebSocket endpoints whose connection can be written from any thread, and JSON
-// errors: a handler's exception becomes 500 {"error": ...} (HttpStatusError its own status) and an
-// unknown path 404 {"error": ...}.
+// A small HTTP and WebSocket server over libmicrohttpd (Note [Serving hostile clients] in
+// http_server.cpp): routes by method and path pattern ("/api/jobs/{id}/logs"), a hook run before
+// every handler (for authentication), WebSocket endpoints whose connection can be written from
+// any thread without blocking, and JSON errors: a handler's exception becomes 500
+// {"error": ...} (HttpStatusError its own status) and an unknown path 404 {"error": ...}.
+// Connections and WebSockets hold no thread: a client that sends slowly, or a follower that does
+// not read, costs a socket and a bounded buffer, and is cut off at a deadline.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -63,8 +66,13 @@ class HttpStatusError : public Error {
 class WebSocketConnection {
  public:
   virtual ~WebSocketConnection() = default;
-  // Sends one text frame; returns false when the connection is closed. Blocks while writing.
+  // Queues one text frame and returns at once; false when the connection is closed, or when the
+  // frame would take the client's unsent bytes past HttpServerOptions::websocket_buffer_bytes:
+  // then the client is dropped (close code 1008) as one that does not read.
   virtual bool send_text(const std::string& text) = 0;
+  // Bytes queued and not yet taken by the client's socket: a writer with more to send waits while
+  // this is high instead of dropping the client.
+  virtual std::size_t buffered_bytes() const = 0;
   // Sends a close frame; the client then closes the connection.
   virtual void close() = 0;
   virtual bool closed() const = 0;
@@ -77,24 +85,38 @@ class WebSocketConnection {
 using HttpHandler = std::function<ServerResponse(const ServerRequest&)>;
 // Runs on a server thread after the handshake; it may keep the connection and return at once.
 using WebSocketHandler = std::function<void(std::shared_ptr<WebSocketConnection>)>;
+// Runs before a WebSocket handshake (after the hook), with the route's params: a response refuses
+// the upgrade (e.g. 429 when a job has too many followers).
+using WebSocketAdmission = std::function<std::optional<ServerResponse>(const ServerRequest&)>;
 // Runs before every handler (WebSocket upgrades included) on the request's line and headers: the
 // body is not read yet, so that a refused client costs no memory. A response stops the request
 // there and is sent instead.
 using HttpHook = std::function<std::optional<ServerResponse>(const ServerRequest&)>;
 
 struct HttpServerOptions {
-  static constexpr int kDefaultThreads = 16;
-  std::string bind_address = "127.0.0.1";  // an IPv4 address; "0.0.0.0" for every interface
-  int port = 0;                            // 0: the system picks one; read it back with port()
-  // civetweb's worker threads: each open WebSocket holds one for its lifetime.
-  int threads = kDefaultThreads;
-  std::chrono::milliseconds request_timeout{30'000};  // to read one request
-  // A larger body is refused with 413 naming the limit, before it is read.
+  static constexpr int kDefaultThreads = 4;
   static constexpr long long kDefaultMaxBodyBytes = 8LL << 20;
+  std::string bind_address = "127.0.0.1";  // an IPv4 or IPv6 address; "0.0.0.0" for every interface
+  int port = 0;                            // 0: the system picks one; read it back with port()
+  // Threads that run handlers. Connections waiting for their request hold none.
+  int threads = kDefaultThreads;
+  // The whole request (line, headers and body) must arrive within this of the connect, else the
+  // connection is cut: a client sending one byte a second holds nothing for long.
+  std::chrono::milliseconds request_timeout{10'000};
+  // A larger body is refused with 413 naming the limit, before it is read.
   long long max_body_bytes = kDefaultMaxBodyBytes;
+  // Open connections (WebSockets included), in all and from one client address; past them a new
+  // connection is closed at once.
+  int max_connections = 768;
+  int max_connections_per_client = 256;
+  // WebSockets: open at once (past it 503), bytes queued for one client before it is dropped,
+  // and how long a client may take nothing while bytes wait for it before it is dropped.
+  int max_websockets = 256;
+  std::size_t websocket_buffer_bytes = 1 << 20;
+  std::chrono::milliseconds websocket_stall_timeout{10'000};
 };
 
-// Handlers run on civetweb's worker threads, several at once: they must be thread-safe.
+// Handlers run on the server's threads, several at once: they must be thread-safe.
 // Configure (route, websocket, set_hook) and start/stop from one thread.
 class HttpServer {
  public:
@@ -107,17 +129,27 @@ class HttpServer {
   // trailing slash is ignored ("/api/jobs/" and "/api/jobs" are the same path). The first route
   // added that matches wins. Add routes before start().
   void route(const std::string& method, const std::string& pattern, HttpHandler handler);
-  void websocket(const std::string& pattern, WebSocketHandler handler);
+  void websocket(const std::string& pattern,
+                 WebSocketHandler handler,
+                 WebSocketAdmission admission = nullptr);
   void set_hook(HttpHook hook);
 
   // Listens and serves on background threads; NetworkError naming the address and port when it
   // cannot bind.
   void start();
-  // Closes open WebSockets, waits for running handlers and stops (see Note [Stopping civetweb]
-  // in http_server.cpp). Idempotent.
+  // Closes open WebSockets (a close frame, best effort), waits for running handlers and stops.
+  // Idempotent.
   void stop();
   int port() const;  // the port listened on (after start)
   bool running() const;
+
+  // What the server has refused or cut off since start (for tests and benchmarks).
+  struct Stats {
+    std::uint64_t requests_timed_out = 0;  // cut at request_timeout
+    std::uint64_t websockets_dropped = 0;  // did not read (buffer full or stalled)
+    std::uint64_t websockets_open = 0;     // now
+  };
+  Stats stats() const;
 
  private:
   struct Impl;
