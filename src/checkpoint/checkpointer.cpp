@@ -10,6 +10,7 @@
 #include <ctime>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -147,6 +148,17 @@ metrics::Counter* load_seconds() {
   return s != nullptr ? &s->load_seconds : nullptr;
 }
 
+std::string hex_of(const unsigned char* digest, unsigned int length) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * length);
+  for (unsigned int i = 0; i < length; ++i) {
+    out += kHex[digest[i] >> 4];
+    out += kHex[digest[i] & 15];
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string checkpoint_name(std::int64_t number) {
@@ -171,14 +183,7 @@ std::string sha256_hex(std::string_view data) {
   TY_CHECK_T(Error,
              EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) == 1,
              "OpenSSL could not compute a SHA-256 digest.");
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * length);
-  for (unsigned int i = 0; i < length; ++i) {
-    out += kHex[digest[i] >> 4];
-    out += kHex[digest[i] & 15];
-  }
-  return out;
+  return hex_of(digest, length);
 }
 
 Checkpointer::Checkpointer(const std::string& uri, CheckpointerOptions options)
@@ -464,6 +469,46 @@ std::string Checkpointer::read_file(const Manifest& manifest, const std::string&
   }
   heartbeat_while_waiting();  // a rank loading a large checkpoint is making progress
   return std::move(*contents);
+}
+
+void Checkpointer::verify_file(const Manifest& manifest,
+                               const std::string& file,
+                               std::uint64_t piece_bytes) {
+  TY_CHECK(piece_bytes > 0, "verify_file needs piece_bytes > 0.");
+  const auto where = join_uri(storage_->uri(), manifest.name) + "/" + file;
+  const auto digest = manifest.files.find(file);
+  if (digest == manifest.files.end()) {
+    throw CheckpointCorruptError(detail::concat(where, " is not in the checkpoint's manifest."));
+  }
+  TimeInto timed(load_seconds());
+  const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(),
+                                                                    &EVP_MD_CTX_free);
+  TY_CHECK_T(Error, ctx != nullptr && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1,
+             "OpenSSL could not start a SHA-256 digest.");
+  std::uint64_t total = 0;
+  for (;;) {
+    const auto piece = storage_->read_range(manifest.name + "/" + file, total, piece_bytes);
+    if (!piece) throw CheckpointCorruptError(detail::concat(where, " is missing."));
+    TY_CHECK_T(Error, EVP_DigestUpdate(ctx.get(), piece->data(), piece->size()) == 1,
+               "OpenSSL could not compute a SHA-256 digest.");
+    total += piece->size();
+    if (const auto* series = checkpoint_series())
+      series->load_bytes.add(static_cast<double>(piece->size()));
+    heartbeat_while_waiting();
+    if (piece->size() < piece_bytes || total > digest->second.bytes) break;
+  }
+  if (total != digest->second.bytes) {
+    throw CheckpointCorruptError(detail::concat(where, " has ", total, " bytes; the manifest says ",
+                                                digest->second.bytes, "."));
+  }
+  unsigned char hash[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  TY_CHECK_T(Error, EVP_DigestFinal_ex(ctx.get(), hash, &length) == 1,
+             "OpenSSL could not compute a SHA-256 digest.");
+  if (hex_of(hash, length) != digest->second.sha256) {
+    throw CheckpointCorruptError(
+        detail::concat(where, " does not match its SHA-256 in the manifest."));
+  }
 }
 
 LoadedCheckpoint Checkpointer::load(const std::string& name) {

@@ -240,25 +240,17 @@ LoadedLm untrained_model_of_run(const std::string& run_uri,
           load_text_tokenizer(config.value("tokenizer", "bytes")), run_uri};
 }
 
-// The newest complete checkpoint's name when `name` is empty.
-std::string checkpoint_or_newest(checkpoint::Checkpointer& checkpointer,
-                                 const std::string& run_uri,
-                                 std::string name) {
-  if (!name.empty()) return name;
-  const auto complete = checkpointer.list_complete();
-  TY_CHECK(!complete.empty(), "The run ", run_uri,
-           " has no complete checkpoint yet. HINT: train it (trainyard train causal-lm ...) "
-           "until it saves one.");
-  return complete.back();
-}
-
-// A sharded checkpoint's parameters, read by ranges (Note [Reading parameters by ranges]).
+// A sharded checkpoint's parameters, read by ranges (Note [Reading parameters by ranges]), after
+// every file of the checkpoint is checked against its SHA-256, streamed, as a resume checks it.
 std::unique_ptr<fsdp::ShardedParameterReader> parameter_reader(
     checkpoint::Checkpointer& checkpointer,
     const checkpoint::Manifest& manifest,
     const std::string& where) {
   std::map<std::string, std::uint64_t> sizes;
-  for (const auto& [file, digest] : manifest.files) sizes[file] = digest.bytes;
+  for (const auto& [file, digest] : manifest.files) {
+    sizes[file] = digest.bytes;
+    if (file != fsdp::kShardedMetadataFile) checkpointer.verify_file(manifest, file);
+  }
   auto& store = checkpointer.storage();
   const auto prefix = manifest.name + "/";
   return std::make_unique<fsdp::ShardedParameterReader>(
@@ -271,11 +263,13 @@ std::unique_ptr<fsdp::ShardedParameterReader> parameter_reader(
       std::move(sizes), where);
 }
 
-// Loads checkpoint `name` of the run (the newest complete one when empty) into `lm.model`.
-void load_run_checkpoint(LoadedLm& lm, const std::string& run_uri, const std::string& name) {
-  checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
-  const auto manifest =
-      checkpointer.read_manifest(checkpoint_or_newest(checkpointer, run_uri, name));
+// Loads checkpoint `name` of the run, verified, into `lm.model`. Throws CheckpointCorruptError
+// naming the file that fails verification.
+void load_run_checkpoint(LoadedLm& lm,
+                         checkpoint::Checkpointer& checkpointer,
+                         const std::string& run_uri,
+                         const std::string& name) {
+  const auto manifest = checkpointer.read_manifest(name);
   const auto where = storage::join_uri(run_uri, manifest.name);
   if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
     fsdp::load_sharded_into_module(*lm.model, *parameter_reader(checkpointer, manifest, where),
@@ -287,6 +281,65 @@ void load_run_checkpoint(LoadedLm& lm, const std::string& run_uri, const std::st
                             where + "/model.pt");
   }
   lm.description = detail::concat(where, " (step ", manifest.step, ")");
+}
+
+// Loads the newest checkpoint of the run that verifies into `lm.model`, as a resume chooses it
+// (Checkpointer::load_latest): each newer one that fails verification is skipped with a warning
+// naming the file. Throws CheckpointCorruptError listing every failure when none loads.
+void load_newest_run_checkpoint(LoadedLm& lm, const std::string& run_uri) {
+  checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
+  const auto complete = checkpointer.list_complete();
+  TY_CHECK(!complete.empty(), "The run ", run_uri,
+           " has no complete checkpoint yet. HINT: train it (trainyard train causal-lm ...) "
+           "until it saves one.");
+  std::string failures;
+  for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
+    try {
+      load_run_checkpoint(lm, checkpointer, run_uri, *it);
+      if (!failures.empty())
+        logger("train")->warn("Loaded {}, older than the damaged ones after it.", lm.description);
+      return;
+    } catch (const CheckpointCorruptError& e) {
+      logger("train")->warn("Skipping {} and trying the one before it: {}", *it, e.what());
+      failures += detail::concat(failures.empty() ? "" : " ", e.what());
+    }
+  }
+  throw CheckpointCorruptError(detail::concat(
+      "No checkpoint of ", run_uri, " loads: ", failures,
+      " HINT: a file that fails its SHA-256 was changed after it was saved (a disk or copy "
+      "fault): restore the run's checkpoints from a backup, or train it again."));
+}
+
+// Writes checkpoint `manifest` of the run as a Hugging Face folder, every file verified first.
+void export_verified(LoadedLm& lm,
+                     checkpoint::Checkpointer& checkpointer,
+                     const checkpoint::Manifest& manifest,
+                     const std::string& run_uri,
+                     const std::string& out_dir,
+                     const models::ExportOptions& options) {
+  const auto where = storage::join_uri(run_uri, manifest.name);
+  lm.description = detail::concat(where, " (step ", manifest.step, ")");
+  const auto config_json = lm.model->config().to_json();
+  models::TensorShapes tensors;
+  for (const auto& p : lm.model->named_parameters())
+    tensors.emplace_back(p.key(), p.value().sizes().vec());
+  if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
+    // One parameter at a time from the shards to the export (Note [Reading parameters by ranges]).
+    const auto reader = parameter_reader(checkpointer, manifest, where);
+    for (const auto& [param, shape] : tensors)
+      TY_CHECK_T(CheckpointCorruptError, reader->shapes().count(param) != 0, where,
+                 " has no parameter \"", param, "\".");
+    models::export_hf(
+        tensors, [&](const std::string& param, float* dst) { reader->read(param, dst); },
+        config_json, out_dir, options);
+  } else {
+    lm = untrained_model_of_run(run_uri, 0);  // DDP's model.pt holds the whole model anyway
+    load_run_checkpoint(lm, checkpointer, run_uri, manifest.name);
+    models::export_hf(*lm.model, config_json, out_dir, options);
+  }
+  if (lm.tokenizer.id != "bytes")
+    fs::copy_file(lm.tokenizer.id, fs::path(out_dir) / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
 }
 
 }  // namespace
@@ -317,7 +370,7 @@ LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
     return out;
   }
   auto lm = untrained_model_of_run(model_or_run, seed);
-  load_run_checkpoint(lm, model_or_run, "");
+  load_newest_run_checkpoint(lm, model_or_run);
   return lm;
 }
 
@@ -335,28 +388,17 @@ std::string export_checkpoint(const std::string& checkpoint_uri,
   checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
   const auto manifest = checkpointer.read_manifest(name);
   const auto where = storage::join_uri(run_uri, manifest.name);
-  lm.description = detail::concat(where, " (step ", manifest.step, ")");
-  const auto config_json = lm.model->config().to_json();
-  models::TensorShapes tensors;
-  for (const auto& p : lm.model->named_parameters())
-    tensors.emplace_back(p.key(), p.value().sizes().vec());
-  if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
-    // One parameter at a time from the shards to the export (Note [Reading parameters by ranges]).
-    const auto reader = parameter_reader(checkpointer, manifest, where);
-    for (const auto& [param, shape] : tensors)
-      TY_CHECK_T(CheckpointCorruptError, reader->shapes().count(param) != 0, where,
-                 " has no parameter \"", param, "\".");
-    models::export_hf(
-        tensors, [&](const std::string& param, float* dst) { reader->read(param, dst); },
-        config_json, out_dir, options);
-  } else {
-    lm = untrained_model_of_run(run_uri, 0);  // DDP's model.pt holds the whole model anyway
-    load_run_checkpoint(lm, run_uri, name);
-    models::export_hf(*lm.model, config_json, out_dir, options);
+  try {
+    export_verified(lm, checkpointer, manifest, run_uri, out_dir, options);
+  } catch (const CheckpointCorruptError& e) {
+    std::string others;
+    for (const auto& n : checkpointer.list_complete())
+      if (n != name) others += (others.empty() ? "" : ", ") + n;
+    throw CheckpointCorruptError(detail::concat(
+        "Cannot export ", where, ": ", e.what(), " HINT: ",
+        others.empty() ? "the run has no other complete checkpoint; train it again."
+                       : "export another of the run's checkpoints (" + others + ")."));
   }
-  if (lm.tokenizer.id != "bytes")
-    fs::copy_file(lm.tokenizer.id, fs::path(out_dir) / "tokenizer.json",
-                  fs::copy_options::overwrite_existing);
   return lm.description;
 }
 

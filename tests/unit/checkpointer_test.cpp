@@ -100,6 +100,37 @@ TEST(Checkpointer, SkipsACorruptNewestCheckpoint) {
   EXPECT_EQ(latest->checkpoint.step, 1);
 }
 
+// verify_file streams a file through the hash in pieces (here 7 bytes, so the file spans many)
+// for readers that then read it by ranges.
+TEST(Checkpointer, VerifyFileStreamsTheHashAndNamesAChangedOrCutFile) {
+  TempDir dir;
+  Checkpointer c(dir.path().string());
+  c.save(make(1, 1000));
+  const auto manifest = c.read_manifest("checkpoint_000000");
+  EXPECT_NO_THROW(c.verify_file(manifest, "model.pt", 7));
+  EXPECT_NO_THROW(c.verify_file(manifest, "model.pt", 1000));  // exactly one piece
+  overwrite_byte(dir.path() / "checkpoint_000000" / "model.pt", 998);
+  try {
+    c.verify_file(manifest, "model.pt", 7);
+    FAIL() << "a changed byte must not verify";
+  } catch (const CheckpointCorruptError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint_000000/model.pt does not match its SHA-256 "
+                                         "in the manifest."),
+              std::string::npos)
+        << e.what();
+  }
+  fs::resize_file(dir.path() / "checkpoint_000000" / "model.pt", 10);
+  try {
+    c.verify_file(manifest, "model.pt", 7);
+    FAIL() << "a cut file must not verify";
+  } catch (const CheckpointCorruptError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.pt has 10 bytes; the manifest says 1000."),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(c.verify_file(manifest, "other.bin"), CheckpointCorruptError);
+}
+
 TEST(Checkpointer, SkipsTruncatedMissingAndUnreadableCheckpoints) {
   TempDir dir;
   Checkpointer c(dir.path().string());
