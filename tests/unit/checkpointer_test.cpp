@@ -39,6 +39,7 @@ using storage::Storage;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+using trainyard::test::LogCapture;
 using trainyard::test::TempDir;
 
 Checkpoint make(std::int64_t step, std::size_t bytes = 1000) {
@@ -164,6 +165,33 @@ TEST(Checkpointer, NeverPicksAPartialSaveAndCleansItUp) {
   EXPECT_EQ(c.load_latest()->checkpoint.step, 2);
 }
 
+// Retention removes a checkpoint without a manifest (it never completed), but never silently: the
+// log names it, its files and why; a complete one beyond num_to_keep is logged too.
+TEST(Checkpointer, RetentionLogsWhatItRemovesAndWhy) {
+  TempDir dir;
+  Checkpointer c(dir.path().string(), {.num_to_keep = 1});
+  c.save(make(1));
+  // Intact files whose MANIFEST.json is gone (lost in a copy), claimed by no writer.
+  for (const auto& [file, contents] : make(2).files)
+    c.storage().write("checkpoint_000001/" + file, contents);
+  LogCapture log("checkpoint");
+  EXPECT_EQ(c.save(make(3)), "checkpoint_000002");
+  const auto text = log.text();
+  EXPECT_NE(text.find("Removing " + join_uri(dir.str(), "checkpoint_000001") +
+                      " (2 files: model.pt, state.json): it has no MANIFEST.json, so its save "
+                      "never completed, and no writer claims it. HINT: a checkpoint counts only "
+                      "once its MANIFEST.json is written"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Removing " + join_uri(dir.str(), "checkpoint_000000") +
+                      ": complete, older than the newest 1 that num_to_keep keeps (from "
+                      "checkpoint_000002)."),
+            std::string::npos)
+      << text;
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000001"));
+  EXPECT_EQ(c.list_complete(), std::vector<std::string>{"checkpoint_000002"});
+}
+
 TEST(Checkpointer, ASaveKilledHalfwayIsNeverPicked) {
   TempDir dir;
   Checkpointer(dir.path().string()).save(make(1));
@@ -263,8 +291,6 @@ TEST(OpenStorage, UrisAndSchemes) {
 }
 
 // ---- run lease, claims, retention, failures (issue 8) ----
-
-using trainyard::test::LogCapture;
 
 std::int64_t now_unix() {
   return static_cast<std::int64_t>(std::time(nullptr));
