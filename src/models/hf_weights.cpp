@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <mutex>
 #include <set>
+#include <string_view>
 
 #include "trainyard/error.h"
 #include "trainyard/hf/safetensors_writer.h"
@@ -12,7 +13,50 @@
 
 namespace trainyard::models {
 
+bool is_ignored_hf_buffer(const std::string& name) {
+  for (std::string_view suffix :
+       {".attention.rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"})
+    if (std::string_view(name).ends_with(suffix)) return true;
+  return false;
+}
+
+void check_hf_tensor_names(const std::vector<std::string>& model_names,
+                           const hf::WeightReader& reader) {
+  const std::set<std::string> wanted(model_names.begin(), model_names.end());
+  std::vector<std::string> missing, unexpected;
+  for (const auto& name : model_names)
+    if (!reader.contains(name)) missing.push_back(name);
+  for (const auto& name : reader.names())
+    if (!wanted.contains(name) && !is_ignored_hf_buffer(name)) unexpected.push_back(name);
+  if (missing.empty() && unexpected.empty()) return;
+  // At most this many names of each kind in the message, then a count.
+  constexpr std::size_t kNamesShown = 8;
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size() && i < kNamesShown; ++i)
+      out += (i == 0 ? "\"" : ", \"") + names[i] + "\"";
+    if (names.size() > kNamesShown)
+      out += detail::concat(" and ", names.size() - kNamesShown, " more");
+    return out;
+  };
+  std::string what;
+  if (!missing.empty())
+    what += detail::concat(" It lacks ", missing.size(), " tensor", missing.size() == 1 ? "" : "s",
+                           " the model needs: ", list(missing), ".");
+  if (!unexpected.empty())
+    what += detail::concat(" It holds ", unexpected.size(), " tensor",
+                           unexpected.size() == 1 ? "" : "s",
+                           " the model does not have: ", list(unexpected), ".");
+  throw CheckpointCorruptError(detail::concat(
+      reader.dir().string(), "'s weights do not match the model its config.json describes.", what,
+      " HINT: the weights and config.json belong to different models (or config.json has fewer "
+      "layers than the weights); use the config.json saved with these weights."));
+}
+
 void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader) {
+  std::vector<std::string> names;
+  for (const auto& p : module.named_parameters()) names.push_back(p.key());
+  check_hf_tensor_names(names, reader);
   torch::NoGradGuard no_grad;
   for (auto& p : module.named_parameters()) {
     auto& t = p.value();

@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "trainyard/blas_core.h"
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/checkpoint/torch_state.h"
 #include "trainyard/comm/process_group.h"
+#include "trainyard/cpu_count.h"
 #include "trainyard/data/batch_loader.h"
 #include "trainyard/data/distributed_sampler.h"
 #include "trainyard/data/text_lines.h"
@@ -221,6 +223,31 @@ TextTokenizer load_text_tokenizer(const std::string& id) {
 
 namespace {
 
+// Note [A reader checks the model's size]
+// generate and export build a whole model in one process, fp32: parameter_count() x 4 bytes (the
+// count the memory planner plans with). Before allocating, that is compared with what the process
+// may still take (available_memory_bytes: MemAvailable capped by the cgroup limit), so that a
+// config.json describing a model far larger than meant fails at once, naming its size, instead
+// of growing until the kernel kills the process. Unknown memory (no /proc) checks nothing.
+void check_model_fits(const models::GptNeoXConfig& config, const std::string& what) {
+  const auto available = available_memory_bytes();
+  if (!available) return;
+  const double params = static_cast<double>(config.parameter_count());
+  const double need = params * sizeof(float);
+  if (need <= static_cast<double>(*available)) return;
+  char sizes[160];
+  std::snprintf(sizes, sizeof sizes,
+                "%.3g billion parameters, %.3g GB in fp32, but this process "
+                "may take only %.3g GB",
+                params / 1e9, need / 1e9, static_cast<double>(*available) / 1e9);
+  throw InvalidArgumentError(detail::concat(
+      what, " describes a GPT-NeoX of ", sizes,
+      " (MemAvailable, capped by the cgroup memory limit): hidden_size ", config.hidden_size,
+      ", num_hidden_layers ", config.num_hidden_layers, ", intermediate_size ",
+      config.intermediate_size, ", vocab_size ", config.vocab_size,
+      ". HINT: check those sizes in its config.json, or run on a machine with more memory."));
+}
+
 // A run's folder: its model (untrained) and tokenizer, from its config.json.
 LoadedLm untrained_model_of_run(const std::string& run_uri,
                                 std::uint64_t seed,
@@ -236,6 +263,8 @@ LoadedLm untrained_model_of_run(const std::string& run_uri,
   TY_CHECK(config.value("recipe", "") == "causal-lm", run_uri,
            "/config.json is not a causal-lm run's (recipe \"", config.value("recipe", ""), "\").");
   const auto source = resolve_model(config.at("model").get<std::string>());
+  // See Note [A reader checks the model's size]; a deferred model allocates nothing.
+  if (!deferred) check_model_fits(source.config, run_uri + "'s model " + config.value("model", ""));
   return {models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed, .deferred = deferred}),
           load_text_tokenizer(config.value("tokenizer", "bytes")), run_uri};
 }
@@ -326,9 +355,24 @@ void export_verified(LoadedLm& lm,
   if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
     // One parameter at a time from the shards to the export (Note [Reading parameters by ranges]).
     const auto reader = parameter_reader(checkpointer, manifest, where);
-    for (const auto& [param, shape] : tensors)
-      TY_CHECK_T(CheckpointCorruptError, reader->shapes().count(param) != 0, where,
-                 " has no parameter \"", param, "\".");
+    // Every parameter on both sides, of one shape: never a silent subset, never a slice written
+    // past a smaller tensor.
+    std::set<std::string> model_params;
+    for (const auto& [param, shape] : tensors) {
+      model_params.insert(param);
+      const auto it = reader->shapes().find(param);
+      TY_CHECK_T(CheckpointCorruptError, it != reader->shapes().end(), where,
+                 " has no parameter \"", param, "\", which the model of the run's config.json has.",
+                 " HINT: was it saved from another model?");
+      TY_CHECK_T(CheckpointCorruptError, it->second == shape, where, ": parameter \"", param,
+                 "\" has shape ", torch::IntArrayRef(it->second), " there but ",
+                 torch::IntArrayRef(shape), " in the model of the run's config.json.");
+    }
+    for (const auto& [param, shape] : reader->shapes())
+      TY_CHECK_T(CheckpointCorruptError, model_params.contains(param), where, " holds parameter \"",
+                 param,
+                 "\", which the model of the run's config.json has not. HINT: was it saved from "
+                 "another model?");
     models::export_hf(
         tensors, [&](const std::string& param, float* dst) { reader->read(param, dst); },
         config_json, out_dir, options);
@@ -347,6 +391,7 @@ void export_verified(LoadedLm& lm,
 LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
   const auto& presets = models::GptNeoXConfig::preset_names();
   if (std::find(presets.begin(), presets.end(), model_or_run) != presets.end()) {
+    check_model_fits(models::GptNeoXConfig::preset(model_or_run), "The preset " + model_or_run);
     return {models::GptNeoX(models::GptNeoXConfig::preset(model_or_run),
                             models::GptNeoXInit{.seed = seed}),
             byte_tokenizer(),
@@ -362,6 +407,7 @@ LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
     // A Hugging Face folder: its config.json, weights and tokenizer.
     const auto source = resolve_model(model_or_run);
     const hf::WeightReader reader(source.dir);
+    check_model_fits(source.config, (fs::path(source.dir) / "config.json").string());
     LoadedLm out{models::GptNeoX(source.config, models::GptNeoXInit{.seed = seed}),
                  tokenizer_for(CausalLmOptions{}, source), ""};
     models::load_hf_weights(*out.model, reader);
@@ -503,7 +549,12 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
         .device = device};
     if (weights) {
       std::map<std::string, std::vector<std::int64_t>> shapes;
-      for (const auto& p : model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+      std::vector<std::string> names;
+      for (const auto& p : model->named_parameters()) {
+        shapes[p.key()] = p.value().sizes().vec();
+        names.push_back(p.key());
+      }
+      models::check_hf_tensor_names(names, *weights);
       options.param_slice_init = models::hf_slice_init(
           weights, [shapes](const std::string& name) { return shapes.at(name); });
     }

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include "trainyard/error.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/fsdp/state_dict.h"
+#include "trainyard/models/hf_weights.h"
 #include "trainyard/train/causal_lm.h"
 
 namespace trainyard::train {
@@ -152,6 +154,122 @@ TEST(CausalLmReader, ExportRefusesACheckpointWhoseShardFailsItsSha256) {
                 .find("checkpoint_000000 (step 10)"),
             std::string::npos);
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+}
+
+std::string invalid_message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an InvalidArgumentError";
+  return "";
+}
+
+// A Hugging Face folder whose config.json holds only the model type: Hugging Face's defaults
+// would build a 20B model. The missing fields are named instead.
+TEST(CausalLmReader, AConfigWithoutTheModelsSizeIsRefusedNamingTheFields) {
+  TempDir dir;
+  std::ofstream(dir.path() / "config.json") << R"({"model_type": "gpt_neox"})";
+  const auto message = invalid_message_of([&] { load_causal_lm(dir.str()); });
+  EXPECT_NE(message.find((dir.path() / "config.json").string() +
+                         ": config.json lacks \"vocab_size\", \"hidden_size\", "
+                         "\"num_hidden_layers\", \"num_attention_heads\", "
+                         "\"intermediate_size\", \"max_position_embeddings\""),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("HINT: "), std::string::npos) << message;
+}
+
+// A model far larger than any machine's memory is refused before anything is allocated (See
+// Note [A reader checks the model's size]): 1000 layers of width 65536 hold about 5e13
+// parameters, 200 TB in fp32.
+TEST(CausalLmReader, AModelLargerThanTheMemoryIsRefusedBeforeAllocating) {
+  TempDir dir;
+  auto config = testing::tiny_gpt_neox_config();
+  config.hidden_size = 65536;
+  config.num_attention_heads = 512;
+  config.intermediate_size = 4 * 65536;
+  config.num_hidden_layers = 1000;
+  std::ofstream(dir.path() / "config.json") << config.to_json();
+  models::export_hf(
+      {{"embed_out.weight", {2, 2}}},
+      [](const std::string&, float* dst) { std::fill_n(dst, 4, 0.0f); }, config.to_json(),
+      dir.str());
+  const auto message = invalid_message_of([&] { load_causal_lm(dir.str()); });
+  EXPECT_NE(message.find((dir.path() / "config.json").string() + " describes a GPT-NeoX of "),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("GB in fp32, but this process may take only "), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("hidden_size 65536, num_hidden_layers 1000"), std::string::npos)
+      << message;
+}
+
+// Weights with tensors the model lacks (a config.json with fewer layers than the weights) or
+// without ones it needs are refused naming them; an old checkpoint's rotary_emb.inv_freq buffer
+// is ignored by name.
+TEST(CausalLmReader, HuggingFaceWeightsMustMatchTheModelTensorForTensor) {
+  const auto config = testing::tiny_gpt_neox_config();  // 3 layers
+  models::GptNeoX model(config, models::GptNeoXInit{.seed = 5});
+  models::TensorShapes tensors;
+  for (const auto& p : model->named_parameters())
+    tensors.emplace_back(p.key(), p.value().sizes().vec());
+  tensors.emplace_back("gpt_neox.layers.0.attention.rotary_emb.inv_freq",
+                       std::vector<std::int64_t>{2});
+  auto fill = [&](const std::string& name, float* dst) {
+    if (name.ends_with("inv_freq")) {
+      std::fill_n(dst, 2, 1.0f);
+      return;
+    }
+    auto values = model->named_parameters()[name].contiguous();
+    std::copy_n(values.data_ptr<float>(), values.numel(), dst);
+  };
+  TempDir dir;
+  models::export_hf(tensors, fill, config.to_json(), dir.str());
+  auto lm = load_causal_lm(dir.str());  // inv_freq ignored
+  EXPECT_TRUE(torch::equal(lm.model->named_parameters()["embed_out.weight"],
+                           model->named_parameters()["embed_out.weight"]));
+
+  auto fewer = config;
+  fewer.num_hidden_layers = 2;
+  std::ofstream(dir.path() / "config.json") << fewer.to_json();
+  auto message = message_of([&] { load_causal_lm(dir.str()); });
+  EXPECT_NE(message.find(dir.str() + "'s weights do not match the model its config.json "
+                                     "describes. It holds 12 tensors the model does not have: "
+                                     "\"gpt_neox.layers.2."),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("and 4 more."), std::string::npos) << message;
+  EXPECT_EQ(message.find("inv_freq"), std::string::npos) << message;
+  EXPECT_NE(message.find("HINT: "), std::string::npos) << message;
+
+  auto more = config;
+  more.num_hidden_layers = 4;
+  std::ofstream(dir.path() / "config.json") << more.to_json();
+  message = message_of([&] { load_causal_lm(dir.str()); });
+  EXPECT_NE(message.find("It lacks 12 tensors the model needs: \"gpt_neox.layers.3."),
+            std::string::npos)
+      << message;
+}
+
+// A run whose config.json names a model with fewer layers than its checkpoint: generate and
+// export refuse it naming the parameter, never a silent subset.
+TEST(CausalLmReader, ACheckpointWithParametersTheModelLacksIsRefused) {
+  TinyRun r;
+  r.save(/*seed=*/1, /*step=*/10);
+  auto fewer = testing::tiny_gpt_neox_config();
+  fewer.num_hidden_layers = 2;
+  std::ofstream(r.model / "config.json") << fewer.to_json();
+  const std::string expected = "holds parameter \"gpt_neox.layers.2.";
+  auto message = message_of([&] { load_causal_lm(r.run.string()); });
+  EXPECT_NE(message.find(expected), std::string::npos) << message;
+  message = message_of([&] {
+    export_checkpoint((r.run / "checkpoint_000000").string(), (r.dir.path() / "hf").string());
+  });
+  EXPECT_NE(message.find(expected), std::string::npos) << message;
+  EXPECT_NE(message.find("which the model of the run's config.json has not"), std::string::npos)
+      << message;
 }
 
 }  // namespace
