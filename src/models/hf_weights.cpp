@@ -90,11 +90,43 @@ std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_s
   };
 }
 
+namespace {
+
+// Refuses, before anything is written, an export folder that is a file or (unless overwrite)
+// holds files.
+void check_export_folder(const std::string& dir, bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(dir, ec);
+  if (!fs::exists(status)) return;
+  TY_CHECK(fs::is_directory(status), "The export folder ", dir,
+           " is an existing file, not a folder. HINT: name a new folder; the export writes "
+           "config.json and the weights into it.");
+  if (overwrite) return;
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    names.push_back(entry.path().filename().string());
+    if (names.size() == 4) break;
+  }
+  TY_CHECK(
+      names.empty(), "The export folder ", dir, " is not empty (it holds ",
+      [&] {
+        std::string out;
+        for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+        return out + (names.size() == 4 ? ", ..." : "");
+      }(),
+      "): the export would write over its files. HINT: name a new or empty folder, or pass "
+      "--force to write into this one.");
+}
+
+}  // namespace
+
 void export_hf(const TensorShapes& tensors,
                const std::function<void(const std::string&, float*)>& fill,
                const std::string& config_json,
                const std::string& dir,
                ExportOptions options) {
+  check_export_folder(dir, options.overwrite);
   std::filesystem::create_directories(dir);
   std::vector<hf::TensorSpec> specs;
   for (const auto& [name, shape] : tensors)

@@ -339,6 +339,25 @@ void load_newest_run_checkpoint(LoadedLm& lm, const std::string& run_uri) {
       "fault): restore the run's checkpoints from a backup, or train it again."));
 }
 
+// Refuses an export into a run's folder (its config.json names a recipe, or it holds
+// checkpoints) unless overwrite: the export's config.json would replace the run's.
+void check_not_a_run_folder(const std::string& out_dir, bool overwrite) {
+  std::error_code ec;
+  if (overwrite || !fs::is_directory(out_dir, ec)) return;
+  bool run = false;
+  std::ifstream in(fs::path(out_dir) / "config.json");
+  if (in.good()) {
+    const auto config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    run = config.is_object() && config.contains("recipe");
+  }
+  for (const auto& entry : fs::directory_iterator(out_dir, ec))
+    run = run || checkpoint::checkpoint_number(entry.path().filename().string()) >= 0;
+  TY_CHECK(!run, "The export folder ", out_dir,
+           " is a training run's folder (its config.json names a recipe, or it holds "
+           "checkpoints): the export would replace the run's config.json. HINT: name a new "
+           "folder for the export, or pass --force to write into this one.");
+}
+
 // Writes checkpoint `manifest` of the run as a Hugging Face folder, every file verified first.
 void export_verified(LoadedLm& lm,
                      checkpoint::Checkpointer& checkpointer,
@@ -430,6 +449,7 @@ std::string export_checkpoint(const std::string& checkpoint_uri,
   TY_CHECK(checkpoint::checkpoint_number(name) >= 0, "--checkpoint ", checkpoint_uri,
            " does not name a checkpoint folder (RUN/checkpoint_000003).");
   const auto run_uri = slash == std::string::npos ? std::string(".") : trimmed.substr(0, slash);
+  check_not_a_run_folder(out_dir, options.overwrite);
   auto lm = untrained_model_of_run(run_uri, 0, /*deferred=*/true);
   checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
   const auto manifest = checkpointer.read_manifest(name);

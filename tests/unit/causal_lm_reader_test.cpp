@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -191,7 +192,6 @@ TEST(CausalLmReader, AModelLargerThanTheMemoryIsRefusedBeforeAllocating) {
   config.num_attention_heads = 512;
   config.intermediate_size = 4 * 65536;
   config.num_hidden_layers = 1000;
-  std::ofstream(dir.path() / "config.json") << config.to_json();
   models::export_hf(
       {{"embed_out.weight", {2, 2}}},
       [](const std::string&, float* dst) { std::fill_n(dst, 4, 0.0f); }, config.to_json(),
@@ -270,6 +270,50 @@ TEST(CausalLmReader, ACheckpointWithParametersTheModelLacksIsRefused) {
   EXPECT_NE(message.find(expected), std::string::npos) << message;
   EXPECT_NE(message.find("which the model of the run's config.json has not"), std::string::npos)
       << message;
+}
+
+// export --out refuses, writing nothing, a file, a folder holding files and a run's folder
+// (whose config.json it overwrote), unless overwrite (--force).
+TEST(CausalLmReader, ExportRefusesAFileANonEmptyFolderAndARunFolderUnlessForced) {
+  TinyRun r;
+  r.save(/*seed=*/1, /*step=*/10);
+  const auto checkpoint = (r.run / "checkpoint_000000").string();
+  const auto file = r.dir.path() / "model.bin";
+  std::ofstream(file) << "x";
+  auto message = invalid_message_of([&] { export_checkpoint(checkpoint, file.string()); });
+  EXPECT_NE(message.find("The export folder " + file.string() +
+                         " is an existing file, not a folder. HINT: name a new folder"),
+            std::string::npos)
+      << message;
+
+  const auto full = r.dir.path() / "full";
+  fs::create_directories(full);
+  std::ofstream(full / "notes.txt") << "mine";
+  message = invalid_message_of([&] { export_checkpoint(checkpoint, full.string()); });
+  EXPECT_NE(message.find("The export folder " + full.string() +
+                         " is not empty (it holds notes.txt): the export would write over its "
+                         "files. HINT: name a new or empty folder, or pass --force"),
+            std::string::npos)
+      << message;
+  EXPECT_FALSE(fs::exists(full / "config.json"));
+  export_checkpoint(checkpoint, full.string(), {.overwrite = true});
+  EXPECT_TRUE(fs::exists(full / "model.safetensors"));
+
+  const auto run_config = r.run / "config.json";
+  std::ifstream before_in(run_config);
+  const std::string before((std::istreambuf_iterator<char>(before_in)),
+                           std::istreambuf_iterator<char>());
+  message = invalid_message_of([&] { export_checkpoint(checkpoint, r.run.string()); });
+  EXPECT_NE(message.find("The export folder " + r.run.string() +
+                         " is a training run's folder (its config.json names a recipe, or it "
+                         "holds checkpoints): the export would replace the run's config.json."),
+            std::string::npos)
+      << message;
+  std::ifstream after_in(run_config);
+  EXPECT_EQ(
+      std::string((std::istreambuf_iterator<char>(after_in)), std::istreambuf_iterator<char>()),
+      before)
+      << "the run's config.json is untouched";
 }
 
 }  // namespace

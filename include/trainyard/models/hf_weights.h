@@ -49,11 +49,14 @@ std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_s
 struct ExportOptions {
   std::uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's "5GB"
   bool bf16 = false;                              // write BF16 instead of F32
+  // Write into a folder that holds files already (--force); otherwise that is an error.
+  bool overwrite = false;
 };
 
 // Writes `module`'s parameters to `dir` as Hugging Face weights (model.safetensors, or shards and
 // model.safetensors.index.json past max_shard_bytes) and `config_json` as config.json, streaming
-// one tensor at a time. Files appear complete or not at all.
+// one tensor at a time. Files appear complete or not at all. Throws InvalidArgumentError, writing
+// nothing, when `dir` is an existing file, or a folder holding files unless options.overwrite.
 void export_hf(const torch::nn::Module& module,
                const std::string& config_json,
                const std::string& dir,
