@@ -183,4 +183,30 @@ int usable_cpu_count(int affinity_cpus, const CgroupLimits& limits) {
   return cpus;
 }
 
+std::optional<MemInfo> read_meminfo(const std::string& proc_root) {
+  const auto text = read_text_file(proc_root + "/meminfo");
+  if (!text) return std::nullopt;
+  std::optional<std::int64_t> total, available;
+  std::int64_t estimate = 0;  // MemFree + Buffers + Cached, for kernels without MemAvailable
+  std::istringstream lines(*text);
+  std::string key;
+  std::int64_t kib = 0;
+  std::string rest;
+  while (lines >> key >> kib) {  // "MemTotal:", "16333624", then "kB" up to the line's end
+    std::getline(lines, rest);
+    if (key == "MemTotal:") total = kib * 1024;
+    if (key == "MemAvailable:") available = kib * 1024;
+    if (key == "MemFree:" || key == "Buffers:" || key == "Cached:") estimate += kib * 1024;
+  }
+  if (!total) return std::nullopt;
+  return MemInfo{.total_bytes = *total, .available_bytes = available.value_or(estimate)};
+}
+
+std::optional<std::int64_t> available_memory_bytes(const CpuCountOptions& options) {
+  std::optional<std::int64_t> out;
+  if (const auto info = read_meminfo(options.proc_root)) out = info->available_bytes;
+  keep_smaller(out, read_cgroup_limits(options.proc_root, options.cgroup_root).memory_max_bytes);
+  return out;
+}
+
 }  // namespace trainyard

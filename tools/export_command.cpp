@@ -11,6 +11,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
   static std::string checkpoint, out;  // CLI11 binds flags to storage that outlives parsing
   static double max_shard_gb = 5;
   static bool bf16 = false;
+  static bool force = false;
   auto* c = app.add_subcommand(
       "export",
       "Write a causal-lm run's checkpoint as a Hugging Face model folder (config.json, "
@@ -23,11 +24,15 @@ void add_export_command(CLI::App& app, int& exit_code) {
                 "GB (1e9 bytes) per safetensors file before the weights are sharded with an index")
       ->capture_default_str();
   c->add_flag("--bf16", bf16, "Write bfloat16 weights (default: float32, as trained)");
+  c->add_flag("--force", force,
+              "Write into --out even when it holds files already or is a run's folder");
   c->callback([&exit_code] {
     TY_CHECK(max_shard_gb > 0, "--max-shard-size must be > 0 GB, got ", max_shard_gb, ".");
-    const auto what = train::export_checkpoint(
-        checkpoint, out,
-        {.max_shard_bytes = static_cast<std::uint64_t>(max_shard_gb * 1e9), .bf16 = bf16});
+    const auto what =
+        train::export_checkpoint(checkpoint, out,
+                                 {.max_shard_bytes = static_cast<std::uint64_t>(max_shard_gb * 1e9),
+                                  .bf16 = bf16,
+                                  .overwrite = force});
     std::printf("Exported %s to %s\n", what.c_str(), out.c_str());
     exit_code = 0;
   });

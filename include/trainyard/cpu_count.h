@@ -1,7 +1,7 @@
 // The CPUs this process may use: its affinity mask (sched_getaffinity) capped by the CFS quota of
 // its cgroups (v2 cpu.max, v1 cpu.cfs_quota_us), which std::thread::hardware_concurrency() does
-// not see. Also reads the cgroups' memory limit. LibTorch-free, so any layer may count CPUs
-// through it. See Note [Counting CPUs in a container] (src/cpu_count.cpp).
+// not see. Also reads the cgroups' memory limit and /proc/meminfo. LibTorch-free, so any layer may
+// count CPUs through it. See Note [Counting CPUs in a container] (src/cpu_count.cpp).
 #pragma once
 
 #include <cstdint>
@@ -45,5 +45,19 @@ int usable_cpu_count(const CpuCountOptions& options = {});
 // The same from limits already read: `affinity_cpus` capped by limits.cpu_quota rounded down,
 // at least 1.
 int usable_cpu_count(int affinity_cpus, const CgroupLimits& limits);
+
+// /proc/meminfo's MemTotal and MemAvailable in bytes (before Linux 3.14, which lacks
+// MemAvailable: MemFree + Buffers + Cached). nullopt when <proc_root>/meminfo cannot be read or
+// has no MemTotal. Blocking (one small file); thread-safe.
+struct MemInfo {
+  std::int64_t total_bytes = 0;
+  std::int64_t available_bytes = 0;
+};
+std::optional<MemInfo> read_meminfo(const std::string& proc_root = kProcRoot);
+
+// The memory a process may still take, bytes: MemAvailable capped by the cgroup memory limit
+// (read_cgroup_limits). nullopt when neither is known. What a reader of a model checks its
+// planned size against before allocating. Blocking (a few small files); thread-safe.
+std::optional<std::int64_t> available_memory_bytes(const CpuCountOptions& options = {});
 
 }  // namespace trainyard

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -38,6 +39,7 @@ struct Listing {
   std::set<std::int64_t> complete;                          // with a manifest, not damaged
   std::set<std::int64_t> damaged;                           // marked DAMAGED by a load
   std::map<std::int64_t, std::vector<std::string>> claims;  // number -> claimers' tokens
+  std::map<std::int64_t, std::vector<std::string>> files;   // number -> its stored files' names
 };
 
 Listing scan(Storage& storage) {
@@ -50,6 +52,7 @@ Listing scan(Storage& storage) {
     if (number < 0) continue;
     out.all.insert(number);
     const std::string_view file = std::string_view(key).substr(slash + 1);
+    if (!file.starts_with(Checkpointer::kClaimPrefix)) out.files[number].emplace_back(file);
     if (file == Checkpointer::kManifest) manifests.insert(number);
     if (file == Checkpointer::kDamaged) out.damaged.insert(number);
     if (file.starts_with(Checkpointer::kClaimPrefix)) {
@@ -147,6 +150,17 @@ metrics::Counter* load_seconds() {
   return s != nullptr ? &s->load_seconds : nullptr;
 }
 
+std::string hex_of(const unsigned char* digest, unsigned int length) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * length);
+  for (unsigned int i = 0; i < length; ++i) {
+    out += kHex[digest[i] >> 4];
+    out += kHex[digest[i] & 15];
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string checkpoint_name(std::int64_t number) {
@@ -171,14 +185,7 @@ std::string sha256_hex(std::string_view data) {
   TY_CHECK_T(Error,
              EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) == 1,
              "OpenSSL could not compute a SHA-256 digest.");
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * length);
-  for (unsigned int i = 0; i < length; ++i) {
-    out += kHex[digest[i] >> 4];
-    out += kHex[digest[i] & 15];
-  }
-  return out;
+  return hex_of(digest, length);
 }
 
 Checkpointer::Checkpointer(const std::string& uri, CheckpointerOptions options)
@@ -364,25 +371,31 @@ void Checkpointer::abort(const std::string& name) noexcept {
 // (Note [Run lease]), or the claim is this writer's own. Another live writer's save in progress
 // — another rank of this job writing its files, or a foreign job in the moment before it is
 // refused — is never touched, nor is a checkpoint marked DAMAGED (kept for inspection). What
-// a stale lease leaves behind goes at the next save after it expires.
+// a stale lease leaves behind goes at the next save after it expires. Every removal is logged
+// with its reason; an incomplete one as a warning naming its files, since they may be intact
+// shards of a save whose manifest alone is missing.
 // A checkpoint is removed manifest first. So a loader that finds a file missing while another
 // writer of the job commits can tell removal from damage: the manifest is gone too. It then
 // lists again (a newer checkpoint is there) instead of marking DAMAGED on what is going away.
 void Checkpointer::apply_retention(std::int64_t committed) {
-  std::set<std::int64_t> doomed;
-  std::map<std::string, LeaseRecord> leases;  // token -> lease, read when needed
+  std::map<std::int64_t, std::string> doomed;  // number -> why it goes, for the log
+  std::map<std::string, LeaseRecord> leases;   // token -> lease, read when needed
   bool leases_read = false;
+  Listing listing;
   try {
-    const auto listing = scan(*storage_);
+    listing = scan(*storage_);
     if (options_.num_to_keep > 0 &&
         listing.complete.size() > static_cast<std::size_t>(options_.num_to_keep)) {
-      doomed.insert(listing.complete.begin(),
-                    std::prev(listing.complete.end(), options_.num_to_keep));
+      const auto kept = std::prev(listing.complete.end(), options_.num_to_keep);
+      for (auto it = listing.complete.begin(); it != kept; ++it)
+        doomed[*it] = detail::concat("complete, older than the newest ", options_.num_to_keep,
+                                     " that num_to_keep keeps (from ", checkpoint_name(*kept), ")");
     }
     for (auto n : listing.all) {
       if (n >= committed || listing.complete.contains(n) || listing.damaged.contains(n)) continue;
       const auto it = listing.claims.find(n);
       bool abandoned = true;
+      std::vector<std::string> gone;  // claimers whose lease is gone or abandoned
       if (it != listing.claims.end()) {
         for (const auto& token : it->second) {
           if (token == writer_.token) continue;
@@ -394,16 +407,42 @@ void Checkpointer::apply_retention(std::int64_t committed) {
           if (lease != leases.end() && !lease_abandoned(lease->second, options_.lease_timeout)) {
             abandoned = false;
           }
+          gone.push_back(token);
         }
       }
-      if (abandoned) doomed.insert(n);
+      if (!abandoned) continue;
+      doomed[n] = detail::concat(
+          "it has no ", kManifest, ", so its save never completed, and ",
+          it == listing.claims.end() ? "no writer claims it"
+          : gone.empty()             ? "it was this writer's own unfinished save"
+                         : "the lease of every writer that claimed it (" + join_names(gone) +
+                               ") is released or abandoned",
+          ". HINT: a checkpoint counts only once its ", kManifest,
+          " is written (copy checkpoint folders with it); to keep an incomplete one for "
+          "inspection, put a ",
+          kDamaged, " file in it");
     }
   } catch (const std::exception& e) {
     logger("checkpoint")
         ->warn("Retention skipped: could not list {}: {}", storage_->uri(), e.what());
     return;
   }
-  for (auto n : doomed) {
+  // See Note [Retention]: what is removed is always logged with why, an incomplete checkpoint's
+  // files named, as a warning (its files may be intact, only uncommitted).
+  for (const auto& [n, why] : doomed) {
+    const auto where = join_uri(storage_->uri(), checkpoint_name(n));
+    const auto& files = listing.files[n];
+    if (listing.complete.contains(n)) {
+      logger("checkpoint")->info("Removing {}: {}.", where, why);
+    } else {
+      logger("checkpoint")
+          ->warn("Removing {} ({}): {}.", where,
+                 files.empty() ? std::string("no files")
+                               : detail::concat(
+                                     files.size(),
+                                     files.size() == 1 ? " file: " : " files: ", join_names(files)),
+                 why);
+    }
     try {
       remove_checkpoint(*storage_, checkpoint_name(n));
     } catch (const std::exception& e) {
@@ -464,6 +503,46 @@ std::string Checkpointer::read_file(const Manifest& manifest, const std::string&
   }
   heartbeat_while_waiting();  // a rank loading a large checkpoint is making progress
   return std::move(*contents);
+}
+
+void Checkpointer::verify_file(const Manifest& manifest,
+                               const std::string& file,
+                               std::uint64_t piece_bytes) {
+  TY_CHECK(piece_bytes > 0, "verify_file needs piece_bytes > 0.");
+  const auto where = join_uri(storage_->uri(), manifest.name) + "/" + file;
+  const auto digest = manifest.files.find(file);
+  if (digest == manifest.files.end()) {
+    throw CheckpointCorruptError(detail::concat(where, " is not in the checkpoint's manifest."));
+  }
+  TimeInto timed(load_seconds());
+  const std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(),
+                                                                    &EVP_MD_CTX_free);
+  TY_CHECK_T(Error, ctx != nullptr && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1,
+             "OpenSSL could not start a SHA-256 digest.");
+  std::uint64_t total = 0;
+  for (;;) {
+    const auto piece = storage_->read_range(manifest.name + "/" + file, total, piece_bytes);
+    if (!piece) throw CheckpointCorruptError(detail::concat(where, " is missing."));
+    TY_CHECK_T(Error, EVP_DigestUpdate(ctx.get(), piece->data(), piece->size()) == 1,
+               "OpenSSL could not compute a SHA-256 digest.");
+    total += piece->size();
+    if (const auto* series = checkpoint_series())
+      series->load_bytes.add(static_cast<double>(piece->size()));
+    heartbeat_while_waiting();
+    if (piece->size() < piece_bytes || total > digest->second.bytes) break;
+  }
+  if (total != digest->second.bytes) {
+    throw CheckpointCorruptError(detail::concat(where, " has ", total, " bytes; the manifest says ",
+                                                digest->second.bytes, "."));
+  }
+  unsigned char hash[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  TY_CHECK_T(Error, EVP_DigestFinal_ex(ctx.get(), hash, &length) == 1,
+             "OpenSSL could not compute a SHA-256 digest.");
+  if (hex_of(hash, length) != digest->second.sha256) {
+    throw CheckpointCorruptError(
+        detail::concat(where, " does not match its SHA-256 in the manifest."));
+  }
 }
 
 LoadedCheckpoint Checkpointer::load(const std::string& name) {

@@ -1,10 +1,13 @@
 #include "trainyard/data/image_folder.h"
 
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -34,24 +37,68 @@ std::string extension_list() {
   return out;
 }
 
-// The images under one class folder, in torchvision's order: sorted(os.walk(folder)) sorts the
-// folders by path, then each folder's file names are sorted. Byte order of UTF-8 names is
-// Python's code point order.
-std::vector<std::string> scan_class_folder(const fs::path& folder) {
-  std::vector<std::pair<std::string, std::string>> found;  // (folder path, file name)
+// A folder's identity, to tell a folder met again through a symbolic link.
+struct FolderId {
+  dev_t device;
+  ino_t inode;
+  bool operator==(const FolderId&) const = default;
+};
+
+// Note [Symbolic link loops]
+// torchvision walks class folders following symbolic links, so trainyard does too; a link to a
+// folder above it (ln -s .. train/cat/loop) would then be walked forever, the listing growing
+// until the memory is gone. Each folder's (device, inode) is compared with those of the folders
+// on the path from the class folder down to it: meeting one again is a loop, an error naming the
+// link and the folder it leads back to. A folder linked twice elsewhere is no loop and is walked
+// twice, as torchvision does.
+void walk_class_folder(const fs::path& folder,
+                       std::vector<std::pair<FolderId, fs::path>>& ancestors,
+                       std::vector<std::pair<std::string, std::string>>& found) {
   std::error_code ec;
-  const auto walk_options = fs::directory_options::follow_directory_symlink |
-                            fs::directory_options::skip_permission_denied;
-  fs::recursive_directory_iterator it(folder, walk_options, ec);
+  fs::directory_iterator it(folder, fs::directory_options::skip_permission_denied, ec);
   TY_CHECK_T(Error, !ec, "Cannot list ", folder.string(), ": ", ec.message(), ".");
-  for (const fs::recursive_directory_iterator end; it != end; it.increment(ec)) {
+  std::vector<fs::path> subfolders;
+  for (const fs::directory_iterator end; it != end; it.increment(ec)) {
     TY_CHECK_T(Error, !ec, "Cannot list ", folder.string(), ": ", ec.message(), ".");
     std::error_code type_ec;
-    if (it->is_directory(type_ec)) continue;
+    if (it->is_directory(type_ec)) {  // follows a symbolic link, as torchvision does
+      subfolders.push_back(it->path());
+      continue;
+    }
     const std::string name = it->path().filename().string();
-    if (has_image_extension(name)) found.emplace_back(it->path().parent_path().string(), name);
+    if (has_image_extension(name)) found.emplace_back(folder.string(), name);
   }
   TY_CHECK_T(Error, !ec, "Cannot list ", folder.string(), ": ", ec.message(), ".");
+  for (const auto& sub : subfolders) {
+    struct stat st {};
+    if (::stat(sub.c_str(), &st) != 0) continue;  // gone, or not ours to read
+    const FolderId id{st.st_dev, st.st_ino};
+    for (const auto& [seen, path] : ancestors) {
+      TY_CHECK_T(CorruptDataError, !(seen == id), "The ImageFolder path ", sub.string(),
+                 " leads back to ", path.string(),
+                 " (a symbolic link loop): walking it would never end. HINT: remove the link, or "
+                 "point it at a folder outside the path it sits on.");
+    }
+    ancestors.emplace_back(id, sub);
+    walk_class_folder(sub, ancestors, found);
+    ancestors.pop_back();
+  }
+}
+
+// The images under one class folder, in torchvision's order: sorted(os.walk(folder)) sorts the
+// folders by path, then each folder's file names are sorted. Byte order of UTF-8 names is
+// Python's code point order. Symbolic links are followed; a loop is an error (Note [Symbolic
+// link loops]).
+std::vector<std::string> scan_class_folder(const fs::path& root, const std::string& class_name) {
+  std::vector<std::pair<std::string, std::string>> found;  // (folder path, file name)
+  std::vector<std::pair<FolderId, fs::path>> ancestors;    // the root, then the class folder
+  for (const auto& folder : {root, root / class_name}) {
+    struct stat st {};
+    TY_CHECK_T(Error, ::stat(folder.c_str(), &st) == 0, "Cannot list ", folder.string(), ": ",
+               std::strerror(errno), ".");
+    ancestors.emplace_back(FolderId{st.st_dev, st.st_ino}, folder);
+  }
+  walk_class_folder(root / class_name, ancestors, found);
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
   paths.reserve(found.size());
@@ -70,12 +117,17 @@ std::string join(const std::vector<std::string>& names) {
 // --- ImageFolder ------------------------------------------------------------------------------
 
 struct ImageFolder::State {
-  explicit State(std::size_t size) : corrupt(new std::atomic<bool>[size]()) {}
+  State(std::size_t size, std::size_t classes)
+      : corrupt(new std::atomic<bool>[size]()),
+        class_corrupt(new std::atomic<std::int64_t>[classes]()),
+        class_size(classes, 0) {}
 
   std::atomic<std::int64_t> decoded{0};
   std::atomic<std::int64_t> skipped{0};
   std::atomic<std::int64_t> corrupt_files{0};
   std::unique_ptr<std::atomic<bool>[]> corrupt;  // per sample: its file could not be decoded
+  std::unique_ptr<std::atomic<std::int64_t>[]> class_corrupt;  // per class: its corrupt files
+  std::vector<std::int64_t> class_size;                        // per class: its files
 };
 
 ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
@@ -101,7 +153,7 @@ ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
 
   std::vector<std::string> empty_classes;
   for (std::size_t c = 0; c < classes_.size(); ++c) {
-    auto paths = scan_class_folder(fs::path(root_) / classes_[c]);
+    auto paths = scan_class_folder(fs::path(root_), classes_[c]);
     if (paths.empty()) empty_classes.push_back(classes_[c]);
     for (auto& path : paths)
       samples_.push_back({.path = std::move(path), .label = static_cast<std::int64_t>(c)});
@@ -113,7 +165,8 @@ ImageFolder::ImageFolder(std::string root, ImageFolderOptions options)
            " class folder(s) without images: ", join(empty_classes),
            ". HINT: remove them or add images (", extension_list(),
            "); an empty class would still take a label index.");
-  state_ = std::make_unique<State>(samples_.size());
+  state_ = std::make_unique<State>(samples_.size(), classes_.size());
+  for (const auto& sample : samples_) ++state_->class_size[sample.label];
 }
 
 ImageFolder::~ImageFolder() = default;
@@ -140,6 +193,16 @@ ImageFolder::Loaded ImageFolder::load(std::int64_t index) const {
         if (!reason.ends_with('.')) reason += '.';
         logger("data")->warn("{} Skipped: its samples are replaced by the next image that decodes.",
                              reason);
+        const auto label = samples_[i].label;
+        const auto corrupt = state_->class_corrupt[label].fetch_add(1) + 1;
+        // A class whose every file is corrupt would train on other classes' images under its
+        // label, or on none: an error naming it, not one warning per file.
+        TY_CHECK_T(CorruptDataError, corrupt < state_->class_size[label], "Class '",
+                   classes_[label], "' of the ImageFolder ", root_,
+                   " has no image that decodes: ", "all ", state_->class_size[label],
+                   " of its files under ", (fs::path(root_) / classes_[label]).string(),
+                   " failed (the warnings above name them). HINT: replace its files with images "
+                   "that decode, or remove the class folder.");
       }
     }
   }

@@ -37,12 +37,14 @@ std::string cache_header(const std::string& corpus_sha,
                          const std::string& tokenizer_id,
                          std::int64_t seq_len,
                          std::int32_t pad_id,
-                         std::int64_t lines) {
+                         std::int64_t lines,
+                         std::int64_t skipped) {
   return nlohmann::json{{"corpus_sha256", corpus_sha},
                         {"tokenizer", tokenizer_id},
                         {"seq_len", seq_len},
                         {"pad_id", pad_id},
-                        {"lines", lines}}
+                        {"lines", lines},
+                        {"skipped", skipped}}
              .dump() +
          "\n";
 }
@@ -64,13 +66,15 @@ std::optional<TokenizedLines> parse_cache(std::string_view bytes,
     return std::nullopt;
   }
   const std::int64_t lines = header.value("lines", std::int64_t{-1});
-  if (lines < 0 || std::string(bytes.substr(0, eol + 1)) !=
-                       cache_header(corpus_sha, tokenizer_id, seq_len, pad_id, lines))
+  const std::int64_t skipped = header.value("skipped", std::int64_t{-1});
+  if (lines < 0 || skipped < 0 ||
+      std::string(bytes.substr(0, eol + 1)) !=
+          cache_header(corpus_sha, tokenizer_id, seq_len, pad_id, lines, skipped))
     return std::nullopt;
   bytes.remove_prefix(eol + 1);
   const auto count = static_cast<std::size_t>(lines * seq_len + lines);
   if (bytes.size() != count * sizeof(std::int32_t)) return std::nullopt;
-  TokenizedLines out{.seq_len = seq_len, .pad_id = pad_id};
+  TokenizedLines out{.seq_len = seq_len, .pad_id = pad_id, .skipped = skipped};
   out.ids.resize(static_cast<std::size_t>(lines * seq_len));
   out.lengths.resize(static_cast<std::size_t>(lines));
   std::memcpy(out.ids.data(), bytes.data(), out.ids.size() * sizeof(std::int32_t));
@@ -86,6 +90,14 @@ std::string cache_file_name(const std::string& corpus,
   const auto key = checkpoint::sha256_hex(
       detail::concat(tokenizer_id, "|", seq_len, "|", pad_id, "|", fs::absolute(corpus).string()));
   return fs::path(corpus).filename().string() + "." + key.substr(0, 12) + ".tokens";
+}
+
+void warn_skipped(const std::string& path, const TokenizedLines& lines) {
+  if (lines.skipped == 0) return;
+  logger("data")->warn(
+      "Skipped {} of the {} training lines of {}: they encode to fewer than 2 tokens, leaving no "
+      "token to predict after the shift.",
+      lines.skipped, lines.skipped + lines.size(), path);
 }
 
 }  // namespace
@@ -119,7 +131,10 @@ TokenizedLines tokenize_lines(const std::vector<std::string_view>& lines,
   out.ids.reserve(lines.size() * static_cast<std::size_t>(seq_len));
   for (auto line : lines) {
     auto ids = encode(line);
-    if (ids.empty()) continue;
+    if (ids.size() < 2) {  // no target token after the shift
+      ++out.skipped;
+      continue;
+    }
     const auto n = std::min<std::int64_t>(seq_len, static_cast<std::int64_t>(ids.size()));
     out.ids.insert(out.ids.end(), ids.begin(), ids.begin() + n);
     out.ids.insert(out.ids.end(), static_cast<std::size_t>(seq_len - n), pad_id);
@@ -152,16 +167,25 @@ PreparedText prepare_text(const std::string& path,
     if (auto cached = parse_cache(*bytes, corpus_sha, tokenizer_id, seq_len, pad_id)) {
       out.lines = std::move(*cached);
       out.from_cache = true;
+      warn_skipped(path, out.lines);
       return out;
     }
     logger("data")->warn("The token cache {} does not match {} (or is damaged): preparing again.",
                          out.cache_path, path);
   }
-  out.lines = tokenize_lines(training_lines(corpus), encode, seq_len, pad_id);
-  TY_CHECK(out.lines.size() > 0, "The corpus ", path,
+  const auto lines = training_lines(corpus);
+  TY_CHECK(!lines.empty(), "The corpus ", path,
            " has no training line (lines that are not empty and do not end in ':').");
+  out.lines = tokenize_lines(lines, encode, seq_len, pad_id);
+  TY_CHECK(out.lines.size() > 0, "The corpus ", path, " leaves nothing to train on: all ",
+           lines.size(),
+           " of its training lines encode to fewer than 2 tokens, so none has a "
+           "token to predict after the first. HINT: check that the tokenizer is the model's; "
+           "lines of one word each need joining into longer records.");
+  warn_skipped(path, out.lines);
   std::string bytes(kMagic);
-  bytes += cache_header(corpus_sha, tokenizer_id, seq_len, pad_id, out.lines.size());
+  bytes +=
+      cache_header(corpus_sha, tokenizer_id, seq_len, pad_id, out.lines.size(), out.lines.skipped);
   bytes.append(reinterpret_cast<const char*>(out.lines.ids.data()),
                out.lines.ids.size() * sizeof(std::int32_t));
   bytes.append(reinterpret_cast<const char*>(out.lines.lengths.data()),

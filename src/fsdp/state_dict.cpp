@@ -605,8 +605,10 @@ namespace trainyard::fsdp {
 // bytes give the header's length; the header gives each slice's byte range. The reader reads
 // those two once per file and then each slice's bytes alone, so a 7B checkpoint's parameter is
 // assembled from a few ranged reads (pread on a file system, a Range GET on S3) and the files,
-// optimizer moments included, are never held. Reading by ranges skips the manifest's SHA-256 of
-// whole files; each header's extent is checked against the manifest's size instead.
+// optimizer moments included, are never held. Ranges cannot be checked against the manifest's
+// SHA-256 of whole files, so the reader's callers (generate, export) first stream each file
+// through the hash (Checkpointer::verify_file) and reject, or fall back past, a checkpoint that
+// fails it, as a resume does; each header's extent is checked against the manifest's size too.
 struct ShardedParameterReader::Impl {
   struct Slice {
     std::string file;

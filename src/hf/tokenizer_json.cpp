@@ -341,6 +341,11 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& wh
     throw CorruptDataError(
         trainyard::detail::concat(what, " is not a tokenizer.json trainyard can read: ", e.what()));
   }
+  // BPE over an empty vocabulary encodes every text (but added tokens) to nothing.
+  TY_CHECK_T(CorruptDataError, !impl->vocab.empty(), what,
+             " has an empty vocabulary (\"model.vocab\" holds no token): every text would "
+             "encode to no token. HINT: use the tokenizer.json saved with the model (Hugging "
+             "Face's tokenizer.save() writes its vocabulary there).");
   build_id_tables(*impl);
   return Tokenizer(std::move(impl));
 }

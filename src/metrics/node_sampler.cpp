@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "metrics/nvml.h"
+#include "trainyard/cpu_count.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/metrics/names.h"
@@ -29,7 +30,6 @@ namespace {
 constexpr std::size_t kMaxDevices = 64;
 // XID events read per GPU event set in one sample, at most (they are rare; this bounds a storm).
 constexpr int kMaxXidEventsPerSample = 1024;
-constexpr double kBytesPerKiB = 1024;
 constexpr double kBytesPerSector = 512;  // /proc/diskstats counts 512-byte sectors on any disk
 constexpr double kHertzPerMegahertz = 1e6;
 constexpr double kWattsPerMilliwatt = 1e-3;
@@ -155,41 +155,22 @@ double utilisation(const CpuTicks& now, const CpuTicks& before) {
 
 // --- /proc/meminfo -----------------------------------------------------------------------------
 
-struct MemInfo {
+struct NodeMemory {
   double total_bytes = 0;
   double used_bytes = 0;
 };
 
-MemInfo read_meminfo(const std::string& proc_root) {
-  const std::string path = proc_root + "/meminfo";
-  const auto text = read_text_file(path);
-  if (!text)
-    throw Error(detail::concat("Cannot read ", path,
-                               " for the node's memory; is NodeSamplerOptions.proc_root (",
+// MemTotal and MemTotal - MemAvailable, through the one /proc/meminfo reader (cpu_count.h).
+NodeMemory read_node_memory(const std::string& proc_root) {
+  const auto info = trainyard::read_meminfo(proc_root);
+  if (!info)
+    throw Error(detail::concat("Cannot read ", proc_root,
+                               "/meminfo (or it has no MemTotal line) for the node's memory; is "
+                               "NodeSamplerOptions.proc_root (",
                                proc_root, ") a mounted procfs?"));
-  std::map<std::string, double> kib;
-  std::istringstream lines(*text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    const auto words = split_words(line);  // "MemTotal:", "16333624", "kB"
-    if (words.size() < 2 || words[0].back() != ':') continue;
-    if (const auto v = to_number(words[1])) kib[words[0].substr(0, words[0].size() - 1)] = *v;
-  }
-  const auto total = kib.find("MemTotal");
-  if (total == kib.end())
-    throw Error(detail::concat(path, " has no MemTotal line; is NodeSamplerOptions.proc_root (",
-                               proc_root, ") a mounted procfs?"));
-  double available = 0;
-  if (const auto it = kib.find("MemAvailable"); it != kib.end()) {
-    available = it->second;
-  } else {  // kernels before 3.14: an estimate of the same
-    for (const char* key : {"MemFree", "Buffers", "Cached"})
-      if (const auto k = kib.find(key); k != kib.end()) available += k->second;
-  }
-  MemInfo info;
-  info.total_bytes = total->second * kBytesPerKiB;
-  info.used_bytes = std::max(0.0, total->second - available) * kBytesPerKiB;
-  return info;
+  return {.total_bytes = static_cast<double>(info->total_bytes),
+          .used_bytes = static_cast<double>(
+              std::max<std::int64_t>(0, info->total_bytes - info->available_bytes))};
 }
 
 // --- /proc/net/dev -----------------------------------------------------------------------------
@@ -399,7 +380,7 @@ struct NodeSampler::Impl {
 
   void sample_cpu_and_memory(Snapshot& out) {
     ProcStat stat = read_proc_stat(options.proc_root);
-    const MemInfo memory = read_meminfo(options.proc_root);
+    const NodeMemory memory = read_node_memory(options.proc_root);
     const ProcStat before = last_stat.value_or(ProcStat{});
     add_gauge(out, name::kNodeCpuUtilization,
               "Share of the node's CPU time spent busy (not idle or waiting for I/O) between two "

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "trainyard/error.h"
+#include "trainyard/log.h"
 
 namespace trainyard::models {
 namespace {
@@ -66,6 +67,14 @@ std::vector<std::int64_t> generate(GptNeoXImpl& model,
   auto ids = torch::tensor(prompt, torch::kInt64).unsqueeze(0);  // (1, T)
   std::vector<std::int64_t> out;
   const auto limit = std::min(options.max_new_tokens, room);
+  if (options.max_new_tokens > room)
+    logger("generate")
+        ->warn(
+            "--max-new-tokens {} is more than the model has positions for: the prompt's {} "
+            "tokens and {} new ones fill its max_position_embeddings ({}), so generation stops "
+            "after {} tokens.",
+            options.max_new_tokens, prompt.size(), room, model.config().max_position_embeddings,
+            room);
   while (static_cast<std::int64_t>(out.size()) < limit) {
     const auto logits = model.forward_cached(ids, cache);  // (1, T, vocab)
     const auto next = pick(logits[0][-1], options, gen);

@@ -149,6 +149,15 @@ GptNeoXConfig GptNeoXConfig::from_json(const std::string& json_text) {
   read_field(j, "hidden_dropout", c.hidden_dropout);
   read_field(j, "attention_dropout", c.attention_dropout);
   read_field(j, "initializer_range", c.initializer_range);
+  // Hugging Face's defaults for these describe a 20B model: a config.json without them would
+  // build one (tens of GB) instead of the model meant. The rest have harmless defaults.
+  std::string missing;
+  for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "max_position_embeddings"})
+    if (!j.contains(key)) missing += detail::concat(missing.empty() ? "\"" : ", \"", key, "\"");
+  TY_CHECK(missing.empty(), "config.json lacks ", missing,
+           ", which give the model its size (Hugging Face's defaults for them describe a 20B "
+           "model). HINT: use the config.json saved with the model's weights; it holds them all.");
   c.validate();
   return c;
 }

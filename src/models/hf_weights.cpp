@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <mutex>
 #include <set>
+#include <string_view>
 
 #include "trainyard/error.h"
 #include "trainyard/hf/safetensors_writer.h"
@@ -12,7 +13,50 @@
 
 namespace trainyard::models {
 
+bool is_ignored_hf_buffer(const std::string& name) {
+  for (std::string_view suffix :
+       {".attention.rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"})
+    if (std::string_view(name).ends_with(suffix)) return true;
+  return false;
+}
+
+void check_hf_tensor_names(const std::vector<std::string>& model_names,
+                           const hf::WeightReader& reader) {
+  const std::set<std::string> wanted(model_names.begin(), model_names.end());
+  std::vector<std::string> missing, unexpected;
+  for (const auto& name : model_names)
+    if (!reader.contains(name)) missing.push_back(name);
+  for (const auto& name : reader.names())
+    if (!wanted.contains(name) && !is_ignored_hf_buffer(name)) unexpected.push_back(name);
+  if (missing.empty() && unexpected.empty()) return;
+  // At most this many names of each kind in the message, then a count.
+  constexpr std::size_t kNamesShown = 8;
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (std::size_t i = 0; i < names.size() && i < kNamesShown; ++i)
+      out += (i == 0 ? "\"" : ", \"") + names[i] + "\"";
+    if (names.size() > kNamesShown)
+      out += detail::concat(" and ", names.size() - kNamesShown, " more");
+    return out;
+  };
+  std::string what;
+  if (!missing.empty())
+    what += detail::concat(" It lacks ", missing.size(), " tensor", missing.size() == 1 ? "" : "s",
+                           " the model needs: ", list(missing), ".");
+  if (!unexpected.empty())
+    what += detail::concat(" It holds ", unexpected.size(), " tensor",
+                           unexpected.size() == 1 ? "" : "s",
+                           " the model does not have: ", list(unexpected), ".");
+  throw CheckpointCorruptError(detail::concat(
+      reader.dir().string(), "'s weights do not match the model its config.json describes.", what,
+      " HINT: the weights and config.json belong to different models (or config.json has fewer "
+      "layers than the weights); use the config.json saved with these weights."));
+}
+
 void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader) {
+  std::vector<std::string> names;
+  for (const auto& p : module.named_parameters()) names.push_back(p.key());
+  check_hf_tensor_names(names, reader);
   torch::NoGradGuard no_grad;
   for (auto& p : module.named_parameters()) {
     auto& t = p.value();
@@ -46,11 +90,43 @@ std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_s
   };
 }
 
+namespace {
+
+// Refuses, before anything is written, an export folder that is a file or (unless overwrite)
+// holds files.
+void check_export_folder(const std::string& dir, bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(dir, ec);
+  if (!fs::exists(status)) return;
+  TY_CHECK(fs::is_directory(status), "The export folder ", dir,
+           " is an existing file, not a folder. HINT: name a new folder; the export writes "
+           "config.json and the weights into it.");
+  if (overwrite) return;
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    names.push_back(entry.path().filename().string());
+    if (names.size() == 4) break;
+  }
+  TY_CHECK(
+      names.empty(), "The export folder ", dir, " is not empty (it holds ",
+      [&] {
+        std::string out;
+        for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+        return out + (names.size() == 4 ? ", ..." : "");
+      }(),
+      "): the export would write over its files. HINT: name a new or empty folder, or pass "
+      "--force to write into this one.");
+}
+
+}  // namespace
+
 void export_hf(const TensorShapes& tensors,
                const std::function<void(const std::string&, float*)>& fill,
                const std::string& config_json,
                const std::string& dir,
                ExportOptions options) {
+  check_export_folder(dir, options.overwrite);
   std::filesystem::create_directories(dir);
   std::vector<hf::TensorSpec> specs;
   for (const auto& [name, shape] : tensors)

@@ -39,6 +39,7 @@ using storage::Storage;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+using trainyard::test::LogCapture;
 using trainyard::test::TempDir;
 
 Checkpoint make(std::int64_t step, std::size_t bytes = 1000) {
@@ -100,6 +101,37 @@ TEST(Checkpointer, SkipsACorruptNewestCheckpoint) {
   EXPECT_EQ(latest->checkpoint.step, 1);
 }
 
+// verify_file streams a file through the hash in pieces (here 7 bytes, so the file spans many)
+// for readers that then read it by ranges.
+TEST(Checkpointer, VerifyFileStreamsTheHashAndNamesAChangedOrCutFile) {
+  TempDir dir;
+  Checkpointer c(dir.path().string());
+  c.save(make(1, 1000));
+  const auto manifest = c.read_manifest("checkpoint_000000");
+  EXPECT_NO_THROW(c.verify_file(manifest, "model.pt", 7));
+  EXPECT_NO_THROW(c.verify_file(manifest, "model.pt", 1000));  // exactly one piece
+  overwrite_byte(dir.path() / "checkpoint_000000" / "model.pt", 998);
+  try {
+    c.verify_file(manifest, "model.pt", 7);
+    FAIL() << "a changed byte must not verify";
+  } catch (const CheckpointCorruptError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint_000000/model.pt does not match its SHA-256 "
+                                         "in the manifest."),
+              std::string::npos)
+        << e.what();
+  }
+  fs::resize_file(dir.path() / "checkpoint_000000" / "model.pt", 10);
+  try {
+    c.verify_file(manifest, "model.pt", 7);
+    FAIL() << "a cut file must not verify";
+  } catch (const CheckpointCorruptError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.pt has 10 bytes; the manifest says 1000."),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(c.verify_file(manifest, "other.bin"), CheckpointCorruptError);
+}
+
 TEST(Checkpointer, SkipsTruncatedMissingAndUnreadableCheckpoints) {
   TempDir dir;
   Checkpointer c(dir.path().string());
@@ -131,6 +163,33 @@ TEST(Checkpointer, NeverPicksAPartialSaveAndCleansItUp) {
   EXPECT_EQ(c.save(make(2)), "checkpoint_000002");
   EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000001")) << "temporary files go too";
   EXPECT_EQ(c.load_latest()->checkpoint.step, 2);
+}
+
+// Retention removes a checkpoint without a manifest (it never completed), but never silently: the
+// log names it, its files and why; a complete one beyond num_to_keep is logged too.
+TEST(Checkpointer, RetentionLogsWhatItRemovesAndWhy) {
+  TempDir dir;
+  Checkpointer c(dir.path().string(), {.num_to_keep = 1});
+  c.save(make(1));
+  // Intact files whose MANIFEST.json is gone (lost in a copy), claimed by no writer.
+  for (const auto& [file, contents] : make(2).files)
+    c.storage().write("checkpoint_000001/" + file, contents);
+  LogCapture log("checkpoint");
+  EXPECT_EQ(c.save(make(3)), "checkpoint_000002");
+  const auto text = log.text();
+  EXPECT_NE(text.find("Removing " + join_uri(dir.str(), "checkpoint_000001") +
+                      " (2 files: model.pt, state.json): it has no MANIFEST.json, so its save "
+                      "never completed, and no writer claims it. HINT: a checkpoint counts only "
+                      "once its MANIFEST.json is written"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Removing " + join_uri(dir.str(), "checkpoint_000000") +
+                      ": complete, older than the newest 1 that num_to_keep keeps (from "
+                      "checkpoint_000002)."),
+            std::string::npos)
+      << text;
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000001"));
+  EXPECT_EQ(c.list_complete(), std::vector<std::string>{"checkpoint_000002"});
 }
 
 TEST(Checkpointer, ASaveKilledHalfwayIsNeverPicked) {
@@ -232,8 +291,6 @@ TEST(OpenStorage, UrisAndSchemes) {
 }
 
 // ---- run lease, claims, retention, failures (issue 8) ----
-
-using trainyard::test::LogCapture;
 
 std::int64_t now_unix() {
   return static_cast<std::int64_t>(std::time(nullptr));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../log_capture.h"
 #include "tiny_gpt_neox.h"
 #include "trainyard/error.h"
 #include "trainyard/models/generate.h"
@@ -63,7 +64,15 @@ TEST(Generate, StopsAtTheModelsLastPositionAndAtEos) {
   GptNeoX model(tiny_gpt_neox_config(), GptNeoXInit{.seed = 5});
   // max_position_embeddings is 16: a 10-token prompt leaves 6.
   const std::vector<std::int64_t> prompt(10, 7);
-  EXPECT_EQ(generate(*model, prompt, {.max_new_tokens = 50, .greedy = true}).size(), 6u);
+  {
+    trainyard::test::LogCapture log("generate");
+    EXPECT_EQ(generate(*model, prompt, {.max_new_tokens = 50, .greedy = true}).size(), 6u);
+    EXPECT_NE(log.text().find("--max-new-tokens 50 is more than the model has positions for: the "
+                              "prompt's 10 tokens and 6 new ones fill its max_position_embeddings "
+                              "(16), so generation stops after 6 tokens."),
+              std::string::npos)
+        << "a cut is said, not silent: " << log.text();
+  }
   const auto greedy = generate(*model, prompt, {.max_new_tokens = 6, .greedy = true});
   const auto stopped =
       generate(*model, prompt, {.max_new_tokens = 6, .greedy = true, .eos_id = greedy[1]});

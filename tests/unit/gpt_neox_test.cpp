@@ -512,8 +512,9 @@ TEST(GptNeoXConfigTest, ReadsHuggingFaceConfigJsonAndRoundTrips) {
   }
   // Newer transformers spell two fields differently.
   const auto renamed = GptNeoXConfig::from_json(
-      R"({"hidden_size": 512, "num_attention_heads": 8, "rope_theta": 500,
-          "partial_rotary_factor": 0.5})");
+      R"({"vocab_size": 100, "hidden_size": 512, "num_hidden_layers": 2,
+          "num_attention_heads": 8, "intermediate_size": 64, "max_position_embeddings": 32,
+          "rope_theta": 500, "partial_rotary_factor": 0.5})");
   EXPECT_EQ(renamed.rotary_emb_base, 500);
   EXPECT_EQ(renamed.rotary_pct, 0.5);
 }
@@ -541,8 +542,26 @@ TEST(GptNeoXConfigTest, BadConfigsNameTheFieldAndValue) {
   expect_invalid([] { GptNeoXConfig::from_json("{\"hidden_size\": 512,"); }, {"not valid JSON"});
   expect_invalid([] { GptNeoXConfig::from_json(R"({"hidden_size": "512"})"); },
                  {"\"hidden_size\"", "integer", "\"512\""});
-  expect_invalid([] { GptNeoXConfig::from_json(R"({"hidden_size": 500})"); },
-                 {"hidden_size (500)", "num_attention_heads (64)"});
+  expect_invalid(
+      [] {
+        GptNeoXConfig::from_json(
+            R"({"vocab_size": 100, "hidden_size": 500, "num_hidden_layers": 2,
+                "num_attention_heads": 64, "intermediate_size": 64,
+                "max_position_embeddings": 32})");
+      },
+      {"hidden_size (500)", "num_attention_heads (64)"});
+  // Hugging Face's defaults of the size fields describe a 20B model: they are required.
+  expect_invalid([] { GptNeoXConfig::from_json(R"({"model_type": "gpt_neox"})"); },
+                 {"config.json lacks \"vocab_size\", \"hidden_size\", \"num_hidden_layers\", "
+                  "\"num_attention_heads\", \"intermediate_size\", \"max_position_embeddings\", "
+                  "which give the model its size",
+                  "HINT: use the config.json saved with the model's weights"});
+  expect_invalid(
+      [] {
+        GptNeoXConfig::from_json(R"({"vocab_size": 100, "hidden_size": 32,
+                                     "num_attention_heads": 4, "intermediate_size": 64})");
+      },
+      {"config.json lacks \"num_hidden_layers\", \"max_position_embeddings\", which"});
   expect_invalid([] { GptNeoXConfig::from_json(R"({"model_type": "llama"})"); },
                  {"model_type", "llama"});
   expect_invalid([] { GptNeoXConfig::from_json(R"({"tie_word_embeddings": true})"); },

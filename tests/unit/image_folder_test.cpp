@@ -139,6 +139,38 @@ TEST(ImageFolderScan, ErrorsNameTheProblem) {
   EXPECT_THROW(ImageFolder{dir.str()}, InvalidArgumentError);
 }
 
+// A symbolic link back up the tree (ln -s .. train/cat/loop) is a loop, named, not a walk that
+// never ends; the same folder linked twice elsewhere is no loop.
+TEST(ImageFolderScan, ASymbolicLinkLoopIsAnErrorNamingThePath) {
+  TempDir dir;
+  const fs::path root = dir.path() / "train";
+  touch_dir(root / "cat" / "deep");
+  touch_dir(root / "dog");
+  write_png_rgb((root / "cat/c.png").string(), pattern(2, 2));
+  write_png_rgb((root / "dog/d.png").string(), pattern(2, 2));
+  fs::create_directory_symlink(dir.path() / "elsewhere", root / "dog" / "more");
+  touch_dir(dir.path() / "elsewhere");
+  write_png_rgb((dir.path() / "elsewhere/e.png").string(), pattern(2, 2));
+  EXPECT_EQ(ImageFolder(root.string()).size(), 3) << "links are followed, as torchvision does";
+
+  fs::create_directory_symlink("..", root / "cat" / "loop");
+  auto message = error_message([&] { ImageFolder{root.string()}; });
+  EXPECT_NE(message.find("The ImageFolder path " + (root / "cat" / "loop").string() +
+                         " leads back to " + root.string() + " (a symbolic link loop)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("HINT: remove the link"), std::string::npos) << message;
+  EXPECT_THROW(ImageFolder{root.string()}, CorruptDataError);
+
+  fs::remove(root / "cat" / "loop");
+  fs::create_directory_symlink("..", root / "cat" / "deep" / "up");
+  message = error_message([&] { ImageFolder{root.string()}; });
+  EXPECT_NE(message.find((root / "cat" / "deep" / "up").string() + " leads back to " +
+                         (root / "cat").string() + " (a symbolic link loop)"),
+            std::string::npos)
+      << message;
+}
+
 // --- Decoding ---------------------------------------------------------------------------------
 
 std::vector<std::uint8_t> decode_file(const std::string& path, int* height, int* width) {
@@ -300,6 +332,27 @@ TEST(ImageFolderCorrupt, SkippedCountedAndReplacedByTheNextGoodImage) {
   EXPECT_EQ(stats.decoded, 3);
   EXPECT_EQ(stats.skipped, 2);
   EXPECT_EQ(stats.corrupt_files, 3);
+}
+
+// A class whose every file is corrupt is an error naming the class, not only per-file warnings.
+TEST(ImageFolderCorrupt, AClassWithoutOneGoodImageIsAnErrorNamingIt) {
+  TempDir dir;
+  touch_dir(dir.path() / "good");
+  write_png_rgb((dir.path() / "good/a.png").string(), pattern(4, 4));
+  write_png_rgb((dir.path() / "good/b.png").string(), pattern(4, 4));
+  touch_dir(dir.path() / "broken");
+  write_bytes((dir.path() / "broken/x.png").string(), {'n', 'o', 'p', 'e'});
+  write_bytes((dir.path() / "broken/y.jpg").string(), {'n', 'o', 'p', 'e'});
+  ImageFolder folder(dir.str());
+  ASSERT_EQ(folder.classes(), (std::vector<std::string>{"broken", "good"}));
+  const auto message = error_message([&] { folder.load(0); });
+  EXPECT_NE(message.find("Class 'broken' of the ImageFolder " + dir.str() +
+                         " has no image that decodes: all 2 of its files under " +
+                         (dir.path() / "broken").string() + " failed"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("HINT: "), std::string::npos) << message;
+  EXPECT_EQ(folder.load(2).index, 2) << "the good class still loads";
 }
 
 TEST(ImageFolderCorrupt, StrictThrowsNamingTheFileAndTheDecoder) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../log_capture.h"
 #include "../temp_dir.h"
 #include "trainyard/data/text_lines.h"
 #include "trainyard/error.h"
@@ -37,6 +38,7 @@ TEST(TextLines, TruncatesPadsAndMasksThePadding) {
   const std::vector<std::string_view> lines = {"abcdef", "xy", ""};
   const auto t = tokenize_lines(lines, bytes_of, /*seq_len=*/4, /*pad_id=*/7);
   ASSERT_EQ(t.size(), 2) << "a line with no token is dropped";
+  EXPECT_EQ(t.skipped, 1);
   EXPECT_EQ(t.lengths, (std::vector<std::int32_t>{4, 2}));
   EXPECT_EQ(t.ids, (std::vector<std::int32_t>{'a', 'b', 'c', 'd', 'x', 'y', 7, 7}));
   EXPECT_EQ(t.tokens(), 6);
@@ -98,6 +100,36 @@ TEST_F(TokenCache, AChangedCorpusOrADamagedCacheIsPreparedAgain) {
   const auto again = prepare_text(corpus_, "bytes", bytes_of, 8, 0);
   EXPECT_FALSE(again.from_cache);
   EXPECT_EQ(again.lines.ids, changed.lines.ids);
+}
+
+// A line of one token has nothing to predict after the shift (a batch of them trains with a loss
+// of NaN): such lines are skipped and counted, from the cache too; a corpus left empty is an
+// error naming the file and why.
+TEST_F(TokenCache, LinesOfOneTokenAreSkippedAndCountedAndNoneLeftIsAnError) {
+  std::ofstream(corpus_, std::ios::trunc) << "KING:\nab\nc\nd\n";
+  for (bool cached : {false, true}) {
+    trainyard::test::LogCapture log("data");
+    const auto text = prepare_text(corpus_, "bytes", bytes_of, 8, 0);
+    EXPECT_EQ(text.from_cache, cached);
+    EXPECT_EQ(text.lines.size(), 1);
+    EXPECT_EQ(text.lines.skipped, 2);
+    EXPECT_NE(log.text().find("Skipped 2 of the 3 training lines of " + corpus_ +
+                              ": they encode to fewer than 2 tokens"),
+              std::string::npos)
+        << log.text();
+  }
+  std::ofstream(corpus_, std::ios::trunc) << "a\nb\nc\n";
+  try {
+    prepare_text(corpus_, "bytes", bytes_of, 8, 0);
+    FAIL() << "every line is one token";
+  } catch (const trainyard::InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("The corpus " + corpus_ +
+                                         " leaves nothing to train on: all 3 of its training "
+                                         "lines encode to fewer than 2 tokens"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("HINT: "), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(TokenCache, ACorpusWithoutTrainingLinesOrFileIsAClearError) {

@@ -400,6 +400,14 @@ TEST(HfTokenizer, RefusesOtherModelsAndPreTokenizersNamingTheField) {
       std::string::npos);
   EXPECT_NE(load_error([](json& j) { j["model"]["merges"].push_back("x yz"); }).find("\"yz\""),
             std::string::npos);
+  const auto empty = load_error([](json& j) {
+    j["model"]["vocab"] = json::object();
+    j["model"]["merges"] = json::array();
+  });
+  EXPECT_NE(empty.find("has an empty vocabulary (\"model.vocab\" holds no token): every text "
+                       "would encode to no token. HINT: "),
+            std::string::npos)
+      << empty;
   EXPECT_THROW(Tokenizer::from_json("{\"model\": ", "broken.json"), CorruptDataError);
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), InvalidArgumentError);
 }

@@ -122,6 +122,12 @@ class Checkpointer {
   // does not match its digest, naming the file.
   Manifest read_manifest(const std::string& name);
   std::string read_file(const Manifest& manifest, const std::string& file);
+  // Checks one file against its manifest entry (size and SHA-256) without holding it: the file is
+  // read in pieces of `piece_bytes` (Storage::read_range) through the hash. For readers that then
+  // read parts of the file by ranges (Note [Reading parameters by ranges]). Throws like read_file.
+  void verify_file(const Manifest& manifest,
+                   const std::string& file,
+                   std::uint64_t piece_bytes = 64ull << 20);
   // Marks checkpoint `name` DAMAGED (`why` is kept in the marker), so that loads and retention
   // leave it alone; logs instead of throwing when the marker cannot be written. A reader only
   // logs.

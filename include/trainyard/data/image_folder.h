@@ -47,7 +47,8 @@ class ImageFolder {
  public:
   // Scans `root` (following symbolic links). Throws InvalidArgumentError when the root is missing
   // or not a folder, has no class folder, has no image at all, or has class folders without
-  // images (all of them named).
+  // images (all of them named); CorruptDataError naming the link when a symbolic link leads back
+  // to a folder above it (Note [Symbolic link loops] in image_folder.cpp).
   explicit ImageFolder(std::string root, ImageFolderOptions options = {});
   ~ImageFolder();
   ImageFolder(ImageFolder&&) noexcept;
@@ -68,7 +69,9 @@ class ImageFolder {
   // the decoder's message when strict; otherwise it is logged (once per file), counted in
   // stats().skipped, remembered (not read again) and replaced by the next decodable sample
   // (index + 1, index + 2, ..., wrapping around), so that a batch keeps its size and every rank
-  // its step count. Throws CorruptDataError when no file at all can be decoded. Thread-safe.
+  // its step count. Throws CorruptDataError naming the class once every file of a class has
+  // failed to decode (its label would have no image), and when no file at all can be decoded.
+  // Thread-safe.
   Loaded load(std::int64_t index) const;
 
   ImageFolderStats stats() const;

@@ -24,6 +24,9 @@ struct TokenizedLines {
   std::int32_t pad_id = 0;
   std::vector<std::int32_t> ids;      // size() * seq_len
   std::vector<std::int32_t> lengths;  // real (unpadded, truncated) tokens of each line
+  // Lines left out because they encode to fewer than 2 tokens: after the shift such a line has no
+  // target token, and a batch of them gives a loss of NaN.
+  std::int64_t skipped = 0;
 
   std::int64_t size() const { return static_cast<std::int64_t>(lengths.size()); }
   std::int64_t tokens() const;  // real tokens in all lines
@@ -31,7 +34,8 @@ struct TokenizedLines {
 
 using Encoder = std::function<std::vector<std::int32_t>(std::string_view)>;
 
-// Tokenises `lines` with `encode`. Lines that encode to no token are dropped.
+// Tokenises `lines` with `encode`. Lines that encode to fewer than 2 tokens are left out and
+// counted (TokenizedLines::skipped).
 TokenizedLines tokenize_lines(const std::vector<std::string_view>& lines,
                               const Encoder& encode,
                               std::int64_t seq_len,
@@ -46,8 +50,10 @@ struct PreparedText {
 // The prepared lines of the corpus at `path`, from the token cache next to it when one matches
 // (the corpus's SHA-256, `tokenizer_id`, seq_len and pad_id are recorded in it), else prepared
 // now and cached: <path>.<hash>.tokens, or under $XDG_CACHE_HOME (~/.cache)/trainyard when the
-// corpus's folder is not writable. Throws InvalidArgumentError when the file cannot be read or
-// holds no training line; a damaged cache is prepared again, with a warning.
+// corpus's folder is not writable. Lines of fewer than 2 tokens are skipped with a warning saying
+// how many. Throws InvalidArgumentError when the file cannot be read or holds no training line,
+// and when every training line was skipped (naming the file and why); a damaged cache is
+// prepared again, with a warning.
 PreparedText prepare_text(const std::string& path,
                           const std::string& tokenizer_id,
                           const Encoder& encode,

@@ -76,7 +76,8 @@ using RangeReader =
 
 // Whole parameters out of a sharded state, one at a time, for one process (generation, export):
 // each file's safetensors header is read once, then only the slices of the parameter asked for
-// (Note [Reading parameters by ranges]), so memory holds one parameter, never the files.
+// (Note [Reading parameters by ranges]), so memory holds one parameter, never the files. It does
+// not check the files' SHA-256: verify them first (checkpoint::Checkpointer::verify_file).
 class ShardedParameterReader {
  public:
   // `metadata` is fsdp.json; `file_bytes` the size of each file as the checkpoint's manifest

@@ -27,7 +27,8 @@ struct GenerateOptions {
 };
 
 // The new token ids after `prompt` (at least one id); stops at max_new_tokens, at eos_id, or when
-// the model's max_position_embeddings are used up. Runs in eval mode without autograd.
+// the model's max_position_embeddings are used up (a warning says so when max_new_tokens asked
+// for more). Runs in eval mode without autograd.
 std::vector<std::int64_t> generate(GptNeoXImpl& model,
                                    const std::vector<std::int64_t>& prompt,
                                    const GenerateOptions& options);

@@ -30,9 +30,12 @@ struct GptNeoXConfig {
   static GptNeoXConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 
-  // Reads a Hugging Face config.json (model_type "gpt_neox"). Unknown keys are ignored; keys
-  // that change the architecture in ways this model lacks (tie_word_embeddings, rope_scaling,
-  // attention_bias false, hidden_act other than "gelu") are refused. Validates the result.
+  // Reads a Hugging Face config.json (model_type "gpt_neox"). The fields that give the model its
+  // size (vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+  // max_position_embeddings) are required: an error names the missing ones. Unknown keys are
+  // ignored; keys that change the architecture in ways this model lacks (tie_word_embeddings,
+  // rope_scaling, attention_bias false, hidden_act other than "gelu") are refused. Validates the
+  // result.
   static GptNeoXConfig from_json(const std::string& json_text);
   // The fields above plus model_type, architectures, hidden_act and tie_word_embeddings, as HF
   // writes them; from_json(to_json()) == *this.

@@ -19,14 +19,29 @@ class WeightReader;
 
 namespace trainyard::models {
 
+// Whether a stored tensor is a buffer older GPT-NeoX checkpoints saved beside the weights and
+// that the model recomputes from config.json, so that loading ignores it by name:
+// "*.attention.rotary_emb.inv_freq", "*.attention.bias" (the causal mask) and
+// "*.attention.masked_bias".
+bool is_ignored_hf_buffer(const std::string& name);
+
+// Throws CheckpointCorruptError unless `reader` holds exactly the tensors named in `model_names`
+// (besides ignored buffers): the message names the tensors the model needs and the folder lacks,
+// and those the folder holds and the model lacks (a config.json with fewer layers than the
+// weights), with a HINT. A silent subset is never loaded.
+void check_hf_tensor_names(const std::vector<std::string>& model_names,
+                           const hf::WeightReader& reader);
+
 // Copies every parameter of `module` (HF names, e.g. GptNeoX's) from `reader`, converting the
-// stored dtype. Throws CheckpointCorruptError naming the tensor, its file and both shapes when a
-// shape disagrees with the model (its config.json), and when a parameter is missing.
+// stored dtype, after check_hf_tensor_names. Throws CheckpointCorruptError naming the tensor, its
+// file and both shapes when a shape disagrees with the model (its config.json), and naming the
+// missing and unexpected tensors.
 void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader);
 
 // An FSDP ParamSliceInit (fsdp/fully_sharded_data_parallel.h) reading the elements a rank's
 // shards hold from `reader` and nothing else. `shapes(name)` gives the model's shape of a
-// parameter, checked against the file once per parameter.
+// parameter, checked against the file once per parameter. Call check_hf_tensor_names first: a
+// slice reader sees one parameter at a time, never the whole set.
 std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_slice_init(
     std::shared_ptr<const hf::WeightReader> reader,
     std::function<std::vector<std::int64_t>(const std::string&)> shapes);
@@ -34,11 +49,14 @@ std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_s
 struct ExportOptions {
   std::uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's "5GB"
   bool bf16 = false;                              // write BF16 instead of F32
+  // Write into a folder that holds files already (--force); otherwise that is an error.
+  bool overwrite = false;
 };
 
 // Writes `module`'s parameters to `dir` as Hugging Face weights (model.safetensors, or shards and
 // model.safetensors.index.json past max_shard_bytes) and `config_json` as config.json, streaming
-// one tensor at a time. Files appear complete or not at all.
+// one tensor at a time. Files appear complete or not at all. Throws InvalidArgumentError, writing
+// nothing, when `dir` is an existing file, or a folder holding files unless options.overwrite.
 void export_hf(const torch::nn::Module& module,
                const std::string& config_json,
                const std::string& dir,

@@ -73,7 +73,9 @@ LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed = 0)
 
 // Writes checkpoint RUN/checkpoint_NNNNNN of a causal-lm run as a Hugging Face model folder
 // (config.json, safetensors weights, the run's tokenizer.json when it had one) in `out_dir`;
-// returns what it exported.
+// returns what it exported. Throws InvalidArgumentError, writing nothing, when `out_dir` is an
+// existing file, and unless options.overwrite (--force) when it is a run's folder (config.json
+// with a recipe, or checkpoints) or holds files already, which the export would write over.
 std::string export_checkpoint(const std::string& checkpoint_uri,
                               const std::string& out_dir,
                               const models::ExportOptions& options = {});
