@@ -126,6 +126,14 @@ void Head::start() {
       lock.unlock();
       try {
         m.tick();
+      } catch (const StoreFullError& e) {
+        // Once per kStoreFullLogEvery while it lasts (Note [A full disk]).
+        const auto now = std::chrono::steady_clock::now();
+        if (now - m.store_full_logged_at >= Impl::kStoreFullLogEvery) {
+          m.store_full_logged_at = now;
+          m.log->error("{} (said at most every {} s while it lasts)", e.what(),
+                       Impl::kStoreFullLogEvery.count());
+        }
       } catch (const std::exception& e) {
         m.log->error("the head's tick failed: {}", e.what());
       }

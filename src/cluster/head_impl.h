@@ -140,6 +140,8 @@ struct Head::Impl {
   // See Note [A head that did not run]. Guarded by mu.
   static constexpr double kPauseSlackSeconds = 1.0;
   double last_tick_at = 0;  // now_seconds() of the last tick_nodes(); 0 before the first
+  static constexpr std::chrono::seconds kStoreFullLogEvery{30};
+  std::chrono::steady_clock::time_point store_full_logged_at{};  // ticker thread only
   std::thread ticker;
   std::mutex tick_mu;
   std::condition_variable tick_cv;
@@ -180,6 +182,9 @@ struct Head::Impl {
   void reconcile_registration(const std::string& node_id,
                               const std::vector<wire::JobReport>& reports);
   void apply_report(const std::string& node_id, const wire::JobReport& r);
+  // Whether a message about `instance` is about job j's submission (Note [Job instances on the
+  // wire]).
+  bool same_instance(const JobRecord& j, wire::Instance instance) const;
   wire::Assignment assignment(const JobRecord& j) const;
 
   // Node lifecycle: alive -> suspect -> dead by heartbeat age; pending (after a restart) -> dead.

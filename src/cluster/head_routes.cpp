@@ -24,7 +24,27 @@ constexpr std::int64_t kLogPageLines = 10'000;  // per GET of /logs?after=N
 }  // namespace
 
 void Head::Impl::add_routes() {
-  net::HttpServer& s = *server;
+  net::HttpServer& server_ = *server;
+  // Every handler: a store that cannot be written for want of space is 507 with the reason, not
+  // a 500 (Note [A full disk] in job_store.cpp).
+  struct Routes {
+    net::HttpServer& server;
+    void route(const std::string& method, const std::string& pattern, net::HttpHandler handler) {
+      server.route(method, pattern, [handler = std::move(handler)](const net::ServerRequest& req) {
+        try {
+          return handler(req);
+        } catch (const StoreFullError& e) {
+          throw net::HttpStatusError(507, e.what());
+        }
+      });
+    }
+    void set_hook(net::HttpHook hook) { server.set_hook(std::move(hook)); }
+    void websocket(const std::string& pattern,
+                   net::WebSocketHandler handler,
+                   net::WebSocketAdmission admission) {
+      server.websocket(pattern, std::move(handler), std::move(admission));
+    }
+  } s{server_};
   s.set_hook([this](const net::ServerRequest& req) -> std::optional<net::ServerResponse> {
     // The dashboard's files hold no data; its script sends the token on every call.
     if (o.token && is_dashboard_request(req)) return std::nullopt;
@@ -255,7 +275,8 @@ void Head::Impl::add_routes() {
         if (r.state != wire::ReportState::kRunning) continue;
         auto j = jobs.find(r.job_id);
         if (j == jobs.end() || api::is_terminal_status(j->second.status) ||
-            j->second.stop_requested || !contains(j->second.assigned_nodes, id)) {
+            j->second.stop_requested || !contains(j->second.assigned_nodes, id) ||
+            !same_instance(j->second, r.instance)) {
           out.stop.push_back(r.job_id);
         }
       }
@@ -295,7 +316,11 @@ void Head::Impl::add_routes() {
     for (const auto& l : batch.lines) lines.push_back({l.rank, l.text});
     {
       std::lock_guard<std::mutex> lock(mu);
-      find_job(id);
+      if (!same_instance(find_job(id), batch.instance)) {
+        // Another submission's lines (Note [Job instances on the wire]): taken, and dropped.
+        return json_response(wire::LogBatchAnswer{
+            .next_seq = batch.first_seq + static_cast<std::int64_t>(batch.lines.size())});
+      }
     }
     int64_t next = store->append_logs(id, batch.node_id, batch.first_seq, lines);
     wake_tails();

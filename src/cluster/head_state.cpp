@@ -179,6 +179,19 @@ void Head::Impl::release_node(JobRecord& j, const std::string& node_id) {
   save(j);
 }
 
+// Note [Job instances on the wire]
+// A deleted job's submission id may be submitted again. The worker that ran the old job may
+// still hold it (its final report not yet taken, its lines still spooled) and report on it, or
+// ship its lines, after the new job of the same id exists: that gave the new job a wrong FAILED
+// and the old job's lines. So an assignment carries the job's instance (its submission order,
+// which SQLite's AUTOINCREMENT never reuses), and the worker's reports and log batches carry it
+// back: the head takes them only for the instance it has, tells a worker reporting another one
+// running to stop it, and answers another instance's lines as stored so that they are dropped.
+// A message without an instance (0: an older worker) is taken as before.
+bool Head::Impl::same_instance(const JobRecord& j, wire::Instance instance) const {
+  return instance == 0 || instance == j.order;
+}
+
 void Head::Impl::reconcile_registration(const std::string& node_id,
                                         const std::vector<wire::JobReport>& reports) {
   std::set<std::string> held;
@@ -196,6 +209,7 @@ void Head::Impl::apply_report(const std::string& node_id, const wire::JobReport&
   if (it == jobs.end()) return;
   JobRecord& j = it->second;
   if (!contains(j.assigned_nodes, node_id)) return;  // Note [Head state]
+  if (!same_instance(j, r.instance)) return;         // Note [Job instances on the wire]
   if (const wire::JobReport* old = report_of(j, node_id); old != nullptr && *old == r) return;
   j.reports[node_id] = r;
   if (api::is_terminal_status(j.status)) {
@@ -235,6 +249,7 @@ void Head::Impl::apply_report(const std::string& node_id, const wire::JobReport&
 
 wire::Assignment Head::Impl::assignment(const JobRecord& j) const {
   return wire::Assignment{.job_id = j.job_id,
+                          .instance = j.order,
                           .entrypoint = j.entrypoint,
                           .env = j.env_vars,
                           .nproc_per_node = j.nproc_per_node,
@@ -378,6 +393,7 @@ ClusterSnapshot Head::Impl::status_snapshot() {
   double now = now_seconds();
   ClusterSnapshot out;
   out.time = iso8601(now);
+  out.head_problem = store->write_problem().value_or("");
   for (std::string_view s :
        {api::kPending, api::kRunning, api::kStopped, api::kSucceeded, api::kFailed}) {
     out.jobs[std::string(s)] = 0;

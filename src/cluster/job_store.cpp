@@ -34,14 +34,38 @@ json parse_or(const unsigned char* text, json fallback) {
 
 }  // namespace
 
+// Note [A full disk]
+// A head whose disk filled up failed every write with "database or disk is full", answered 500s,
+// left a job RUNNING and logged the error twice a tick. SQLITE_FULL is now a StoreFullError: the
+// transaction is rolled back by SQLite, the head answers 507 naming the disk, `status` shows the
+// head unhealthy with the reason, the log says it once per interval, and the first write that
+// succeeds again clears the condition. Reads keep working throughout.
 struct JobStore::Impl {
   std::filesystem::path path;
   sqlite3* db = nullptr;
   std::mutex mu;
+  mutable std::mutex problem_mu;
+  std::optional<std::string> full;  // guarded by problem_mu; see Note [A full disk]
+
+  void wrote() {
+    std::lock_guard<std::mutex> lock(problem_mu);
+    full.reset();
+  }
 
   [[noreturn]] void fail(int rc, const std::string& what) {
     std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
     int primary = rc & 0xff;
+    if (primary == SQLITE_FULL) {
+      std::string why = "The head's database " + path.string() +
+                        " cannot be written: its disk is full (SQLite: " + msg +
+                        "). HINT: free space on " + path.parent_path().string() +
+                        "; the head goes on by itself once it can write.";
+      {
+        std::lock_guard<std::mutex> lock(problem_mu);
+        full = why;
+      }
+      throw StoreFullError(why);
+    }
     if (primary == SQLITE_NOTADB || primary == SQLITE_CORRUPT) {
       throw CorruptDataError("The head's database " + path.string() +
                              " is damaged or not a "
@@ -99,7 +123,10 @@ struct JobStore::Impl {
     bool step() {
       int rc = sqlite3_step(stmt_);
       if (rc == SQLITE_ROW) return true;
-      if (rc == SQLITE_DONE) return false;
+      if (rc == SQLITE_DONE) {
+        if (!sqlite3_stmt_readonly(stmt_)) impl_.wrote();
+        return false;
+      }
       impl_.fail(rc, std::string("run '") + sqlite3_sql(stmt_) + "'");
     }
     void reset() {
@@ -283,6 +310,11 @@ JobStore::~JobStore() {
 
 const std::filesystem::path& JobStore::path() const {
   return impl_->path;
+}
+
+std::optional<std::string> JobStore::write_problem() const {
+  std::lock_guard<std::mutex> lock(impl_->problem_mu);
+  return impl_->full;
 }
 
 void JobStore::put_node(const NodeRecord& n) {

@@ -134,6 +134,8 @@ void from_json(const json& j, ResourceDemand& demand) {
 
 void to_json(json& j, const ClusterSnapshot& snapshot) {
   j = json{{f::kTime, snapshot.time},
+           {f::kHead,
+            {{f::kHealthy, snapshot.head_problem.empty()}, {f::kProblem, snapshot.head_problem}}},
            {f::kNodes, snapshot.nodes},
            {f::kFailures, snapshot.failures},
            {f::kDemands, snapshot.demands},
@@ -143,6 +145,8 @@ void to_json(json& j, const ClusterSnapshot& snapshot) {
 void from_json(const json& j, ClusterSnapshot& snapshot) {
   const auto c = in_snapshot("snapshot");
   snapshot.time = jf::required<std::string>(j, c, f::kTime);
+  const json head = jf::optional_or<json>(j, c, f::kHead, json::object());
+  snapshot.head_problem = jf::optional_or<std::string>(head, in_snapshot("head"), f::kProblem, "");
   snapshot.nodes = jf::optional_list<SnapshotNode>(j, c, f::kNodes);
   snapshot.failures = jf::optional_list<NodeFailure>(j, c, f::kFailures);
   snapshot.demands = jf::optional_list<ResourceDemand>(j, c, f::kDemands);
@@ -384,6 +388,7 @@ std::string format_status(const ClusterSnapshot& snapshot, const StatusReportOpt
 
   std::ostringstream out;
   out << header << "\n";
+  if (!snapshot.head_problem.empty()) out << "Head: UNHEALTHY: " << snapshot.head_problem << "\n";
   out << "Node status\n" << separator << "\n";
   out << "Active:\n";
   print_lines(out, active, " (no active nodes)");

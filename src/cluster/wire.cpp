@@ -195,6 +195,7 @@ std::string_view to_string(ReportState state) {
 
 void to_json(json& j, const JobReport& v) {
   j = json{{f::kJobId, v.job_id},
+           {f::kInstance, v.instance},
            {f::kState, to_string(v.state)},
            {f::kRestartCount, v.restart_count},
            {f::kRanks, v.ranks}};
@@ -210,6 +211,7 @@ void from_json(const json& j, JobReport& v) {
   const jf::Context c{"job report"};
   if (!j.is_object()) wrong_type("jobs[]", "an object", j);
   v.job_id = required_string(j, "", f::kJobId, kMaxIdBytes);
+  v.instance = jf::optional_or<Instance>(j, c, f::kInstance, 0);
   const auto state = jf::required<std::string>(j, c, f::kState);
   bool known = false;
   for (const auto& [value, name] : kReportStateNames) {
@@ -286,6 +288,7 @@ void from_json(const json& j, Heartbeat& v) {
 
 void to_json(json& j, const Assignment& v) {
   j = json{{f::kJobId, v.job_id},
+           {f::kInstance, v.instance},
            {f::kEntrypoint, v.entrypoint},
            {f::kEnv, v.env},
            {f::kNprocPerNode, v.nproc_per_node},
@@ -298,6 +301,7 @@ void from_json(const json& j, Assignment& v) {
   if (!j.is_object()) wrong_type("assignments[]", "an object", j);
   v.job_id = required_string(j, "", f::kJobId, kMaxIdBytes);
   check_id(f::kJobId, v.job_id);
+  v.instance = jf::optional_or<Instance>(j, {"assignment"}, f::kInstance, 0);
   v.entrypoint = required_string(j, "", f::kEntrypoint, kMaxEntrypointBytes);
   const auto env = j.find(f::kEnv);
   v.env = env == j.end() || env->is_null()
@@ -351,12 +355,16 @@ void from_json(const json& j, LogEntry& v) {
 }
 
 void to_json(json& j, const LogBatch& v) {
-  j = json{{f::kNodeId, v.node_id}, {f::kFirstSeq, v.first_seq}, {f::kLines, v.lines}};
+  j = json{{f::kNodeId, v.node_id},
+           {f::kInstance, v.instance},
+           {f::kFirstSeq, v.first_seq},
+           {f::kLines, v.lines}};
 }
 
 void from_json(const json& j, LogBatch& v) {
   if (!j.is_object()) wrong_type("log batch", "an object", j);
   v.node_id = required_string(j, "", f::kNodeId, kMaxIdBytes);
+  v.instance = jf::optional_or<Instance>(j, {"log batch"}, f::kInstance, 0);
   const auto fs = j.find(f::kFirstSeq);
   if (fs == j.end() || !fs->is_number_integer() || fs->get<std::int64_t>() < 0) {
     throw InvalidArgumentError("The field 'first_seq' must be a non-negative integer.");

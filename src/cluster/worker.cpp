@@ -229,6 +229,7 @@ class LogSpool {
 // One job placed on this node.
 struct Job {
   std::string id;
+  wire::Instance instance = 0;  // Note [Job instances on the wire] (head_state.cpp)
   fs::path dir;
   std::unique_ptr<LogSpool> spool;
   // Its ranks' metrics folder (state_dir/jobs/<id>/metrics) and processes; see Note [Metrics in
@@ -557,6 +558,7 @@ void Worker::Impl::handle_answer(const wire::HeartbeatAnswer& answer) {
 void Worker::Impl::start_job(const wire::Assignment& a) {
   auto job = std::make_unique<Job>();
   job->id = a.job_id;
+  job->instance = a.instance;
   // The id names a folder under state_dir/jobs: nothing that could step out of it.
   TY_CHECK_T(InvalidArgumentError,
              !job->id.empty() && job->id.front() != '.' &&
@@ -569,7 +571,8 @@ void Worker::Impl::start_job(const wire::Assignment& a) {
   job->spool = std::make_unique<LogSpool>(job->dir);
   job->metrics =
       std::make_unique<elastic::AgentMetrics>(job->id, (job->dir / kMetricsDir).string());
-  job->report = {.job_id = job->id, .state = wire::ReportState::kRunning};
+  job->report = {
+      .job_id = job->id, .instance = job->instance, .state = wire::ReportState::kRunning};
   Job* raw = job.get();
   try {
     const int nproc = a.nproc_per_node;
@@ -625,6 +628,7 @@ void Worker::Impl::start_job(const wire::Assignment& a) {
     std::lock_guard<std::mutex> lock(job->mu);
     job->final_report = wire::JobReport{
         .job_id = job->id,
+        .instance = job->instance,
         .state = wire::ReportState::kFailed,
         .error_type = std::string(wire::kCommandStartError),
         .message = detail::concat("Node ", node_id, " could not start the job: ", e.what())};
@@ -685,6 +689,13 @@ void Worker::Impl::recover_jobs() {
     job->id = entry.path().filename();
     job->dir = entry.path();
     job->spool = std::make_unique<LogSpool>(job->dir);
+    try {
+      job->instance =
+          wire::parse_message(*assignment, "assignment").get<wire::Assignment>().instance;
+    } catch (const std::exception& e) {
+      log->warn("Job {}'s assignment {} is unreadable ({}).", job->id,
+                (entry.path() / kAssignmentFile).string(), e.what());
+    }
     std::optional<wire::JobReport> report;
     if (auto text = read_file(entry.path() / kReportFile)) {
       try {
@@ -697,6 +708,7 @@ void Worker::Impl::recover_jobs() {
     if (!report) {
       report = wire::JobReport{
           .job_id = job->id,
+          .instance = job->instance,
           .state = wire::ReportState::kFailed,
           .error_type = std::string(wire::kNodeRestarted),
           .message = detail::concat("The worker on node ", node_id,
@@ -723,7 +735,8 @@ void Worker::Impl::ship_logs(bool all, Clock::time_point deadline) {
       }
       lines.resize(n);
       if (lines.empty()) break;
-      wire::LogBatch batch{.node_id = node_id, .first_seq = lines.front().seq};
+      wire::LogBatch batch{
+          .node_id = node_id, .instance = job->instance, .first_seq = lines.front().seq};
       for (const auto& l : lines) batch.lines.push_back({.rank = l.rank, .text = l.text});
       try {
         const auto answer =

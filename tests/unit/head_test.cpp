@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <future>
 
 #include "cluster_test_util.h"
@@ -456,6 +458,98 @@ TEST_F(HeadTest, FloodsAndFollowersThatDoNotReadDelayNoHeartbeat) {
   EXPECT_EQ(node_in_status("n1")["state"], "alive");
   heartbeat("n1", json::array({report(id, "succeeded")}));
   EXPECT_EQ(status_of(id), "SUCCEEDED");
+}
+
+TEST_F(HeadTest, AReusedSubmissionIdIgnoresTheOldJobsLateReportsAndLines) {
+  // Note [Job instances on the wire]: a deleted job's id submitted again got the old job's late
+  // FAILED and its lines.
+  start(options());
+  register_node("n1", 2);
+  const json body = {{"entrypoint", "x"}, {"submission_id", "s1"}};
+  submit(body);
+  json hb;
+  ASSERT_TRUE(eventually([&] { return !(hb = heartbeat("n1"))["assignments"].empty(); }));
+  const std::int64_t old_instance = hb["assignments"][0]["instance"];
+  json done = report("s1", "succeeded");
+  done["instance"] = old_instance;
+  heartbeat("n1", json::array({done}));
+  ASSERT_EQ(status_of("s1"), "SUCCEEDED");
+  ASSERT_EQ(call("DELETE", "/api/jobs/s1").status, 200);
+  submit(body);
+  ASSERT_TRUE(eventually([&] { return !(hb = heartbeat("n1"))["assignments"].empty(); }));
+  const std::int64_t instance = hb["assignments"][0]["instance"];
+  EXPECT_NE(instance, old_instance);
+  // The old submission's late word and lines: ignored, and a running one is told to stop.
+  json late = report("s1", "failed");
+  late["instance"] = old_instance;
+  late["message"] = "the old job failed";
+  heartbeat("n1", json::array({late}));
+  EXPECT_EQ(status_of("s1"), "PENDING");
+  json old_running = report("s1", "running");
+  old_running["instance"] = old_instance;
+  EXPECT_EQ(heartbeat("n1", json::array({old_running}))["stop"], json::array({"s1"}));
+  EXPECT_EQ(status_of("s1"), "PENDING");
+  auto lines = call("POST", api::worker_logs_path("s1"),
+                    {{"node_id", "n1"},
+                     {"instance", old_instance},
+                     {"first_seq", 0},
+                     {"lines", {{{"rank", 0}, {"text", "old line"}}}}});
+  EXPECT_EQ(lines.json()["next_seq"], 1);  // taken, so the worker drops them
+  EXPECT_EQ(get(api::job_logs_path("s1"))["logs"], "");
+  // The new submission's own word counts.
+  json running = report("s1", "running");
+  running["instance"] = instance;
+  EXPECT_TRUE(heartbeat("n1", json::array({running}))["stop"].empty());
+  EXPECT_EQ(status_of("s1"), "RUNNING");
+  call("POST", api::worker_logs_path("s1"),
+       {{"node_id", "n1"},
+        {"instance", instance},
+        {"first_seq", 0},
+        {"lines", {{{"rank", 0}, {"text", "new line"}}}}});
+  EXPECT_EQ(get(api::job_logs_path("s1"))["logs"], "[n1:0] new line\n");
+}
+
+TEST_F(HeadTest, AFullDiskIsA507NamingItAndTheHeadGoesOnWhenSpaceReturns) {
+  // Note [A full disk]: before, the head logged "database or disk is full" twice a tick,
+  // answered 500s and `submit` waited without a word.
+  const auto small = dir_.path() / "small";
+  std::filesystem::create_directories(small);
+  const std::string mount = "mount -t tmpfs -o size=2m tmpfs '" + small.string() + "' 2>/dev/null";
+  if (std::system(mount.c_str()) != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  struct Unmount {
+    std::filesystem::path path;
+    ~Unmount() { (void)std::system(("umount -l '" + path.string() + "'").c_str()); }
+  } unmount{small};
+  HeadOptions o = options();
+  o.state_dir = small / "state";
+  start(o);
+  submit({{"entrypoint", "x"}, {"submission_id", "before"}});
+  {
+    std::ofstream fill(small / "filler", std::ios::binary);
+    const std::string chunk(64 << 10, 'f');
+    while (fill.write(chunk.data(), static_cast<std::streamsize>(chunk.size())) && fill.flush()) {
+    }
+  }
+  HttpResult full;
+  for (int i = 0; i < 50; ++i) {  // until a write needs a page the disk no longer has
+    full = call("POST", "/api/jobs/", {{"entrypoint", std::string(4000, 'e')}});
+    if (full.status != 200) break;
+  }
+  ASSERT_EQ(full.status, 507) << full.body;
+  const std::string why = full.json().value("error", "");
+  EXPECT_NE(why.find("disk is full"), std::string::npos) << why;
+  EXPECT_NE(why.find(small.string()), std::string::npos) << why;
+  json st = get("/api/cluster/status");
+  EXPECT_EQ(st["head"]["healthy"], false);
+  EXPECT_NE(st["head"]["problem"].get<std::string>().find("disk is full"), std::string::npos);
+  EXPECT_EQ(call("GET", "/api/jobs/before").status, 200);  // reads go on
+  // Space returns: the head goes on by itself.
+  std::filesystem::remove(small / "filler");
+  EXPECT_EQ(call("POST", "/api/jobs/", {{"entrypoint", "x"}, {"submission_id", "after"}}).status,
+            200);
+  st = get("/api/cluster/status");
+  EXPECT_EQ(st["head"]["healthy"], true);
+  EXPECT_EQ(status_of("after"), "PENDING");
 }
 
 TEST_F(HeadTest, SilentNodeGoesSuspectThenDeadAndFailsItsJob) {

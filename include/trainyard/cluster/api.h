@@ -92,6 +92,7 @@ namespace field {
 inline constexpr const char* kEntrypoint = "entrypoint";
 inline constexpr const char* kSubmissionId = "submission_id";
 inline constexpr const char* kJobId = "job_id";
+inline constexpr const char* kInstance = "instance";  // wire::Instance
 inline constexpr const char* kRuntimeEnv = "runtime_env";
 inline constexpr const char* kEnvVars = "env_vars";
 inline constexpr const char* kMetadata = "metadata";
@@ -167,6 +168,9 @@ inline constexpr const char* kToken = "token";
 inline constexpr const char* kWritten = "written";
 // status snapshot
 inline constexpr const char* kTime = "time";
+inline constexpr const char* kHead = "head";
+inline constexpr const char* kHealthy = "healthy";
+inline constexpr const char* kProblem = "problem";
 inline constexpr const char* kHeartbeatAgeS = "heartbeat_age_s";
 inline constexpr const char* kRanks = "ranks";
 inline constexpr const char* kFailures = "failures";

@@ -84,8 +84,15 @@ struct RdzvState {
   bool written = false;
 };
 
+// A write the store could not make because its disk (or quota) is full: nothing was changed, and
+// the same write works again once there is space (Note [A full disk] in job_store.cpp).
+class StoreFullError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Thread-safe: one connection behind a mutex. Every method throws Error naming the database file
-// when SQLite fails.
+// when SQLite fails (StoreFullError when its disk is full).
 class JobStore {
  public:
   static constexpr int kSchemaVersion = 1;
@@ -99,6 +106,10 @@ class JobStore {
   JobStore& operator=(const JobStore&) = delete;
 
   const std::filesystem::path& path() const;
+
+  // Why the last write failed when it was for want of space and no write has succeeded since
+  // (the head is then unhealthy); nullopt otherwise. Thread-safe.
+  std::optional<std::string> write_problem() const;
 
   // Nodes
   void put_node(const NodeRecord& node);  // insert or replace

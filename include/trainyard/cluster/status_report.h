@@ -79,6 +79,9 @@ struct ResourceDemand {
 //    "jobs": {"PENDING": n, "RUNNING": n, ...}}
 struct ClusterSnapshot {
   std::string time;
+  // Why the head is unhealthy (it cannot write its store: a full disk); "" when it is healthy.
+  // JSON: "head": {"healthy": bool, "problem": str}.
+  std::string head_problem;
   std::vector<SnapshotNode> nodes;
   std::vector<NodeFailure> failures;
   std::vector<ResourceDemand> demands;

@@ -59,8 +59,13 @@ inline constexpr std::string_view kNodeRestarted = "NODE_RESTARTED";
 inline constexpr std::string_view kCommandError = "JOB_ENTRYPOINT_COMMAND_ERROR";
 inline constexpr std::string_view kCommandStartError = "JOB_ENTRYPOINT_COMMAND_START_ERROR";
 
+// Which submission of a job id a message is about: the head's submission order, never reused
+// (a deleted job's id may be submitted again). 0 from a peer that does not send it.
+using Instance = std::int64_t;
+
 struct JobReport {
   std::string job_id;
+  Instance instance = 0;
   ReportState state = ReportState::kRunning;
   int restart_count = 0;
   std::vector<int> ranks;               // global ranks on the node in the current round
@@ -106,6 +111,7 @@ struct Heartbeat {
 // A job placed on a node: what its agent runs.
 struct Assignment {
   std::string job_id;
+  Instance instance = 0;
   std::string entrypoint;
   std::map<std::string, std::string> env;
   int nproc_per_node = 1;
@@ -133,6 +139,7 @@ struct LogEntry {
 // POST /api/cluster/jobs/{id}/logs: lines first_seq, first_seq + 1, ... of (job, node).
 struct LogBatch {
   std::string node_id;
+  Instance instance = 0;  // of the job the lines belong to
   std::int64_t first_seq = 0;
   std::vector<LogEntry> lines;
 };
