@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "trainyard/cluster/node_resources.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/text_file.h"
@@ -36,11 +37,6 @@ std::string local_time_now() {
   return buf;
 }
 
-std::string host_name() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "localhost";
-  return host;
-}
 
 }  // namespace
 
@@ -68,7 +64,7 @@ StateDir::StateDir(std::filesystem::path path, std::string_view owner) : path_(s
         "state directory: a second ", owner, " there would take over the first one's nodes and ",
         "jobs. HINT: stop that process first, or give this one its own --state-dir."));
   }
-  const std::string text = detail::concat(owner, " (host ", host_name(), ", pid ", ::getpid(),
+  const std::string text = detail::concat(owner, " (host ", local_hostname(), ", pid ", ::getpid(),
                                           ", started ", local_time_now(), ")\n");
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) < 0) {
     logger("cluster")->warn("Could not write the holder into {}: {}", lock.string(),

@@ -168,12 +168,16 @@ RoundOutcome run_round(const LaunchOptions& options,
                        "set TMPDIR to a writable folder, or turn the hang watchdog off with "
                        "--hang-timeout 0.");
   }
+  // Declared before the ranks: their groups are killed should this process die before they end
+  // (Note [No rank outlives its agent]).
+  GroupReaper reaper;
   std::vector<Rank> ranks;
   ranks.reserve(static_cast<std::size_t>(options.nproc_per_node));
   try {
     for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
       ranks.push_back(
           start_rank(options, round, local_rank, heartbeats ? &*heartbeats : nullptr, &out, &err));
+      reaper.watch(ranks.back().process.pid());
     }
   } catch (const Error&) {
     // Signal every started rank at once; their destructors then reap them.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -356,6 +357,7 @@ std::optional<ExitStatus> Subprocess::poll() {
   pid_t r = waitpid_retry(pid_, &status, WNOHANG);
   if (r == pid_) {
     status_ = ExitStatus::from_wait_status(status);
+    end_leftovers();
   } else if (r < 0 && errno == ECHILD) {
     // Someone else reaped it (SIGCHLD set to SIG_IGN, or a stray waitpid(-1)): the status is lost.
     auto log = logger("subprocess");
@@ -377,6 +379,93 @@ std::optional<ExitStatus> Subprocess::wait_for(std::chrono::milliseconds timeout
     if (now >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::min<Clock::duration>(interval, deadline - now));
     interval = std::min(interval * 2, kMaxPollInterval);
+  }
+}
+
+// Note [No rank outlives its agent]
+// A rank is the leader of its own process group, and what it starts stays in that group unless it
+// leaves on purpose (setsid). `sh -c 'sleep 1000 & wait'` left its sleep running after the rank
+// was stopped, reparented to init, while the job's message said the ranks were stopped. So:
+//  - when a child's leader is reaped, whatever is left in its group is killed at once (its pid
+//    cannot have been reused yet: the kernel keeps a group id while any process is in the
+//    group, and the leader was only just reaped);
+//  - a GroupReaper, a small process forked by the agent for each round, is told every rank's
+//    group; when the agent dies without saying goodbye (kill -9 of `trainyard run` or of a
+//    worker), the reaper reads end-of-file on its pipe and kills those groups. It has a process
+//    group of its own, so that a signal to the agent's group does not take it along, and ignores
+//    the terminal's signals. (PR_SET_PDEATHSIG kills only a rank's own process, not its children.)
+void Subprocess::end_leftovers() noexcept {
+  if (!own_group_ || pid_ <= 0) return;
+  if (::kill(-pid_, SIGKILL) == 0) {
+    try {
+      logger("subprocess")
+          ->info("'{}' (pid {}) exited leaving processes in its group; they were killed.", program_,
+                 pid_);
+    } catch (...) {
+    }
+  }
+}
+
+GroupReaper::GroupReaper() {
+  int fds[2];
+  TY_CHECK_T(Error, ::pipe2(fds, O_CLOEXEC) == 0,
+             "Could not create the reaper's pipe: ", std::strerror(errno), ".");
+  static constexpr int kMaxGroups = 4096;
+  std::vector<pid_t> groups(kMaxGroups);  // before fork: the child allocates nothing
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw Error(detail::concat("Could not fork the ranks' reaper: ", std::strerror(err), "."));
+  }
+  if (pid == 0) {
+    // The reaper: async-signal-safe calls only (the parent has threads).
+    ::setpgid(0, 0);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::sigaction(sig, &ignore, nullptr);
+    const int in = fds[0];
+    ::close_range(0, static_cast<unsigned>(in) - 1, 0);
+    ::close_range(static_cast<unsigned>(in) + 1, ~0U, 0);
+    int n = 0;
+    for (;;) {
+      std::int32_t value = 0;
+      const ssize_t r = ::read(in, &value, sizeof value);
+      if (r == sizeof value) {
+        if (value == 0) ::_exit(0);  // goodbye: the agent ended its round itself
+        if (n < kMaxGroups) groups[static_cast<std::size_t>(n++)] = value;
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      break;  // end of file: the agent is gone
+    }
+    for (int i = 0; i < n; ++i) ::kill(-groups[static_cast<std::size_t>(i)], SIGKILL);
+    ::_exit(0);
+  }
+  ::close(fds[0]);
+  fd_ = fds[1];
+  pid_ = pid;
+}
+
+GroupReaper::~GroupReaper() {
+  if (fd_ >= 0) {
+    const std::int32_t goodbye = 0;
+    (void)!::write(fd_, &goodbye, sizeof goodbye);
+    ::close(fd_);
+  }
+  if (pid_ > 0) {
+    int status = 0;
+    waitpid_retry(pid_, &status, 0);
+  }
+}
+
+void GroupReaper::watch(int pgid) {
+  const std::int32_t value = pgid;
+  if (fd_ < 0 || pgid <= 0) return;
+  if (::write(fd_, &value, sizeof value) != sizeof value) {
+    logger("subprocess")
+        ->warn("Could not tell the reaper about process group {}: {}", pgid, std::strerror(errno));
   }
 }
 

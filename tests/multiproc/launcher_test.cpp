@@ -619,6 +619,36 @@ TEST(LauncherCli, NprocPerNodeTakesAutoCpuAndGpuAsTorchrunDoes) {
   EXPECT_TRUE(contains(r.err, "or auto, cpu or gpu; got 'many'")) << r.err;
 }
 
+pid_t pid_in(const std::filesystem::path& file) {
+  const std::string text = read_file(file);
+  return text.empty() ? 0 : static_cast<pid_t>(std::stol(text));
+}
+
+// Note [No rank outlives its agent]: `sh -c 'sleep 1000 & ...'` left its sleep running, reparented
+// to init, when the rank ended or its agent was killed with SIGKILL.
+TEST(LauncherCli, NoProcessOutlivesItsRankOrItsKilledAgent) {
+  TempDir dir;
+  const auto leftover = dir.path() / "leftover";
+  auto r = run_cli({"run", "--", "/bin/sh", "-c", "sleep 1000 & echo $! > \"$OUT\""},
+                   {{"OUT", leftover.string()}});
+  ASSERT_EQ(r.status.exit_code, 0) << r.err;
+  const pid_t first = pid_in(leftover);
+  ASSERT_GT(first, 0);
+  EXPECT_TRUE(mptest::wait_until_dead(first, 5s)) << "the rank's background process outlived it";
+
+  const auto orphan = dir.path() / "orphan";
+  elastic::Subprocess agent(elastic::SubprocessOptions{
+      .argv = {kCli, "run", "--", "/bin/sh", "-c", "sleep 1000 & echo $! > \"$OUT\"; wait"},
+      .env = {{"OUT", orphan.string()}}});
+  for (int i = 0; i < 400 && pid_in(orphan) <= 0; ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_GT(pid_in(orphan), 0);
+  const pid_t second = pid_in(orphan);
+  ASSERT_TRUE(mptest::process_alive(second));
+  ::kill(agent.pid(), SIGKILL);  // the agent alone, not its group
+  EXPECT_TRUE(mptest::wait_until_dead(second, 5s)) << "a rank's child outlived its agent's kill -9";
+  if (mptest::process_alive(second)) ::kill(second, SIGKILL);
+}
+
 TEST(PlanCli, ZeroAndHugeValuesAreErrorsNamingTheFlag) {
   // --seq-len 0 and --nodes 0 were silently taken as "not given".
   const std::pair<std::vector<std::string>, std::string> cases[] = {

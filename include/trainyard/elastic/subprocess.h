@@ -124,6 +124,9 @@ class Subprocess {
 
  private:
   void stop_noexcept() noexcept;
+  // Kills what is left in the child's process group once its leader was reaped (Note [No rank
+  // outlives its agent]).
+  void end_leftovers() noexcept;
 
   int pid_ = -1;
   bool own_group_ = false;
@@ -132,6 +135,24 @@ class Subprocess {
   UniqueFd stdout_;
   UniqueFd stderr_;
   std::optional<ExitStatus> status_;
+};
+
+// Kills the process groups it is told about if this process dies before the reaper is destroyed
+// (kill -9 included): a process forked for the purpose, reading a pipe (Note [No rank outlives its
+// agent] in subprocess.cpp). One per round of ranks; destroying it lets the groups be. Throws Error
+// when it cannot fork. Not thread-safe.
+class GroupReaper {
+ public:
+  GroupReaper();
+  ~GroupReaper();
+  GroupReaper(const GroupReaper&) = delete;
+  GroupReaper& operator=(const GroupReaper&) = delete;
+
+  void watch(int pgid);
+
+ private:
+  int fd_ = -1;   // the pipe's write end
+  int pid_ = -1;  // the reaper
 };
 
 }  // namespace trainyard::elastic
