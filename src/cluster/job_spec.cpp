@@ -10,7 +10,6 @@ namespace trainyard::cluster {
 namespace {
 
 using nlohmann::json;
-namespace f = api::field;
 
 std::string redact(std::string s, const std::optional<std::string>& token) {
   if (!token || token->empty()) return s;

@@ -800,13 +800,13 @@ void HttpServer::start() {
   impl_->stopping = false;
   impl_->daemon = MHD_start_daemon(
       flags, static_cast<std::uint16_t>(o.port), nullptr, nullptr, &Impl::on_request, impl_.get(),
-      MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_THREAD_POOL_SIZE, static_cast<unsigned>(o.threads),
-      MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(o.max_connections),
-      MHD_OPTION_PER_IP_CONNECTION_LIMIT, static_cast<unsigned>(o.max_connections_per_client),
-      MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_NOTIFY_COMPLETED, &Impl::on_completed,
-      impl_.get(), MHD_OPTION_NOTIFY_CONNECTION, &Impl::on_connection, impl_.get(),
-      MHD_OPTION_EXTERNAL_LOGGER, &Impl::on_log, impl_.get(), MHD_OPTION_LISTEN_BACKLOG_SIZE, 512u,
-      MHD_OPTION_END);
+      // The logger first, so that libmicrohttpd says nothing on its own stderr.
+      MHD_OPTION_EXTERNAL_LOGGER, &Impl::on_log, impl_.get(), MHD_OPTION_SOCK_ADDR, addr,
+      MHD_OPTION_THREAD_POOL_SIZE, static_cast<unsigned>(o.threads), MHD_OPTION_CONNECTION_LIMIT,
+      static_cast<unsigned>(o.max_connections), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      static_cast<unsigned>(o.max_connections_per_client), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+      MHD_OPTION_NOTIFY_COMPLETED, &Impl::on_completed, impl_.get(), MHD_OPTION_NOTIFY_CONNECTION,
+      &Impl::on_connection, impl_.get(), MHD_OPTION_LISTEN_BACKLOG_SIZE, 512u, MHD_OPTION_END);
   if (impl_->daemon == nullptr) {
     const int err = errno;
     ::close(impl_->wake_fd);
