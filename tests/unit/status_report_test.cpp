@@ -158,6 +158,21 @@ constexpr const char* kBusyClusterText =
     " {'CPU': 2.0} * 3 (job raysubmit_2, waits for 3 nodes)\n"
     " {'CPU': 8.0, 'GPU': 1.0} * 1 (job raysubmit_3, waits for 1 node)\n";
 
+TEST(StatusReport, AnUnhealthyHeadSaysWhyUnderTheHeader) {
+  const auto snapshot = parse_cluster_snapshot(
+      R"({"time": "2026-11-24T12:00:01Z", "head": {"healthy": false,
+          "problem": "The head's database /s/head.db cannot be written: its disk is full."},
+          "nodes": []})");
+  const std::string text = format_status(snapshot);
+  EXPECT_EQ(
+      text.substr(0, text.find("Node status")),
+      "======== Autoscaler status: 2026-11-24 12:00:01 ========\n"
+      "Head: UNHEALTHY: The head's database /s/head.db cannot be written: its disk is full.\n");
+  // A healthy head (or an older head that does not say) adds no line.
+  EXPECT_EQ(format_status(parse_cluster_snapshot(R"({"time": "t", "nodes": []})")).find("Head:"),
+            std::string::npos);
+}
+
 TEST(StatusReport, ActiveIdlePendingFailuresAndDemands) {
   EXPECT_EQ(format_status(parse_cluster_snapshot(kBusyCluster)), kBusyClusterText);
 }
