@@ -407,9 +407,14 @@ void Subprocess::end_leftovers() noexcept {
 }
 
 GroupReaper::GroupReaper() {
+  // Without a reaper the ranks still run; only a kill -9 of this process may then leave their
+  // children behind, so a failure here is a warning, not the round's end.
   int fds[2];
-  TY_CHECK_T(Error, ::pipe2(fds, O_CLOEXEC) == 0,
-             "Could not create the reaper's pipe: ", std::strerror(errno), ".");
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    logger("subprocess")
+        ->warn("No reaper for the ranks' process groups: pipe failed: {}", std::strerror(errno));
+    return;
+  }
   static constexpr int kMaxGroups = 4096;
   std::vector<pid_t> groups(kMaxGroups);  // before fork: the child allocates nothing
   const pid_t pid = ::fork();
@@ -417,7 +422,9 @@ GroupReaper::GroupReaper() {
     const int err = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    throw Error(detail::concat("Could not fork the ranks' reaper: ", std::strerror(err), "."));
+    logger("subprocess")
+        ->warn("No reaper for the ranks' process groups: fork failed: {}", std::strerror(err));
+    return;
   }
   if (pid == 0) {
     // The reaper: async-signal-safe calls only (the parent has threads).

@@ -139,8 +139,8 @@ class Subprocess {
 
 // Kills the process groups it is told about if this process dies before the reaper is destroyed
 // (kill -9 included): a process forked for the purpose, reading a pipe (Note [No rank outlives its
-// agent] in subprocess.cpp). One per round of ranks; destroying it lets the groups be. Throws Error
-// when it cannot fork. Not thread-safe.
+// agent] in subprocess.cpp). One per round of ranks; destroying it lets the groups be. When it
+// cannot fork it warns and watches nothing. Not thread-safe.
 class GroupReaper {
  public:
   GroupReaper();
