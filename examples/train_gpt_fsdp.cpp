@@ -24,9 +24,10 @@
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/fsdp/state_dict.h"
 #include "trainyard/memory/caching_allocator.h"
-#include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/causal_lm.h"
 #include "trainyard/nn/autocast.h"
 #include "trainyard/optim/fused_adamw.h"
+#include "trainyard/train/strategy.h"
 
 namespace fsdp = trainyard::fsdp;
 namespace models = trainyard::models;
@@ -55,17 +56,19 @@ void trace_memory(int rank, const char* phase, std::int64_t step) {
 int main(int argc, char** argv) try {
   // 1. Flags.
   CLI::App app{"GPT-NeoX with FSDP"};
-  std::string preset = "pythia-14m", strategy = "full_shard", precision = "fp32", data_path;
+  std::string preset = "pythia-14m", precision = "fp32", data_path;
+  trainyard::train::Strategy strategy;
   std::string storage, device_name;
   bool checkpointing = false, memory_trace = false;
   std::int64_t seq_len = 256, batch = 4, steps = 10, checkpoint_every = 0, warmup = 0;
   std::uint64_t seed = 0;
   double lr = 1e-4;
   app.add_option("--preset", preset, "model preset")
-      ->check(CLI::IsMember(models::GptNeoXConfig::preset_names()));
-  app.add_option("--strategy", strategy)
-      ->check(CLI::IsMember({"full_shard", "shard_grad_op", "no_shard", "hybrid_shard",
-                             "hybrid_shard_grad_op", "ddp"}));
+      ->check(CLI::IsMember(models::CausalLmConfig::preset_names()));
+  app.add_option_function<std::string>(
+      "--strategy",
+      [&](const std::string& name) { strategy = trainyard::train::Strategy::parse(name); },
+      trainyard::train::Strategy::names());
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   app.add_flag("--activation-checkpointing", checkpointing);
   app.add_flag("--memory-trace", memory_trace, "print RSS and heap use at every phase of a step");
@@ -84,7 +87,7 @@ int main(int argc, char** argv) try {
   app.add_option("--checkpoint-every", checkpoint_every, "steps; 0: only at the end")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
-  TY_CHECK(storage.empty() || strategy != "ddp", "--storage needs an FSDP --strategy.");
+  TY_CHECK(storage.empty() || !strategy.is_ddp(), "--storage needs an FSDP --strategy.");
 
   // 2. Join the job and build the model (the same initial values on every rank: seeded per name).
   auto init_options = trainyard::init_options_from_env();
@@ -92,29 +95,30 @@ int main(int argc, char** argv) try {
   auto dist = trainyard::init(init_options);
   const auto device = dist->device();
   torch::set_num_threads(1);
-  auto config = models::GptNeoXConfig::preset(preset);
+  const auto config = models::CausalLmConfig::preset(preset);
   // Under FSDP the model is deferred: FSDP materialises it one unit at a time, on the rank's
   // device (FsdpOptions.device). DDP's is built on the device.
-  const bool fsdp = strategy != "ddp";
-  models::GptNeoX model(
-      config,
-      models::GptNeoXInit{.device = fsdp ? torch::kCPU : device, .seed = seed, .deferred = fsdp});
+  const bool fsdp = !strategy.is_ddp();
+  auto model = models::make_causal_lm(
+      config, {.device = fsdp ? torch::kCPU : device, .seed = seed, .deferred = fsdp});
   const bool bf16 = precision == "bf16-mixed";
 
   // 3. Wrap it: one FSDP unit per transformer layer and per embedding (or DDP over the model).
-  std::unique_ptr<fsdp::FullyShardedDataParallel<models::GptNeoX>> sharded;
-  std::unique_ptr<trainyard::ddp::DistributedDataParallel<models::GptNeoX>> replicated;
+  std::unique_ptr<fsdp::FullyShardedDataParallel<models::CausalLm>> sharded;
+  std::unique_ptr<trainyard::ddp::DistributedDataParallel<models::CausalLm>> replicated;
   std::vector<torch::Tensor> params;
-  if (strategy == "ddp") {
+  if (strategy.is_ddp()) {
     TY_CHECK(!checkpointing, "--strategy ddp runs without activation checkpointing.");
-    replicated = std::make_unique<trainyard::ddp::DistributedDataParallel<models::GptNeoX>>(
+    replicated = std::make_unique<trainyard::ddp::DistributedDataParallel<models::CausalLm>>(
         model, dist->process_group());
     params = model->parameters();
   } else {
     fsdp::FsdpOptions options{
-        .sharding = fsdp::parse_sharding_strategy(strategy),
-        .wrap = fsdp::wrap_any_of({fsdp::wrap_modules_of_type<models::GptNeoXLayerImpl>(),
-                                   fsdp::wrap_modules_named({"gpt_neox.embed_in", "embed_out"})}),
+        .sharding = *strategy.sharding,
+        .wrap = fsdp::wrap_any_of(
+            {fsdp::WrapPolicy{.wraps = [model](const std::string&, const torch::nn::Module& m,
+                                               std::int64_t) { return model->is_layer(m); }},
+             fsdp::wrap_modules_named(model->unit_names())}),
         .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
         .forward_prefetch = true,
         .limit_all_gathers = true,
@@ -125,7 +129,7 @@ int main(int argc, char** argv) try {
     if (bf16)
       options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
     sharded =
-        std::make_unique<fsdp::FullyShardedDataParallel<models::GptNeoX>>(model, dist, options);
+        std::make_unique<fsdp::FullyShardedDataParallel<models::CausalLm>>(model, dist, options);
     params = sharded->parameters();
   }
   trainyard::optim::FusedAdamW optimizer(params, torch::optim::AdamWOptions(lr).eps(1e-8));
@@ -142,7 +146,7 @@ int main(int argc, char** argv) try {
             .to(torch::kInt64);
   } else {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
-    tokens = torch::randint(0, config.vocab_size, {1 << 20}, gen,
+    tokens = torch::randint(0, config.vocab_size(), {1 << 20}, gen,
                             torch::TensorOptions().dtype(torch::kInt64));
   }
   const std::int64_t windows = (tokens.numel() - 1) / seq_len;
@@ -216,7 +220,8 @@ int main(int argc, char** argv) try {
       "(%s, %s%s)\n",
       dist->rank(), (steps - timed_from) * batch * seq_len * dist->world_size() / seconds,
       usage.ru_maxrss / 1024.0, state / 1048576.0, pool.c_str(), exposed_ms / 10 / seconds,
-      strategy.c_str(), precision.c_str(), checkpointing ? ", activation checkpointing" : "");
+      std::string(trainyard::train::to_string(strategy)).c_str(), precision.c_str(),
+      checkpointing ? ", activation checkpointing" : "");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_gpt_fsdp: %s\n", e.what());

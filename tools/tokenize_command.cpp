@@ -9,7 +9,7 @@
 #include "trainyard/error.h"
 #include "trainyard/hf/tokenize_lines.h"
 #include "trainyard/hf/tokenizer.h"
-#include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/causal_lm_config.h"
 
 namespace trainyard::cli {
 namespace {
@@ -29,7 +29,7 @@ hf::Tokenizer load(const std::string& model) {
   std::error_code ec;
   if (fs::is_directory(model, ec)) return hf::Tokenizer::from_directory(model);
   if (fs::is_regular_file(model, ec)) return hf::Tokenizer::from_file(model);
-  const auto presets = models::GptNeoXConfig::preset_names();
+  const auto presets = models::CausalLmConfig::preset_names();
   if (model == "bytes" || std::find(presets.begin(), presets.end(), model) != presets.end())
     return hf::Tokenizer::byte_level();
   std::string known;

@@ -4,12 +4,12 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "tools/recipe.h"
 #include "tools/stop_signals.h"
 #include "trainyard/blas_core.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/elastic/launcher.h"
 #include "trainyard/storage/storage.h"
-#include "trainyard/train/recipe.h"
 #include "trainyard/train/result.h"
 
 namespace trainyard::cli {
@@ -18,7 +18,7 @@ namespace {
 constexpr const char* kParentEnv = "TRAINYARD_RECIPE_PARENT";
 
 // Bare start: run the recipe's ranks through the launcher, then print the result table.
-int launch_recipe(const train::Recipe& recipe, const std::vector<std::string>& args) {
+int launch_recipe(const Recipe& recipe, const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   elastic::LaunchOptions launch;
   launch.nproc_per_node = recipe.scaling.workers;
@@ -42,7 +42,7 @@ int launch_recipe(const train::Recipe& recipe, const std::vector<std::string>& a
 }
 
 // The RunConfig and ScalingConfig flags every recipe has.
-void add_shared_flags(CLI::App& c, train::Recipe& r, bool& no_progress) {
+void add_shared_flags(CLI::App& c, Recipe& r, bool& no_progress) {
   c.add_option("--workers", r.scaling.workers, "Ranks to start when run bare")
       ->capture_default_str();
   c.add_option("--storage", r.run.storage,
@@ -85,10 +85,10 @@ void add_train_command(CLI::App& app, std::vector<std::string> args, int& exit_c
   train->require_subcommand(1);
 
   // CLI11 binds flags to storage that outlives parsing: the recipes live as long as the program.
-  static auto recipes = train::builtin_recipes();
+  static auto recipes = builtin_recipes();
   static bool no_progress = false;
   for (auto& owned : recipes) {
-    train::Recipe& recipe = *owned;
+    Recipe& recipe = *owned;
     auto* command = train->add_subcommand(recipe.name(), recipe.summary());
     // A flag given twice takes its last value, as in most launchers: `scripts/quickstart.sh
     // --epochs 1` appends to the seed's `--epochs 10`.

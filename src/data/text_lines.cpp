@@ -12,7 +12,7 @@
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
-#include "trainyard/models/gpt_neox.h"
+#include "trainyard/ignore_index.h"
 #include "trainyard/storage/storage.h"
 
 namespace trainyard::data {
@@ -213,7 +213,7 @@ LmBatch causal_lm_batch(const TokenizedLines& lines, const std::vector<std::int6
     const std::int32_t length = lines.lengths[static_cast<std::size_t>(row)];
     for (std::int64_t t = 0; t < lines.seq_len; ++t) {
       in[b * lines.seq_len + t] = ids[t];
-      lab[b * lines.seq_len + t] = t < length ? ids[t] : models::kIgnoreIndex;
+      lab[b * lines.seq_len + t] = t < length ? ids[t] : kIgnoreIndex;
     }
     out.tokens += length;
   }

@@ -45,20 +45,20 @@ void GenerateOptions::validate() const {
   TY_CHECK(vocab_limit >= 0, "GenerateOptions.vocab_limit must be >= 0, got ", vocab_limit, ".");
 }
 
-std::vector<std::int64_t> generate(GptNeoXImpl& model,
+std::vector<std::int64_t> generate(CausalLmImpl& model,
                                    const std::vector<std::int64_t>& prompt,
                                    const GenerateOptions& options) {
   options.validate();
   TY_CHECK(!prompt.empty(), "The prompt has no token. HINT: give --prompt some text.");
-  const auto vocab = model.config().vocab_size;
+  const auto vocab = model.lm_config().vocab_size();
   for (auto id : prompt)
     TY_CHECK(id >= 0 && id < vocab, "Prompt token id ", id,
              " is outside the model's vocabulary [0, ", vocab, ").");
   const auto room =
-      model.config().max_position_embeddings - static_cast<std::int64_t>(prompt.size());
+      model.lm_config().max_position_embeddings() - static_cast<std::int64_t>(prompt.size());
   TY_CHECK(room >= 1, "The prompt has ", prompt.size(),
            " tokens; the model takes at most max_position_embeddings = ",
-           model.config().max_position_embeddings, " positions.");
+           model.lm_config().max_position_embeddings(), " positions.");
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -73,8 +73,8 @@ std::vector<std::int64_t> generate(GptNeoXImpl& model,
             "--max-new-tokens {} is more than the model has positions for: the prompt's {} "
             "tokens and {} new ones fill its max_position_embeddings ({}), so generation stops "
             "after {} tokens.",
-            options.max_new_tokens, prompt.size(), room, model.config().max_position_embeddings,
-            room);
+            options.max_new_tokens, prompt.size(), room,
+            model.lm_config().max_position_embeddings(), room);
   while (static_cast<std::int64_t>(out.size()) < limit) {
     const auto logits = model.forward_cached(ids, cache);  // (1, T, vocab)
     const auto next = pick(logits[0][-1], options, gen);

@@ -3,191 +3,36 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "models/transformer_parts.h"
 #include "trainyard/error.h"
-#include "trainyard/nn/attention.h"
 #include "trainyard/nn/unit_hook.h"
 
-#include <charconv>
-#include <cmath>
-#include <limits>
 #include <optional>
 
 namespace trainyard::models {
 namespace {
 
-// --- per-name initialisation (Note [Per-name initialisation]) ---------------------------------
-
-enum class InitKind { kNormal, kZeros, kOnes };
-
-struct ParamSpec {
-  InitKind kind;
-  std::vector<std::int64_t> shape;
-};
-
-bool starts_with(const std::string& s, std::string_view prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
-// Dense weight and bias, or LayerNorm weight and bias, by the last component of the name.
-std::optional<ParamSpec> dense_spec(std::string_view field, std::int64_t in, std::int64_t out) {
-  if (field == "weight") return ParamSpec{InitKind::kNormal, {out, in}};
-  if (field == "bias") return ParamSpec{InitKind::kZeros, {out}};
-  return std::nullopt;
-}
-
-std::optional<ParamSpec> norm_spec(std::string_view field, std::int64_t features) {
-  if (field == "weight") return ParamSpec{InitKind::kOnes, {features}};
-  if (field == "bias") return ParamSpec{InitKind::kZeros, {features}};
-  return std::nullopt;
-}
+using parts::maybe_dropout;
 
 // What the parameter `name` of GptNeoX(config) is, or nullopt when there is none by that name.
-std::optional<ParamSpec> param_spec(const GptNeoXConfig& c, const std::string& name) {
+std::optional<parts::ParamSpec> param_spec(const GptNeoXConfig& c, std::string_view name) {
   const auto h = c.hidden_size;
-  if (name == "gpt_neox.embed_in.weight") return ParamSpec{InitKind::kNormal, {c.vocab_size, h}};
-  if (name == "embed_out.weight") return ParamSpec{InitKind::kNormal, {c.vocab_size, h}};
-  if (starts_with(name, "gpt_neox.final_layer_norm."))
-    return norm_spec(std::string_view(name).substr(26), h);
-  constexpr std::string_view kLayers = "gpt_neox.layers.";
-  if (!starts_with(name, kLayers)) return std::nullopt;
-  // gpt_neox.layers.<index>.<module path>.<weight|bias>
-  std::string_view rest = std::string_view(name).substr(kLayers.size());
-  std::int64_t index = -1;
-  auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), index);
-  if (ec != std::errc() || end == rest.data() || index >= c.num_hidden_layers || *end != '.')
-    return std::nullopt;
-  rest = rest.substr(end - rest.data() + 1);
-  const auto dot = rest.rfind('.');
-  if (dot == std::string_view::npos) return std::nullopt;
-  const auto module = rest.substr(0, dot), field = rest.substr(dot + 1);
-  if (module == "input_layernorm" || module == "post_attention_layernorm")
-    return norm_spec(field, h);
-  if (module == "attention.query_key_value") return dense_spec(field, h, 3 * h);
-  if (module == "attention.dense") return dense_spec(field, h, h);
-  if (module == "mlp.dense_h_to_4h") return dense_spec(field, h, c.intermediate_size);
-  if (module == "mlp.dense_4h_to_h") return dense_spec(field, c.intermediate_size, h);
+  if (name == "gpt_neox.embed_in.weight" || name == "embed_out.weight")
+    return parts::ParamSpec{parts::InitKind::kNormal, {c.vocab_size, h}};
+  if (auto field = parts::after_prefix(name, "gpt_neox.final_layer_norm."))
+    return parts::norm_spec(*field, h);
+  const auto p = parts::split_layer_name(name, "gpt_neox.layers.", c.num_hidden_layers);
+  if (!p) return std::nullopt;
+  if (p->module == "input_layernorm" || p->module == "post_attention_layernorm")
+    return parts::norm_spec(p->field, h);
+  if (p->module == "attention.query_key_value") return parts::dense_spec(p->field, h, 3 * h);
+  if (p->module == "attention.dense") return parts::dense_spec(p->field, h, h);
+  if (p->module == "mlp.dense_h_to_4h") return parts::dense_spec(p->field, h, c.intermediate_size);
+  if (p->module == "mlp.dense_4h_to_h") return parts::dense_spec(p->field, c.intermediate_size, h);
   return std::nullopt;
 }
 
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// The generator seed of one parameter: FNV-1a of its name mixed with the model's seed.
-std::uint64_t parameter_seed(std::uint64_t seed, const std::string& name) {
-  std::uint64_t hash = 14695981039346656037ULL;
-  for (const unsigned char ch : name) {
-    hash ^= ch;
-    hash *= 1099511628211ULL;
-  }
-  return splitmix64(hash ^ splitmix64(seed));
-}
-
-// --- forward helpers -----------------------------------------------------------------------
-
-torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
-  return p > 0 && training ? torch::dropout(x, p, /*train=*/true) : x;
-}
-
-// HF's rotary tables for positions [0, seq_len): inv_freq = 1 / base^(arange(0, dim, 2) / dim),
-// emb = cat(freqs, freqs); both (seq_len, dim), fp32. Cheap next to the attention itself, so
-// computed per call rather than cached.
-std::pair<torch::Tensor, torch::Tensor> rotary_tables(std::int64_t seq_len,
-                                                      std::int64_t dim,
-                                                      double base,
-                                                      const torch::Device& device) {
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  const auto inv_freq = 1.0 / torch::pow(base, torch::arange(0, dim, 2, f32) / dim);  // (dim/2)
-  const auto t = torch::arange(seq_len, f32);
-  const auto freqs = torch::outer(t, inv_freq);     // (seq_len, dim/2)
-  const auto emb = torch::cat({freqs, freqs}, -1);  // (seq_len, dim)
-  return {emb.cos(), emb.sin()};
-}
-
-// (x1, x2) -> (-x2, x1) over the halves of the last dimension.
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const auto half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-// Rotates the first `dim` dimensions of x (B, heads, T, head_size) by position; cos/sin (T, dim)
-// already in x's dtype.
-torch::Tensor apply_rotary(const torch::Tensor& x,
-                           const torch::Tensor& cos,
-                           const torch::Tensor& sin,
-                           std::int64_t dim) {
-  const auto rot = x.narrow(-1, 0, dim);
-  const auto pass = x.narrow(-1, dim, x.size(-1) - dim);
-  return torch::cat({rot * cos + rotate_half(rot) * sin, pass}, -1);
-}
-
 }  // namespace
-
-// --- building blocks -----------------------------------------------------------------------
-
-namespace {
-
-// Set while a GptNeoX is built with GptNeoXInit::deferred: the building blocks, which get only
-// TensorOptions, then create parameters with their shape and no memory. Thread-local, so models
-// built on other threads at the same time are unaffected.
-thread_local bool building_deferred = false;
-
-torch::Tensor empty_parameter(at::IntArrayRef shape, const torch::TensorOptions& options) {
-  if (!building_deferred) return torch::empty(shape, options);
-  // A CPU tensor whose storage has zero bytes, sized as `shape`: FSDP gives it values unit by
-  // unit (FsdpOptions::param_init) and views them in its own storage.
-  auto t = torch::empty({0}, options.device(torch::kCPU));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-  return t;
-}
-
-// A deferred model's parameters have no memory until FSDP gathers them: running one without FSDP
-// would read through a null pointer.
-const torch::Tensor& materialised(const torch::Tensor& weight) {
-  TY_CHECK(weight.numel() == 0 || weight.storage().nbytes() > 0, "GptNeoX: a parameter of shape ",
-           weight.sizes(),
-           " has no memory: the model was built with GptNeoXInit::deferred and runs only under "
-           "FullyShardedDataParallel, which materialises it. HINT: build it without .deferred "
-           "to run it on its own.");
-  return weight;
-}
-
-}  // namespace
-
-DenseImpl::DenseImpl(std::int64_t in_features,
-                     std::int64_t out_features,
-                     bool bias,
-                     const torch::TensorOptions& options) {
-  weight = register_parameter("weight", empty_parameter({out_features, in_features}, options));
-  if (bias) this->bias = register_parameter("bias", empty_parameter({out_features}, options));
-}
-
-torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
-  return torch::linear(x, materialised(weight), bias);
-}
-
-LayerNormImpl::LayerNormImpl(std::int64_t features, double eps, const torch::TensorOptions& options)
-    : eps(eps) {
-  weight = register_parameter("weight", empty_parameter({features}, options));
-  bias = register_parameter("bias", empty_parameter({features}, options));
-}
-
-torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
-  return torch::layer_norm(x, {weight.size(0)}, materialised(weight), bias, eps);
-}
-
-EmbeddingImpl::EmbeddingImpl(std::int64_t count,
-                             std::int64_t dim,
-                             const torch::TensorOptions& options) {
-  weight = register_parameter("weight", empty_parameter({count, dim}, options));
-}
-
-torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
-  return torch::embedding(materialised(weight), ids);
-}
 
 // --- attention, MLP, layer ---------------------------------------------------------------------
 
@@ -214,11 +59,13 @@ torch::Tensor GptNeoXAttentionImpl::forward_cached(const torch::Tensor& x, KvCac
   auto k = qkv.narrow(-1, hs, hs).permute({0, 2, 1, 3});
   auto v = qkv.narrow(-1, 2 * hs, hs).permute({0, 2, 1, 3});
   if (rotary_ndims_ > 0) {
-    auto [cos, sin] = rotary_tables(past + seq, rotary_ndims_, rotary_base_, x.device());
-    cos = cos.narrow(0, past, seq).to(q.scalar_type());  // HF casts the fp32 tables to the
-    sin = sin.narrow(0, past, seq).to(q.scalar_type());  // activations' dtype
-    q = apply_rotary(q, cos, sin, rotary_ndims_);
-    k = apply_rotary(k, cos, sin, rotary_ndims_);
+    // HF's inv_freq = 1 / base^(arange(0, dim, 2) / dim) over the rotated dimensions.
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
+    const auto inv_freq =
+        1.0 / torch::pow(rotary_base_, torch::arange(0, rotary_ndims_, 2, f32) / rotary_ndims_);
+    const auto [cos, sin] = parts::rotary_cos_sin(inv_freq, past, seq, q.scalar_type());
+    q = parts::apply_rotary(q, cos, sin, rotary_ndims_);
+    k = parts::apply_rotary(k, cos, sin, rotary_ndims_);
   }
   if (cache != nullptr) {
     if (past > 0) {
@@ -228,30 +75,7 @@ torch::Tensor GptNeoXAttentionImpl::forward_cached(const torch::Tensor& x, KvCac
     cache->key = k;
     cache->value = v;
   }
-  if (past == 0 && nn::fused_causal_attention_available(q)) {  // Note [Fused attention on GPUs]
-    const auto out = nn::fused_causal_attention(q, k, v, is_training() ? attention_dropout_ : 0.0)
-                         .permute({0, 2, 1, 3})
-                         .reshape({batch, seq, num_heads_ * hs});
-    return dense->forward(out);
-  }
-  // Scores and softmax in fp32 whatever the activations' dtype, as HF upcasts.
-  auto scores = torch::matmul(q.to(torch::kFloat32), k.to(torch::kFloat32).transpose(-1, -2))
-                    .mul_(1.0 / std::sqrt(static_cast<double>(hs)));  // (B, heads, T, past + T)
-  // Query i (position past + i) sees keys 0 ... past + i.
-  const auto future =
-      torch::ones({seq, past + seq}, x.options().dtype(torch::kBool)).triu(past + 1);
-  // The most negative value of the scores' dtype (HF's finfo(dtype).min): under CPU autocast the
-  // matmul above gives bf16 scores, to which float's lowest does not convert.
-  const double lowest = scores.scalar_type() == torch::kBFloat16
-                            ? static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest())
-                            : std::numeric_limits<float>::lowest();
-  scores.masked_fill_(future, lowest);
-  auto probs = torch::softmax(scores, -1).to(v.scalar_type());
-  probs = maybe_dropout(probs, attention_dropout_, is_training());
-  const auto out = torch::matmul(probs, v)  // (B, heads, T, head_size)
-                       .permute({0, 2, 1, 3})
-                       .reshape({batch, seq, num_heads_ * hs});
-  return dense->forward(out);
+  return dense->forward(parts::causal_attention(q, k, v, attention_dropout_, is_training()));
 }
 
 GptNeoXMlpImpl::GptNeoXMlpImpl(const GptNeoXConfig& config, const torch::TensorOptions& options) {
@@ -332,22 +156,18 @@ torch::Tensor GptNeoXModelImpl::forward(const torch::Tensor& input_ids) {
 }
 
 GptNeoXImpl::GptNeoXImpl(GptNeoXConfig config, GptNeoXInit init)
-    : config_(std::move(config)), seed_(init.seed) {
+    : CausalLmImpl(config, init.seed), config_(std::move(config)) {
   config_.validate();
   TY_CHECK(!init.deferred || init.device.is_cpu(),
            "GptNeoXInit: deferred parameters are CPU tensors; leave device at kCPU (got ",
            init.device, ").");
   const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(init.device);
-  building_deferred = init.deferred;
-  try {
+  {
+    DeferredParameters deferred(init.deferred);
     gpt_neox = register_module("gpt_neox", GptNeoXModel(config_, options));
     embed_out = register_module(
         "embed_out", Dense(config_.hidden_size, config_.vocab_size, /*bias=*/false, options));
-  } catch (...) {
-    building_deferred = false;
-    throw;
   }
-  building_deferred = false;
   if (init.device.is_meta() || init.deferred) return;
   auto params = named_parameters();
   for (auto& item : params) init_parameter(item.key(), item.value());
@@ -376,66 +196,24 @@ torch::Tensor GptNeoXImpl::forward_cached(const torch::Tensor& input_ids, KvCach
   return embed_out->forward(m.final_layer_norm->forward(x)).to(torch::kFloat32);
 }
 
-torch::Tensor GptNeoXImpl::loss(const torch::Tensor& input_ids, const torch::Tensor& labels) {
-  return causal_lm_loss(forward(input_ids), labels);
-}
-
 void GptNeoXImpl::init_parameter(const GptNeoXConfig& config,
                                  const std::string& full_name,
                                  torch::Tensor& tensor,
                                  std::uint64_t seed) {
-  const auto spec = param_spec(config, full_name);
-  TY_CHECK(spec.has_value(), "\"", full_name, "\" is not a parameter of GptNeoX with ",
-           config.num_hidden_layers,
-           " layers. HINT: pass the name as named_parameters() of the GptNeoX model gives it, "
-           "without a wrapper's prefix.");
-  TY_CHECK(tensor.sizes() == torch::IntArrayRef(spec->shape), "GptNeoX parameter \"", full_name,
-           "\" has shape ", torch::IntArrayRef(spec->shape), ", but the tensor to initialise is ",
-           tensor.sizes(), ".");
-  TY_CHECK(!tensor.is_meta(), "GptNeoX parameter \"", full_name,
-           "\" cannot be initialised on the meta device; allocate it first.");
-  torch::NoGradGuard no_grad;
-  switch (spec->kind) {
-    case InitKind::kZeros:
-      tensor.zero_();
-      return;
-    case InitKind::kOnes:
-      tensor.fill_(1);
-      return;
-    case InitKind::kNormal: {
-      auto generator = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, full_name));
-      const double stddev = config.initializer_range;
-      if (tensor.is_cpu() && tensor.scalar_type() == torch::kFloat32 && tensor.is_contiguous()) {
-        tensor.normal_(0, stddev, generator);
-      } else {  // the same fp32 values, rounded or moved
-        tensor.copy_(torch::empty(tensor.sizes(), torch::kFloat32).normal_(0, stddev, generator));
-      }
-      return;
-    }
-  }
+  parts::init_from_spec(param_spec(config, full_name), full_name, tensor, seed,
+                        config.initializer_range, "GptNeoX", config.num_hidden_layers);
 }
 
 void GptNeoXImpl::init_parameter(const std::string& full_name, torch::Tensor& tensor) const {
-  init_parameter(config_, full_name, tensor, seed_);
+  init_parameter(config_, full_name, tensor, seed());
 }
 
-torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
-  TY_CHECK(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
-               logits.size(1) == labels.size(1),
-           "causal_lm_loss expects logits (B, T, V) and labels (B, T), got ", logits.sizes(),
-           " and ", labels.sizes(), ".");
-  TY_CHECK(labels.scalar_type() == torch::kInt64, "causal_lm_loss expects int64 labels, got ",
-           labels.scalar_type(), ".");
-  const auto seq = logits.size(1);
-  TY_CHECK(seq >= 2, "causal_lm_loss needs at least 2 positions to predict a next token, got ", seq,
-           ".");
-  // Position t predicts token t + 1.
-  const auto shifted_logits =
-      logits.narrow(1, 0, seq - 1).to(torch::kFloat32).reshape({-1, logits.size(2)});
-  const auto shifted_labels = labels.narrow(1, 1, seq - 1).reshape({-1});
-  return torch::nn::functional::cross_entropy(
-      shifted_logits, shifted_labels,
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+bool GptNeoXImpl::is_layer(const torch::nn::Module& module) const {
+  return dynamic_cast<const GptNeoXLayerImpl*>(&module) != nullptr;
+}
+
+std::vector<std::string> GptNeoXImpl::unit_names() const {
+  return {"gpt_neox.embed_in", "embed_out"};
 }
 
 }  // namespace trainyard::models

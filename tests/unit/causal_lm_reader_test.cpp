@@ -77,7 +77,7 @@ struct TinyRun {
   }
 };
 
-bool has_nan(models::GptNeoX& model) {
+bool has_nan(models::CausalLm& model) {
   for (const auto& p : model->parameters())
     if (torch::isnan(p).any().item<bool>()) return true;
   return false;

@@ -46,7 +46,7 @@ TEST(TextLines, TruncatesPadsAndMasksThePadding) {
   const auto batch = causal_lm_batch(t, {1, 0});
   auto rows = [](std::vector<std::int64_t> v) { return torch::tensor(v).view({2, 4}); };
   EXPECT_TRUE(torch::equal(batch.input_ids, rows({'x', 'y', 7, 7, 'a', 'b', 'c', 'd'})));
-  const std::int64_t m = trainyard::models::kIgnoreIndex;
+  const std::int64_t m = trainyard::kIgnoreIndex;
   EXPECT_TRUE(torch::equal(batch.labels, rows({'x', 'y', m, m, 'a', 'b', 'c', 'd'})));
   EXPECT_EQ(batch.tokens, 6);
 }

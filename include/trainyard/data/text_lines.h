@@ -1,7 +1,7 @@
 // Text for causal language modelling, prepared as the seed's fine-tuning job prepares
 // tiny_shakespeare: the corpus split on newlines, empty lines and speaker lines (ending in ':')
 // dropped, each line tokenised and truncated or padded to seq_len tokens; labels are the inputs
-// with the padding masked out of the loss (models::kIgnoreIndex).
+// with the padding masked out of the loss (kIgnoreIndex, trainyard/ignore_index.h).
 #pragma once
 
 #include <torch/types.h>

@@ -1,13 +1,14 @@
-// Text generation with a GPT-NeoX model and its key/value cache: the prompt is read once, then
-// one token at a time is fed back. Greedy (the most likely token) or sampled with a temperature,
-// top-k and top-p (nucleus) filtering from a seeded generator, so a run is reproducible.
+// Text generation with a causal LM (models/causal_lm.h) and its key/value cache: the prompt is read
+// once, then one token at a time is fed back. Greedy (the most likely token) or sampled with a
+// temperature, top-k and top-p (nucleus) filtering from a seeded generator, so a run is
+// reproducible.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <vector>
 
-#include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/causal_lm.h"
 
 namespace trainyard::models {
 
@@ -29,7 +30,7 @@ struct GenerateOptions {
 // The new token ids after `prompt` (at least one id); stops at max_new_tokens, at eos_id, or when
 // the model's max_position_embeddings are used up (a warning says so when max_new_tokens asked
 // for more). Runs in eval mode without autograd.
-std::vector<std::int64_t> generate(GptNeoXImpl& model,
+std::vector<std::int64_t> generate(CausalLmImpl& model,
                                    const std::vector<std::int64_t>& prompt,
                                    const GenerateOptions& options);
 

@@ -1,5 +1,5 @@
-// The seed's LLM fine-tuning job as a recipe: a GPT-NeoX model (a preset, or a Hugging Face
-// directory's config.json) trained on a text corpus prepared as the seed prepares tiny_shakespeare
+// The seed's LLM fine-tuning job as a recipe: a causal LM (models/causal_lm.h: a preset, or a
+// Hugging Face directory's config.json, any architecture make_causal_lm builds) trained on a text corpus prepared as the seed prepares tiny_shakespeare
 // (data/text_lines.h), with FullyShardedDataParallel (one unit per transformer layer and per
 // embedding, BACKWARD_PRE and forward prefetch, limit_all_gathers), optional activation
 // checkpointing, bf16 mixed precision, AdamW, on the Trainer: sharded checkpoints every rank
@@ -13,23 +13,23 @@
 #include <string_view>
 #include <vector>
 
-#include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/causal_lm.h"
 #include "trainyard/models/hf_weights.h"
 
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
+#include "trainyard/train/strategy.h"
 
 namespace trainyard::train {
 
 struct CausalLmOptions {
   RunConfig run{.name = "causal-lm", .num_to_keep = 1};
   ScalingConfig scaling;
-  std::string model = "pythia-70m";  // a GPT-NeoX preset, or a folder holding config.json
+  std::string model = "pythia-70m";  // a preset, or a folder holding config.json
   std::string data;                  // the corpus: a text file
   // tokenizer.json; empty: the model folder's, else bytes as tokens (ids 0-255).
   std::string tokenizer;
-  // full_shard, shard_grad_op, hybrid_shard, hybrid_shard_grad_op, no_shard, or ddp.
-  std::string strategy = "full_shard";
+  Strategy strategy;  // FSDP's FULL_SHARD unless --strategy names another, or ddp
   std::string precision = "bf16-mixed";  // or fp32
   bool activation_checkpointing = false;
   std::int64_t seq_len = 256;
@@ -59,13 +59,13 @@ struct TextTokenizer {
 // The tokenizer `id` names ("bytes" or a tokenizer.json path).
 TextTokenizer load_text_tokenizer(const std::string& id);
 
-// A GPT-NeoX model for one process (generation, export) and its tokenizer, from
+// A causal LM for one process (generation, export) and its tokenizer, from
 //  - a causal-lm run's folder (<storage>/<name>, any storage URI): its config.json's model and
 //    tokenizer, the weights of its newest complete checkpoint;
 //  - a preset: initialised from `seed` as the recipe initialises it (the model before training);
 //  - a Hugging Face folder: config.json, and tokenizer.json when there is one.
 struct LoadedLm {
-  models::GptNeoX model{nullptr};
+  models::CausalLm model{nullptr};
   TextTokenizer tokenizer;
   std::string description;  // what was loaded, for a log line
 };

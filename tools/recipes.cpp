@@ -1,16 +1,17 @@
 // The registry of built-in recipes and their own flags (the shared RunConfig / ScalingConfig
-// flags are the CLI's: tools/train_command.cpp).
+// flags are train_command.cpp's); the recipes themselves are the library's (trainyard/train/).
 #include <CLI/CLI.hpp>
 
+#include "tools/recipe.h"
 #include "trainyard/data/fashion_mnist.h"
-#include "trainyard/models/gpt_neox.h"
+#include "trainyard/models/causal_lm_config.h"
 #include "trainyard/models/image_model.h"
 #include "trainyard/train/causal_lm.h"
 #include "trainyard/train/fashion_mnist.h"
 #include "trainyard/train/image_folder_recipe.h"
-#include "trainyard/train/recipe.h"
 
-namespace trainyard::train {
+namespace trainyard::cli {
+using namespace trainyard::train;
 namespace {
 
 // A recipe over an options struct holding `run`, `scaling` and `progress` besides its own fields.
@@ -103,25 +104,27 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
  public:
   std::string name() const override { return "causal-lm"; }
   std::string summary() const override {
-    return "Fine-tunes a GPT-NeoX model on a text corpus with FSDP (the seed's dolly-v2 job on "
-           "tiny_shakespeare). Run bare it starts --workers local ranks itself; under `trainyard "
+    return "Fine-tunes a causal LM (GPT-NeoX) on a text corpus with FSDP (the seed's dolly-v2 job "
+           "on tiny_shakespeare). Run bare it starts --workers local ranks itself; under "
+           "`trainyard "
            "run` it is one rank of that job.";
   }
   void add_flags(CLI::App& c) override {
     std::string presets;
-    for (const auto& p : models::GptNeoXConfig::preset_names())
+    for (const auto& p : models::CausalLmConfig::preset_names())
       presets += (presets.empty() ? "" : ", ") + p;
     c.add_option("--model", options_.model,
-                 "A GPT-NeoX preset (" + presets + ") or a Hugging Face model folder")
+                 "A preset (" + presets + ") or a Hugging Face model folder")
         ->capture_default_str();
     c.add_option("--data", options_.data, "The text corpus (one training line per line)")
         ->required();
     c.add_option("--tokenizer", options_.tokenizer,
                  "tokenizer.json (default: the model folder's; else bytes are the tokens)");
-    c.add_option("--strategy", options_.strategy,
-                 "full_shard, shard_grad_op, hybrid_shard, hybrid_shard_grad_op, no_shard, or "
-                 "ddp")
-        ->capture_default_str();
+    c.add_option_function<std::string>(
+         "--strategy",
+         [this](const std::string& name) { options_.strategy = Strategy::parse(name); },
+         Strategy::names())
+        ->default_str(std::string(to_string(options_.strategy)));
     c.add_option("--precision", options_.precision, "bf16-mixed or fp32")->capture_default_str();
     c.add_flag("--activation-checkpointing", options_.activation_checkpointing,
                "Recompute each transformer layer in backward instead of keeping its activations");
@@ -153,4 +156,4 @@ std::vector<std::unique_ptr<Recipe>> builtin_recipes() {
   return out;
 }
 
-}  // namespace trainyard::train
+}  // namespace trainyard::cli

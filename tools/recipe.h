@@ -14,7 +14,7 @@ namespace CLI {
 class App;
 }
 
-namespace trainyard::train {
+namespace trainyard::cli {
 
 class Recipe {
  public:
@@ -31,12 +31,12 @@ class Recipe {
   virtual void run_rank() = 0;
 
   // The shared configs, bound to the common flags; each recipe sets its defaults (the run's name).
-  RunConfig run;
-  ScalingConfig scaling;
+  train::RunConfig run;
+  train::ScalingConfig scaling;
   bool progress = true;  // a progress bar on rank 0 when the output is a terminal
 };
 
 // fashion-mnist, image-folder, causal-lm: fresh objects holding their defaults.
 std::vector<std::unique_ptr<Recipe>> builtin_recipes();
 
-}  // namespace trainyard::train
+}  // namespace trainyard::cli

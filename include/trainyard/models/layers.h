@@ -1,0 +1,75 @@
+// The building blocks of trainyard's transformers: Dense, LayerNorm, RmsNorm and Embedding.
+// LibTorch's Linear, LayerNorm and Embedding allocate and initialise in their constructors; these
+// register `weight` / `bias` with torch::empty(shape, options) instead and leave initialisation to
+// the model that owns them (a meta-device model allocates nothing; a deferred one gets
+// zero-byte parameters, see DeferredParameters).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace trainyard::models {
+
+// While one lives on a thread, the building blocks built on that thread create CPU parameters
+// with their shapes and no memory (CausalLmInit::deferred). Thread-local, so models built on
+// other threads at the same time are unaffected. Not nestable.
+class DeferredParameters {
+ public:
+  explicit DeferredParameters(bool enabled);
+  ~DeferredParameters();
+  DeferredParameters(const DeferredParameters&) = delete;
+  DeferredParameters& operator=(const DeferredParameters&) = delete;
+};
+
+// y = x W^T + b, W (out_features, in_features).
+class DenseImpl : public torch::nn::Module {
+ public:
+  DenseImpl(std::int64_t in_features,
+            std::int64_t out_features,
+            bool bias,
+            const torch::TensorOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;  // (out_features, in_features)
+  torch::Tensor bias;    // (out_features), or undefined
+};
+TORCH_MODULE(Dense);
+
+// torch::layer_norm over the last dimension; computes in the input's dtype as torch does.
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(std::int64_t features, double eps, const torch::TensorOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;  // (features)
+  torch::Tensor bias;    // (features)
+  double eps;
+};
+TORCH_MODULE(LayerNorm);
+
+// Root-mean-square norm (Zhang & Sennrich 2019) as Hugging Face's LlamaRMSNorm computes it: in
+// fp32, x * rsqrt(mean(x^2) + eps), cast back to x's dtype, then times weight.
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(std::int64_t features, double eps, const torch::TensorOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;  // (features)
+  double eps;
+};
+TORCH_MODULE(RmsNorm);
+
+// A lookup table: (...) int64 ids -> (..., dim).
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(std::int64_t count, std::int64_t dim, const torch::TensorOptions& options);
+  torch::Tensor forward(const torch::Tensor& ids);
+
+  torch::Tensor weight;  // (count, dim)
+};
+TORCH_MODULE(Embedding);
+
+}  // namespace trainyard::models

@@ -1,0 +1,140 @@
+#include "trainyard/models/causal_lm_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "trainyard/error.h"
+
+namespace trainyard::models {
+namespace {
+
+// What each architecture's config answers the same way.
+template <typename Config>
+struct Traits;
+template <>
+struct Traits<GptNeoXConfig> {
+  static constexpr std::string_view model_types[] = {"gpt_neox"};
+  static constexpr std::string_view architecture = "GPT-NeoX";
+};
+
+template <typename F>
+decltype(auto) visit(const CausalLmConfig::Variant& v, F&& f) {
+  return std::visit(std::forward<F>(f), v);
+}
+
+// Calls `f(Config{})` for each architecture, in order, until it returns true.
+template <typename F>
+bool for_each_architecture(F&& f) {
+  return [&]<typename... Config>(std::variant<Config...>*) {
+    return (f(Config{}) || ...);
+  }(static_cast<CausalLmConfig::Variant*>(nullptr));
+}
+
+std::string supported_model_types() {
+  std::string out;
+  for_each_architecture([&](auto config) {
+    for (auto type : Traits<decltype(config)>::model_types)
+      out += detail::concat(out.empty() ? "\"" : ", \"", type, "\"");
+    return false;
+  });
+  return out;
+}
+
+}  // namespace
+
+CausalLmConfig CausalLmConfig::preset(const std::string& name) {
+  std::optional<CausalLmConfig> found;
+  for_each_architecture([&](auto config) {
+    using Config = decltype(config);
+    const auto names = Config::preset_names();
+    if (std::find(names.begin(), names.end(), name) == names.end()) return false;
+    found = CausalLmConfig(Config::preset(name));
+    return true;
+  });
+  if (found) return *found;
+  std::string known;
+  for (const auto& p : preset_names()) known += (known.empty() ? "" : ", ") + p;
+  throw InvalidArgumentError(
+      detail::concat("Unknown model preset \"", name, "\"; known presets: ", known, "."));
+}
+
+std::vector<std::string> CausalLmConfig::preset_names() {
+  std::vector<std::string> names;
+  for_each_architecture([&](auto config) {
+    for (auto& n : decltype(config)::preset_names()) names.push_back(n);
+    return false;
+  });
+  return names;
+}
+
+bool CausalLmConfig::is_preset(const std::string& name) {
+  const auto names = preset_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+CausalLmConfig CausalLmConfig::from_json(const std::string& json_text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InvalidArgumentError(detail::concat("config.json is not valid JSON: ", e.what()));
+  }
+  TY_CHECK(j.is_object(), "config.json must hold a JSON object, got ", j.type_name(), ".");
+  // Without model_type: GPT-NeoX, which trainyard read before it knew other architectures.
+  std::string type = "gpt_neox";
+  if (j.contains("model_type")) {
+    TY_CHECK(j["model_type"].is_string(), "config.json: \"model_type\" must be a string, got ",
+             j["model_type"].dump(), ".");
+    type = j["model_type"].get<std::string>();
+  }
+  std::optional<CausalLmConfig> found;
+  for_each_architecture([&](auto config) {
+    using Config = decltype(config);
+    const auto& types = Traits<Config>::model_types;
+    if (std::find(std::begin(types), std::end(types), type) == std::end(types)) return false;
+    found = CausalLmConfig(Config::from_json(json_text));
+    return true;
+  });
+  TY_CHECK(found.has_value(), "config.json: \"model_type\" is \"", type, "\"; trainyard builds ",
+           supported_model_types(),
+           " models. HINT: a model of another architecture cannot be trained here yet.");
+  return *found;
+}
+
+std::string CausalLmConfig::to_json() const {
+  return visit(config_, [](const auto& c) { return c.to_json(); });
+}
+
+std::string_view CausalLmConfig::model_type() const {
+  return visit(config_, [](const auto& c) -> std::string_view {
+    return Traits<std::decay_t<decltype(c)>>::model_types[0];
+  });
+}
+
+std::string_view CausalLmConfig::architecture() const {
+  return visit(config_, [](const auto& c) -> std::string_view {
+    return Traits<std::decay_t<decltype(c)>>::architecture;
+  });
+}
+
+std::int64_t CausalLmConfig::vocab_size() const {
+  return visit(config_, [](const auto& c) { return c.vocab_size; });
+}
+std::int64_t CausalLmConfig::hidden_size() const {
+  return visit(config_, [](const auto& c) { return c.hidden_size; });
+}
+std::int64_t CausalLmConfig::num_hidden_layers() const {
+  return visit(config_, [](const auto& c) { return c.num_hidden_layers; });
+}
+std::int64_t CausalLmConfig::intermediate_size() const {
+  return visit(config_, [](const auto& c) { return c.intermediate_size; });
+}
+std::int64_t CausalLmConfig::max_position_embeddings() const {
+  return visit(config_, [](const auto& c) { return c.max_position_embeddings; });
+}
+std::int64_t CausalLmConfig::parameter_count() const {
+  return visit(config_, [](const auto& c) { return c.parameter_count(); });
+}
+
+}  // namespace trainyard::models

@@ -1,0 +1,80 @@
+// What trainyard's transformers share below their public headers: per-name initialisation
+// (Note [Per-name initialisation] in models/causal_lm.h) by a parameter's kind and shape, HF-style
+// parameter names split into layer index and module path, rotary embeddings in rotate-half
+// layout, and causal self-attention over (B, heads, T, head_size) tensors.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trainyard::models::parts {
+
+enum class InitKind { kNormal, kZeros, kOnes };
+
+// A parameter's shape and how it starts.
+struct ParamSpec {
+  InitKind kind;
+  std::vector<std::int64_t> shape;
+};
+
+// Dense (in -> out) weight and bias by the last component of the name: weight ~ normal, bias 0.
+std::optional<ParamSpec> dense_spec(std::string_view field, std::int64_t in, std::int64_t out);
+// LayerNorm / RmsNorm weight (1) and bias (0).
+std::optional<ParamSpec> norm_spec(std::string_view field, std::int64_t features);
+
+// "<prefix><index>.<module path>.<field>", e.g. "model.layers.3.mlp.up_proj.weight" with prefix
+// "model.layers.": index 3, module "mlp.up_proj", field "weight". Nullopt for any other name or an
+// index outside [0, num_layers).
+struct LayerParamName {
+  std::int64_t index = -1;
+  std::string_view module, field;
+};
+std::optional<LayerParamName> split_layer_name(std::string_view name,
+                                               std::string_view prefix,
+                                               std::int64_t num_layers);
+// The part of `name` after `prefix` when it starts with it.
+std::optional<std::string_view> after_prefix(std::string_view name, std::string_view prefix);
+
+// Fills `tensor` as `spec` says from the generator of (seed, name): see Note [Per-name
+// initialisation]. `model` names the architecture in errors; `spec` null means `name` is not one
+// of its parameters (an InvalidArgumentError naming the model's layer count).
+void init_from_spec(const std::optional<ParamSpec>& spec,
+                    const std::string& name,
+                    torch::Tensor& tensor,
+                    std::uint64_t seed,
+                    double stddev,
+                    std::string_view model,
+                    std::int64_t num_layers);
+
+torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training);
+
+// (x1, x2) -> (-x2, x1) over the halves of the last dimension.
+torch::Tensor rotate_half(const torch::Tensor& x);
+// cos and sin (T, dim) for positions [past, past + T) from inverse frequencies (dim / 2) in fp32:
+// HF's emb = cat(freqs, freqs), cast to `dtype` (HF casts the fp32 tables to the activations').
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const torch::Tensor& inv_freq,
+                                                       std::int64_t past,
+                                                       std::int64_t seq,
+                                                       torch::ScalarType dtype);
+// Rotates the first `dim` dimensions of x (B, heads, T, head_size) by position; cos/sin (T, dim).
+torch::Tensor apply_rotary(const torch::Tensor& x,
+                           const torch::Tensor& cos,
+                           const torch::Tensor& sin,
+                           std::int64_t dim);
+
+// Causal softmax attention of q (B, H, T, d) over k, v (B, H, past + T, d): query i (position
+// past + i) sees keys 0 ... past + i. Scores and softmax in fp32 whatever the activations' dtype
+// (as HF upcasts), scaled by d^-0.5; the fused kernel where Note [Fused attention on GPUs] allows.
+// Returns (B, T, H * d).
+torch::Tensor causal_attention(const torch::Tensor& q,
+                               const torch::Tensor& k,
+                               const torch::Tensor& v,
+                               double dropout,
+                               bool training);
+
+}  // namespace trainyard::models::parts

@@ -1,0 +1,148 @@
+#include "train/causal_lm_source.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/error.h"
+#include "trainyard/hf/tokenizer.h"
+#include "trainyard/hf/weight_reader.h"
+#include "trainyard/log.h"
+#include "trainyard/storage/storage.h"
+
+namespace trainyard::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_remote(const std::string& model) {
+  return model.rfind("s3://", 0) == 0;
+}
+
+// A local path for "file:///dir" URIs; anything else unchanged.
+std::string local_path(const std::string& model) {
+  return model.rfind("file://", 0) == 0 ? model.substr(7) : model;
+}
+
+}  // namespace
+
+void check_model_flag(const std::string& model) {
+  std::error_code ec;
+  if (is_remote(model) || fs::is_directory(local_path(model), ec)) return;
+  const auto presets = models::CausalLmConfig::preset_names();
+  if (std::find(presets.begin(), presets.end(), model) != presets.end()) return;
+  std::string known;
+  for (const auto& p : presets) known += (known.empty() ? "" : ", ") + p;
+  throw InvalidArgumentError(detail::concat("--model ", model,
+                                            " is neither a folder holding config.json (a path, "
+                                            "file:// or s3:// URI) nor a preset (",
+                                            known, ")."));
+}
+
+namespace {
+
+// Note [Models on storage]
+// A model folder on remote storage (s3://) is copied file by file into the local cache,
+// ($XDG_CACHE_HOME or ~/.cache)/trainyard/models/<the URI's SHA-256, 12 digits>/, each file in
+// 64 MiB ranged reads (storage::download) so that no file is ever held in memory, as Hugging
+// Face's hub cache does; a file already there is kept. Each copy is written under a temporary
+// name and renamed, so ranks of one node fetching at once never see half a file. Then the folder
+// is read locally, by slices, like any other.
+std::string cached_model_dir(const std::string& uri) {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const fs::path root = xdg != nullptr && *xdg != '\0' ? fs::path(xdg) / "trainyard"
+                        : home != nullptr              ? fs::path(home) / ".cache/trainyard"
+                                                       : fs::path("/tmp/trainyard-cache");
+  const auto dir = root / "models" / checkpoint::sha256_hex(uri).substr(0, 12);
+  auto remote = storage::open_storage(uri);
+  std::size_t files = 0;
+  for (const auto& key : remote->list("")) {
+    if (key.find('/') != std::string::npos) continue;  // the folder's own files only
+    ++files;
+    if (fs::exists(dir / key)) continue;
+    logger("train")->info("Fetching {} into {}", storage::join_uri(uri, key), dir.string());
+    storage::download(*remote, key, (dir / key).string());
+  }
+  TY_CHECK(files > 0, "--model ", uri, " holds no file. HINT: upload the model folder there.");
+  return dir.string();
+}
+
+}  // namespace
+
+ModelSource resolve_model(const std::string& model) {
+  check_model_flag(model);
+  std::error_code ec;
+  const std::string dir = is_remote(model) ? cached_model_dir(model) : local_path(model);
+  if (!fs::is_directory(dir, ec)) return {models::CausalLmConfig::preset(model), ""};
+  const auto path = fs::path(dir) / "config.json";
+  std::ifstream in(path);
+  TY_CHECK(in.good(), "--model ", model,
+           " has no config.json. HINT: a Hugging Face model folder "
+           "holds config.json next to its weights.");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return {models::CausalLmConfig::from_json(text), dir};
+  } catch (const Error& e) {
+    throw InvalidArgumentError(detail::concat(path.string(), ": ", e.what()));
+  }
+}
+
+bool has_hf_weights(const std::string& dir) {
+  for (auto name :
+       {hf::kSafetensorsName, hf::kSafetensorsIndexName, hf::kTorchBinName, hf::kTorchBinIndexName})
+    if (fs::exists(fs::path(dir) / name)) return true;
+  return false;
+}
+
+TextTokenizer byte_tokenizer() {
+  return {.id = "bytes",
+          .cache_key = "bytes",
+          .encode =
+              [](std::string_view text) {
+                return std::vector<std::int32_t>(
+                    reinterpret_cast<const unsigned char*>(text.data()),
+                    reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+              },
+          .decode =
+              [](const std::vector<std::int64_t>& ids) {
+                std::string text;
+                for (auto id : ids) text += id >= 0 && id < 256 ? static_cast<char>(id) : '?';
+                return text;
+              },
+          .pad_id = 0,
+          .vocab_size = 256};
+}
+
+TextTokenizer tokenizer_for(const std::string& tokenizer_flag, const ModelSource& source) {
+  std::string path = tokenizer_flag;
+  if (path.empty() && !source.dir.empty() && fs::exists(fs::path(source.dir) / "tokenizer.json"))
+    path = (fs::path(source.dir) / "tokenizer.json").string();
+  return load_text_tokenizer(path.empty() ? "bytes" : path);
+}
+
+TextTokenizer load_text_tokenizer(const std::string& id) {
+  if (id == "bytes") return byte_tokenizer();
+  auto tokenizer = std::make_shared<const hf::Tokenizer>(hf::Tokenizer::from_file(id));
+  std::ifstream in(id, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {.id = id,
+          .cache_key = "tokenizer.json " + checkpoint::sha256_hex(text),
+          .encode =
+              [tokenizer](std::string_view line) {
+                return tokenizer->encode(line, /*add_special_tokens=*/true);
+              },
+          .decode =
+              [tokenizer](const std::vector<std::int64_t>& ids) {
+                const std::vector<std::int32_t> narrow(ids.begin(), ids.end());
+                return tokenizer->decode(narrow, /*skip_special_tokens=*/true);
+              },
+          // The seed pads with the end-of-text token when the tokenizer names no padding.
+          .pad_id = tokenizer->pad_id().value_or(tokenizer->eos_id().value_or(0)),
+          .eos_id = tokenizer->eos_id() ? *tokenizer->eos_id() : -1,
+          .vocab_size = tokenizer->vocab_size()};
+}
+
+}  // namespace trainyard::train
