@@ -16,6 +16,13 @@ template <>
 struct Traits<GptNeoXConfig> {
   static constexpr std::string_view model_types[] = {"gpt_neox"};
   static constexpr std::string_view architecture = "GPT-NeoX";
+  static std::string_view model_type(const GptNeoXConfig&) { return "gpt_neox"; }
+};
+template <>
+struct Traits<LlamaConfig> {
+  static constexpr std::string_view model_types[] = {"llama", "mistral", "qwen2"};
+  static constexpr std::string_view architecture = "Llama";
+  static std::string_view model_type(const LlamaConfig& c) { return c.model_type; }
 };
 
 template <typename F>
@@ -108,7 +115,7 @@ std::string CausalLmConfig::to_json() const {
 
 std::string_view CausalLmConfig::model_type() const {
   return visit(config_, [](const auto& c) -> std::string_view {
-    return Traits<std::decay_t<decltype(c)>>::model_types[0];
+    return Traits<std::decay_t<decltype(c)>>::model_type(c);
   });
 }
 

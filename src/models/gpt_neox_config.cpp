@@ -2,14 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/config_fields.h"
 #include "trainyard/error.h"
 
 #include <cmath>
 
 namespace trainyard::models {
 namespace {
-
-using Json = nlohmann::json;
 
 // --- presets and config.json -------------------------------------------------------------------
 
@@ -51,30 +50,6 @@ const std::vector<Preset>& presets() {
                              .max_position_embeddings = 64}},
   };
   return all;
-}
-
-// Reads `key` into `out` when present; refuses a value of the wrong JSON type.
-void read_field(const Json& j, const char* key, std::int64_t& out) {
-  auto it = j.find(key);
-  if (it == j.end()) return;
-  TY_CHECK(it->is_number_integer(), "config.json: \"", key, "\" must be an integer, got ",
-           it->dump(), ".");
-  out = it->get<std::int64_t>();
-}
-
-void read_field(const Json& j, const char* key, double& out) {
-  auto it = j.find(key);
-  if (it == j.end()) return;
-  TY_CHECK(it->is_number(), "config.json: \"", key, "\" must be a number, got ", it->dump(), ".");
-  out = it->get<double>();
-}
-
-void read_field(const Json& j, const char* key, bool& out) {
-  auto it = j.find(key);
-  if (it == j.end()) return;
-  TY_CHECK(it->is_boolean(), "config.json: \"", key, "\" must be true or false, got ", it->dump(),
-           ".");
-  out = it->get<bool>();
 }
 
 // Newer transformers releases spell some fields differently; either spelling is accepted, both

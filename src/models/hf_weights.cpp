@@ -15,7 +15,8 @@ namespace trainyard::models {
 
 bool is_ignored_hf_buffer(const std::string& name) {
   for (std::string_view suffix :
-       {".attention.rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"})
+       {".attention.rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias",
+        ".self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq"})
     if (std::string_view(name).ends_with(suffix)) return true;
   return false;
 }

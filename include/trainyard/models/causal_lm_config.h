@@ -1,7 +1,7 @@
 // The configuration of any causal language model trainyard builds, chosen by config.json's
-// model_type: GPT-NeoX ("gpt_neox") today. One value that the recipe, generation, export and the
-// planner pass around without knowing the architecture; each architecture's own fields stay in
-// its config (gpt_neox_config.h). LibTorch-free, like those.
+// model_type: GPT-NeoX ("gpt_neox") and Llama ("llama", "mistral", "qwen2"). One value that the
+// recipe, generation, export and the planner pass around without knowing the architecture; each
+// architecture's own fields stay in its config (gpt_neox_config.h). LibTorch-free, like those.
 #pragma once
 
 #include <cstdint>
@@ -11,29 +11,32 @@
 #include <vector>
 
 #include "trainyard/models/gpt_neox_config.h"
+#include "trainyard/models/llama_config.h"
 
 namespace trainyard::models {
 
 class CausalLmConfig {
  public:
-  using Variant = std::variant<GptNeoXConfig>;
+  using Variant = std::variant<GptNeoXConfig, LlamaConfig>;
 
   CausalLmConfig(GptNeoXConfig config) : config_(std::move(config)) {}  // NOLINT: implicit
+  CausalLmConfig(LlamaConfig config) : config_(std::move(config)) {}    // NOLINT: implicit
 
   // Every architecture's presets ("pythia-70m", ...). Throws InvalidArgumentError naming the known
   // ones.
   static CausalLmConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   static bool is_preset(const std::string& name);
-  // A Hugging Face config.json, read by the reader of its model_type ("gpt_neox"; a file without
-  // model_type is read as GPT-NeoX). Throws InvalidArgumentError naming an unsupported model_type
-  // and the supported ones, and whatever the architecture's reader refuses.
+  // A Hugging Face config.json, read by the reader of its model_type ("gpt_neox", "llama",
+  // "mistral", "qwen2"; a file without model_type is read as GPT-NeoX). Throws InvalidArgumentError
+  // naming an unsupported model_type and the supported ones, and whatever the architecture's reader
+  // refuses.
   static CausalLmConfig from_json(const std::string& json_text);
   // The architecture's config.json, as Hugging Face writes it.
   std::string to_json() const;
 
-  std::string_view model_type() const;    // config.json's "gpt_neox"
-  std::string_view architecture() const;  // for people: "GPT-NeoX"
+  std::string_view model_type() const;    // config.json's "gpt_neox", "llama", "qwen2", ...
+  std::string_view architecture() const;  // for people: "GPT-NeoX", "Llama"
 
   // The fields every architecture has.
   std::int64_t vocab_size() const;

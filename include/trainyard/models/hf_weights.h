@@ -19,10 +19,10 @@ class WeightReader;
 
 namespace trainyard::models {
 
-// Whether a stored tensor is a buffer older GPT-NeoX checkpoints saved beside the weights and
-// that the model recomputes from config.json, so that loading ignores it by name:
-// "*.attention.rotary_emb.inv_freq", "*.attention.bias" (the causal mask) and
-// "*.attention.masked_bias".
+// Whether a stored tensor is a buffer older GPT-NeoX and Llama checkpoints saved beside the
+// weights and that the model recomputes from config.json, so that loading ignores it by name:
+// "*.attention.rotary_emb.inv_freq", "*.attention.bias" (the causal mask),
+// "*.attention.masked_bias" and Llama's "*.self_attn.rotary_emb.inv_freq".
 bool is_ignored_hf_buffer(const std::string& name);
 
 // Throws CheckpointCorruptError unless `reader` holds exactly the tensors named in `model_names`

@@ -1,0 +1,73 @@
+// The configuration of Llama and its relatives as Hugging Face's LlamaConfig, MistralConfig and
+// Qwen2Config write it (config.json, model_type "llama", "mistral", "qwen2"): sizes, grouped-query
+// attention, rotary embeddings with rope_scaling ("linear", "llama3"), biases, tied embeddings;
+// the presets (Llama 2 and 3, TinyLlama, SmolLM2) with their exact parameter counts.
+// LibTorch-free, like gpt_neox_config.h; llama.h builds the model from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trainyard::models {
+
+// Hugging Face's rope_scaling (or transformers v5's rope_parameters).
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1;
+  // llama3 only: wavelengths longer than original / low_freq_factor are slowed by `factor`,
+  // shorter than original / high_freq_factor kept, those between interpolated.
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  std::int64_t original_max_position_embeddings = 8192;
+
+  bool operator==(const RopeScaling&) const = default;
+};
+
+struct LlamaConfig {
+  std::string model_type = "llama";  // "llama", "mistral" or "qwen2": names and biases follow it
+  std::int64_t vocab_size = 32000;
+  std::int64_t hidden_size = 4096;
+  std::int64_t intermediate_size = 11008;
+  std::int64_t num_hidden_layers = 32;
+  std::int64_t num_attention_heads = 32;
+  std::int64_t num_key_value_heads = 32;        // < num_attention_heads: grouped-query attention
+  std::int64_t head_dim = 0;                    // 0: hidden_size / num_attention_heads
+  std::int64_t max_position_embeddings = 2048;  // longest sequence forward() accepts
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000;
+  RopeScaling rope_scaling;
+  bool qkv_bias = false;  // q_proj, k_proj, v_proj biases (Llama's attention_bias; Qwen2: true)
+  bool o_bias = false;    // o_proj bias (Llama's attention_bias; Qwen2: false)
+  bool mlp_bias = false;  // gate_proj, up_proj, down_proj biases
+  bool tie_word_embeddings = false;  // the output projection is embed_tokens' weight
+  double attention_dropout = 0;      // on the attention probabilities (training only)
+  double initializer_range = 0.02;   // std of the normal init of linear and embedding weights
+
+  // "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3.2-1b", "tinyllama-1.1b",
+  // "smollm2-135m", and "llama-tiny" (2 layers, grouped-query attention, for tests).
+  static LlamaConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+
+  // Reads a Hugging Face config.json of model_type llama, mistral or qwen2. The size fields are
+  // required (an error names the missing ones); what this model lacks (hidden_act other than
+  // silu, a rope_scaling type other than linear and llama3, a Mistral/Qwen2 sliding window
+  // shorter than max_position_embeddings) is refused naming the key. Validates the result.
+  static LlamaConfig from_json(const std::string& json_text);
+  // As Hugging Face writes it; from_json(to_json()) == *this.
+  std::string to_json() const;
+
+  // Throws InvalidArgumentError naming the first bad field and its value.
+  void validate() const;
+
+  std::int64_t head_size() const {
+    return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
+  }
+  // Number of parameters of Llama(config), by formula (allocates nothing).
+  std::int64_t parameter_count() const;
+
+  bool operator==(const LlamaConfig&) const = default;
+};
+
+}  // namespace trainyard::models

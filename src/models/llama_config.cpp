@@ -1,0 +1,306 @@
+#include "trainyard/models/llama_config.h"
+
+#include <cmath>
+
+#include "models/config_fields.h"
+#include "trainyard/error.h"
+
+namespace trainyard::models {
+namespace {
+
+struct Preset {
+  const char* name;
+  LlamaConfig config;
+};
+
+// Sizes from each model's config.json on the Hugging Face hub.
+const std::vector<Preset>& presets() {
+  const RopeScaling llama32{.type = RopeScaling::Type::kLlama3,
+                            .factor = 32,
+                            .low_freq_factor = 1,
+                            .high_freq_factor = 4,
+                            .original_max_position_embeddings = 8192};
+  static const std::vector<Preset> all = {
+      {"llama-2-7b", LlamaConfig{.max_position_embeddings = 4096, .rms_norm_eps = 1e-5}},
+      {"llama-2-13b", LlamaConfig{.hidden_size = 5120,
+                                  .intermediate_size = 13824,
+                                  .num_hidden_layers = 40,
+                                  .num_attention_heads = 40,
+                                  .num_key_value_heads = 40,
+                                  .max_position_embeddings = 4096,
+                                  .rms_norm_eps = 1e-5}},
+      {"llama-2-70b", LlamaConfig{.hidden_size = 8192,
+                                  .intermediate_size = 28672,
+                                  .num_hidden_layers = 80,
+                                  .num_attention_heads = 64,
+                                  .num_key_value_heads = 8,
+                                  .max_position_embeddings = 4096,
+                                  .rms_norm_eps = 1e-5}},
+      {"llama-3-8b", LlamaConfig{.vocab_size = 128256,
+                                 .intermediate_size = 14336,
+                                 .num_key_value_heads = 8,
+                                 .max_position_embeddings = 8192,
+                                 .rms_norm_eps = 1e-5,
+                                 .rope_theta = 500000}},
+      {"llama-3.2-1b", LlamaConfig{.vocab_size = 128256,
+                                   .hidden_size = 2048,
+                                   .intermediate_size = 8192,
+                                   .num_hidden_layers = 16,
+                                   .num_attention_heads = 32,
+                                   .num_key_value_heads = 8,
+                                   .head_dim = 64,
+                                   .max_position_embeddings = 131072,
+                                   .rms_norm_eps = 1e-5,
+                                   .rope_theta = 500000,
+                                   .rope_scaling = llama32,
+                                   .tie_word_embeddings = true}},
+      {"tinyllama-1.1b", LlamaConfig{.hidden_size = 2048,
+                                     .intermediate_size = 5632,
+                                     .num_hidden_layers = 22,
+                                     .num_attention_heads = 32,
+                                     .num_key_value_heads = 4,
+                                     .max_position_embeddings = 2048,
+                                     .rms_norm_eps = 1e-5}},
+      {"smollm2-135m", LlamaConfig{.vocab_size = 49152,
+                                   .hidden_size = 576,
+                                   .intermediate_size = 1536,
+                                   .num_hidden_layers = 30,
+                                   .num_attention_heads = 9,
+                                   .num_key_value_heads = 3,
+                                   .max_position_embeddings = 8192,
+                                   .rms_norm_eps = 1e-5,
+                                   .rope_theta = 100000,
+                                   .tie_word_embeddings = true}},
+      // For tests: 4 query heads sharing 2 key/value heads of 8 dimensions.
+      {"llama-tiny", LlamaConfig{.vocab_size = 128,
+                                 .hidden_size = 32,
+                                 .intermediate_size = 64,
+                                 .num_hidden_layers = 2,
+                                 .num_attention_heads = 4,
+                                 .num_key_value_heads = 2,
+                                 .max_position_embeddings = 64,
+                                 .rms_norm_eps = 1e-5}},
+  };
+  return all;
+}
+
+const char* rope_type_name(RopeScaling::Type type) {
+  switch (type) {
+    case RopeScaling::Type::kNone:
+      return "default";
+    case RopeScaling::Type::kLinear:
+      return "linear";
+    case RopeScaling::Type::kLlama3:
+      return "llama3";
+  }
+  return "default";
+}
+
+// rope_scaling (transformers v4) or rope_parameters (v5, which also holds rope_theta).
+void read_rope(const Json& j, LlamaConfig& c) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    TY_CHECK(it->is_object(), "config.json: \"", key, "\" must be an object, got ", it->dump(),
+             ".");
+    std::string type = it->value("rope_type", it->value("type", std::string("default")));
+    if (type == "default") {
+      c.rope_scaling = {};
+    } else if (type == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+    } else if (type == "llama3") {
+      c.rope_scaling.type = RopeScaling::Type::kLlama3;
+    } else {
+      throw InvalidArgumentError(detail::concat(
+          "config.json: \"", key, "\" has rope_type \"", type,
+          "\"; trainyard's Llama supports \"default\", \"linear\" and \"llama3\" rotary "
+          "embeddings. HINT: a model with another scaling (dynamic, yarn, longrope) would give "
+          "wrong logits here."));
+    }
+    read_field(*it, "factor", c.rope_scaling.factor);
+    read_field(*it, "low_freq_factor", c.rope_scaling.low_freq_factor);
+    read_field(*it, "high_freq_factor", c.rope_scaling.high_freq_factor);
+    read_field(*it, "original_max_position_embeddings",
+               c.rope_scaling.original_max_position_embeddings);
+    read_field(*it, "rope_theta", c.rope_theta);
+  }
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (name == p.name) return p.config;
+  std::string known;
+  for (const auto& p : presets()) known += (known.empty() ? "" : ", ") + std::string(p.name);
+  throw InvalidArgumentError(
+      detail::concat("Unknown Llama preset \"", name, "\"; known presets: ", known, "."));
+}
+
+std::vector<std::string> LlamaConfig::preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) names.emplace_back(p.name);
+  return names;
+}
+
+LlamaConfig LlamaConfig::from_json(const std::string& json_text) {
+  Json j;
+  try {
+    j = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    throw InvalidArgumentError(detail::concat("config.json is not valid JSON: ", e.what()));
+  }
+  TY_CHECK(j.is_object(), "config.json must hold a JSON object, got ", j.type_name(), ".");
+  LlamaConfig c;
+  c.model_type = j.value("model_type", std::string("llama"));
+  TY_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2",
+           "config.json: \"model_type\" is \"", c.model_type,
+           "\"; this reader takes \"llama\", \"mistral\" and \"qwen2\".");
+  if (j.contains("hidden_act"))
+    TY_CHECK(j["hidden_act"] == "silu", "config.json: \"hidden_act\" is ", j["hidden_act"].dump(),
+             "; Llama's MLP supports \"silu\" (SwiGLU) only.");
+  read_field(j, "vocab_size", c.vocab_size);
+  read_field(j, "hidden_size", c.hidden_size);
+  read_field(j, "intermediate_size", c.intermediate_size);
+  read_field(j, "num_hidden_layers", c.num_hidden_layers);
+  read_field(j, "num_attention_heads", c.num_attention_heads);
+  c.num_key_value_heads = c.num_attention_heads;  // HF: absent means multi-head attention
+  if (j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null())
+    read_field(j, "num_key_value_heads", c.num_key_value_heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) read_field(j, "head_dim", c.head_dim);
+  read_field(j, "max_position_embeddings", c.max_position_embeddings);
+  read_field(j, "rms_norm_eps", c.rms_norm_eps);
+  read_field(j, "rope_theta", c.rope_theta);
+  read_rope(j, c);
+  if (c.model_type == "qwen2") {  // Qwen2Attention: biased q/k/v, unbiased o_proj
+    c.qkv_bias = true;
+    c.o_bias = false;
+  } else {
+    bool attention_bias = false;
+    read_field(j, "attention_bias", attention_bias);
+    c.qkv_bias = c.o_bias = attention_bias;
+  }
+  read_field(j, "mlp_bias", c.mlp_bias);
+  read_field(j, "tie_word_embeddings", c.tie_word_embeddings);
+  read_field(j, "attention_dropout", c.attention_dropout);
+  read_field(j, "initializer_range", c.initializer_range);
+  // Mistral and Qwen2 may attend within a sliding window; a window at least as long as any
+  // sequence the model takes is plain causal attention.
+  bool use_window = c.model_type == "mistral";
+  if (c.model_type == "qwen2") read_field(j, "use_sliding_window", use_window);
+  if (use_window && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    std::int64_t window = 0;
+    read_field(j, "sliding_window", window);
+    TY_CHECK(window >= c.max_position_embeddings, "config.json: \"sliding_window\" is ", window,
+             ", shorter than max_position_embeddings (", c.max_position_embeddings,
+             "); trainyard's attention is causal over the whole sequence and has no sliding "
+             "window yet. HINT: set max_position_embeddings to at most ",
+             window, " in a copy of config.json to train on sequences within one window.");
+  }
+  std::string missing;
+  for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "max_position_embeddings"})
+    if (!j.contains(key)) missing += detail::concat(missing.empty() ? "\"" : ", \"", key, "\"");
+  TY_CHECK(missing.empty(), "config.json lacks ", missing,
+           ", which give the model its size. HINT: use the config.json saved with the model's "
+           "weights; it holds them all.");
+  c.validate();
+  return c;
+}
+
+std::string LlamaConfig::to_json() const {
+  const char* architecture = model_type == "qwen2"     ? "Qwen2ForCausalLM"
+                             : model_type == "mistral" ? "MistralForCausalLM"
+                                                       : "LlamaForCausalLM";
+  Json j = {
+      {"architectures", {architecture}},
+      {"model_type", model_type},
+      {"hidden_act", "silu"},
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"max_position_embeddings", max_position_embeddings},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
+      {"mlp_bias", mlp_bias},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"attention_dropout", attention_dropout},
+      {"initializer_range", initializer_range},
+  };
+  if (head_dim > 0) j["head_dim"] = head_dim;
+  if (model_type != "qwen2") j["attention_bias"] = qkv_bias;
+  if (model_type == "mistral") j["sliding_window"] = nullptr;
+  if (model_type == "qwen2") j["use_sliding_window"] = false;
+  if (rope_scaling.type == RopeScaling::Type::kNone) {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = {{"rope_type", rope_type_name(rope_scaling.type)},
+                         {"factor", rope_scaling.factor}};
+    if (rope_scaling.type == RopeScaling::Type::kLlama3) {
+      j["rope_scaling"]["low_freq_factor"] = rope_scaling.low_freq_factor;
+      j["rope_scaling"]["high_freq_factor"] = rope_scaling.high_freq_factor;
+      j["rope_scaling"]["original_max_position_embeddings"] =
+          rope_scaling.original_max_position_embeddings;
+    }
+  }
+  return j.dump(2);
+}
+
+void LlamaConfig::validate() const {
+  auto positive = [](const char* field, std::int64_t value) {
+    TY_CHECK(value >= 1, "LlamaConfig.", field, " must be >= 1, got ", value, ".");
+  };
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("max_position_embeddings", max_position_embeddings);
+  TY_CHECK(num_hidden_layers >= 0, "LlamaConfig.num_hidden_layers must be >= 0, got ",
+           num_hidden_layers, ".");
+  TY_CHECK(head_dim > 0 || hidden_size % num_attention_heads == 0, "LlamaConfig.hidden_size (",
+           hidden_size, ") must be divisible by num_attention_heads (", num_attention_heads,
+           ") when head_dim is not given.");
+  TY_CHECK(head_size() % 2 == 0, "LlamaConfig: the head size ", head_size(),
+           " is odd; rotary embeddings rotate pairs of dimensions.");
+  TY_CHECK(num_attention_heads % num_key_value_heads == 0, "LlamaConfig.num_attention_heads (",
+           num_attention_heads, ") must be a multiple of num_key_value_heads (",
+           num_key_value_heads, "): each key/value head serves the same number of query heads.");
+  TY_CHECK(rms_norm_eps > 0 && std::isfinite(rms_norm_eps),
+           "LlamaConfig.rms_norm_eps must be a positive number, got ", rms_norm_eps, ".");
+  TY_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
+           "LlamaConfig.rope_theta must be a positive number, got ", rope_theta, ".");
+  TY_CHECK(rope_scaling.factor > 0 && std::isfinite(rope_scaling.factor),
+           "LlamaConfig.rope_scaling.factor must be a positive number, got ", rope_scaling.factor,
+           ".");
+  TY_CHECK(
+      rope_scaling.type != RopeScaling::Type::kLlama3 ||
+          (rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+           rope_scaling.low_freq_factor > 0 && rope_scaling.original_max_position_embeddings >= 1),
+      "LlamaConfig.rope_scaling (llama3) needs high_freq_factor > low_freq_factor > 0 and "
+      "original_max_position_embeddings >= 1, got ",
+      rope_scaling.high_freq_factor, ", ", rope_scaling.low_freq_factor, ", ",
+      rope_scaling.original_max_position_embeddings, ".");
+  TY_CHECK(attention_dropout >= 0 && attention_dropout < 1,
+           "LlamaConfig.attention_dropout must be in [0, 1), got ", attention_dropout, ".");
+  TY_CHECK(initializer_range >= 0 && std::isfinite(initializer_range),
+           "LlamaConfig.initializer_range must be a number >= 0, got ", initializer_range, ".");
+}
+
+std::int64_t LlamaConfig::parameter_count() const {
+  const auto h = hidden_size, i = intermediate_size, v = vocab_size;
+  const auto q = num_attention_heads * head_size(), kv = num_key_value_heads * head_size();
+  const auto layer = 2 * h                                             // the two RMSNorms
+                     + h * q + 2 * h * kv + q * h                      // q, k, v, o projections
+                     + (qkv_bias ? q + 2 * kv : 0) + (o_bias ? h : 0)  // their biases
+                     + 3 * h * i + (mlp_bias ? 2 * i + h : 0);         // gate, up, down
+  return v * h                                                         // model.embed_tokens
+         + num_hidden_layers * layer                                   // model.layers
+         + h                                                           // model.norm
+         + (tie_word_embeddings ? 0 : v * h);                          // lm_head (no bias)
+}
+
+}  // namespace trainyard::models

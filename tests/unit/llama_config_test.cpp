@@ -1,0 +1,104 @@
+// LlamaConfig and CausalLmConfig (LibTorch-free): the presets' exact parameter counts, config.json
+// of Llama 2/3, Mistral and Qwen2 read with rope_scaling or transformers v5's rope_parameters,
+// dispatch on model_type, and what is refused by name.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "trainyard/error.h"
+#include "trainyard/models/causal_lm_config.h"
+
+namespace {
+using namespace trainyard::models;
+
+// The counts published for each model (Hugging Face's num_parameters()).
+TEST(LlamaConfigTest, PresetsHaveTheirExactParameterCounts) {
+  const std::pair<const char*, std::int64_t> expected[] = {
+      {"llama-2-7b", 6'738'415'616},   {"llama-2-13b", 13'015'864'320},
+      {"llama-2-70b", 68'976'648'192}, {"llama-3-8b", 8'030'261'248},
+      {"llama-3.2-1b", 1'235'814'400}, {"tinyllama-1.1b", 1'100'048'384},
+      {"smollm2-135m", 134'515'008},
+  };
+  for (const auto& [name, count] : expected) {
+    EXPECT_EQ(CausalLmConfig::preset(name).parameter_count(), count) << name;
+    EXPECT_EQ(CausalLmConfig::preset(name).architecture(), "Llama") << name;
+  }
+  EXPECT_EQ(CausalLmConfig::preset("pythia-70m").architecture(), "GPT-NeoX");
+}
+
+std::string expect_refused(const std::string& json) {
+  try {
+    CausalLmConfig::from_json(json);
+  } catch (const trainyard::InvalidArgumentError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "accepted: " << json;
+  return "";
+}
+
+constexpr const char* kSizes =
+    R"("vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "max_position_embeddings": 128)";
+
+std::string config(const std::string& model_type, const std::string& extra = "") {
+  return "{\"model_type\": \"" + model_type + "\", " + kSizes + (extra.empty() ? "" : ", ") +
+         extra + "}";
+}
+
+TEST(LlamaConfigTest, ReadsEachModelTypeAndRoundTrips) {
+  const auto llama =
+      CausalLmConfig::from_json(config("llama", R"("num_key_value_heads": 2, "rope_theta": 500000.0,
+                         "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+                         "tie_word_embeddings": true, "attention_bias": false)"));
+  const auto* l = llama.get_if<LlamaConfig>();
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->num_key_value_heads, 2);
+  EXPECT_EQ(l->rope_theta, 500000);
+  EXPECT_EQ(l->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(l->rope_scaling.factor, 32);
+  EXPECT_TRUE(l->tie_word_embeddings);
+  EXPECT_EQ(CausalLmConfig::from_json(llama.to_json()), llama);
+
+  // transformers v5 moves rope_theta and the scaling into rope_parameters.
+  const auto v5 = CausalLmConfig::from_json(config(
+      "llama", R"("rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})"));
+  EXPECT_EQ(v5.get_if<LlamaConfig>()->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(v5.get_if<LlamaConfig>()->rope_theta, 1e6);
+
+  const auto qwen = CausalLmConfig::from_json(
+      config("qwen2", R"("sliding_window": 16, "use_sliding_window": false)"));
+  EXPECT_EQ(qwen.model_type(), "qwen2");
+  EXPECT_TRUE(qwen.get_if<LlamaConfig>()->qkv_bias);
+  EXPECT_FALSE(qwen.get_if<LlamaConfig>()->o_bias);
+  EXPECT_EQ(CausalLmConfig::from_json(qwen.to_json()), qwen);
+
+  const auto mistral = CausalLmConfig::from_json(config("mistral", R"("sliding_window": null)"));
+  EXPECT_EQ(mistral.model_type(), "mistral");
+  EXPECT_EQ(CausalLmConfig::from_json(mistral.to_json()), mistral);
+  // Without model_type a config.json is GPT-NeoX's, as before Llama.
+  EXPECT_NE(CausalLmConfig::from_json(std::string("{") + kSizes + "}").get_if<GptNeoXConfig>(),
+            nullptr);
+}
+
+TEST(LlamaConfigTest, WhatTheModelLacksIsRefusedByName) {
+  EXPECT_NE(expect_refused(config("mistral", R"("sliding_window": 32)"))
+                .find("\"sliding_window\" is 32, shorter than max_position_embeddings (128)"),
+            std::string::npos);
+  EXPECT_NE(expect_refused(config("llama", R"("rope_scaling": {"rope_type": "yarn", "factor": 4})"))
+                .find("rope_type \"yarn\""),
+            std::string::npos);
+  EXPECT_NE(expect_refused(config("llama", R"("hidden_act": "gelu")")).find("\"hidden_act\""),
+            std::string::npos);
+  EXPECT_NE(expect_refused(config("llama", R"("num_key_value_heads": 3)"))
+                .find("must be a multiple of num_key_value_heads (3)"),
+            std::string::npos);
+  const auto unknown = expect_refused(config("gemma"));
+  EXPECT_NE(unknown.find("\"model_type\" is \"gemma\""), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("\"llama\", \"mistral\", \"qwen2\""), std::string::npos) << unknown;
+  const auto missing = expect_refused(R"({"model_type": "llama", "hidden_size": 32})");
+  EXPECT_NE(missing.find("lacks \"vocab_size\""), std::string::npos) << missing;
+}
+
+}  // namespace
