@@ -48,7 +48,7 @@ plan::PlanOptions to_options(const PlanFlags& f) {
   TY_CHECK(!f.seq_len || *f.seq_len >= 2, "--seq-len must be >= 2 (a token and the next one to ",
            "predict), got ", f.seq_len.value_or(0), ". HINT: leave it out for the model's ",
            "max_position_embeddings.");
-  o.seq_len = f.seq_len ? *f.seq_len : o.model ? o.model->max_position_embeddings : 2048;
+  o.seq_len = f.seq_len ? *f.seq_len : o.model ? o.model->max_position_embeddings() : 2048;
   o.micro_batch = f.batch_size;
   o.activation_checkpointing = f.activation_checkpointing;
   if (!f.gpu_mem.empty()) {
@@ -92,12 +92,16 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       "  trainyard plan --model dolly-v2-7b --gpus 8 --gpu-mem 24GiB\n"
       "  trainyard plan --params 7.5e9 --gpus 64 --gpu-mem 80GiB");
   cmd->add_option(
-      "--model", f.model, "A preset (" + [] {
-        std::string s;
-        for (const auto& n : models::GptNeoXConfig::preset_names())
-          s += (s.empty() ? "" : ", ") + n;
-        return s;
-      }() + "), a Hugging Face config.json (GPT-NeoX), or a directory holding one");
+      "--model", f.model,
+      "A preset (" +
+          [] {
+            std::string s;
+            for (const auto& n : models::CausalLmConfig::preset_names())
+              s += (s.empty() ? "" : ", ") + n;
+            return s;
+          }() +
+          "), a Hugging Face config.json (GPT-NeoX, Llama, Mistral, Qwen2), or a directory holding "
+          "one");
   cmd->add_option("--params", f.params,
                   "Parameter count instead of a model (7.5e9, 6.9B, 410M): model states only");
   cmd->add_option("--gpus", f.gpus, "Devices (ranks) in the job, over all nodes")

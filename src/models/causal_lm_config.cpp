@@ -113,6 +113,10 @@ std::string CausalLmConfig::to_json() const {
   return visit(config_, [](const auto& c) { return c.to_json(); });
 }
 
+void CausalLmConfig::validate() const {
+  visit(config_, [](const auto& c) { c.validate(); });
+}
+
 std::string_view CausalLmConfig::model_type() const {
   return visit(config_, [](const auto& c) -> std::string_view {
     return Traits<std::decay_t<decltype(c)>>::model_type(c);
@@ -136,6 +140,9 @@ std::int64_t CausalLmConfig::num_hidden_layers() const {
 }
 std::int64_t CausalLmConfig::intermediate_size() const {
   return visit(config_, [](const auto& c) { return c.intermediate_size; });
+}
+std::int64_t CausalLmConfig::num_attention_heads() const {
+  return visit(config_, [](const auto& c) { return c.num_attention_heads; });
 }
 std::int64_t CausalLmConfig::max_position_embeddings() const {
   return visit(config_, [](const auto& c) { return c.max_position_embeddings; });

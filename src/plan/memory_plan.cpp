@@ -150,6 +150,39 @@ Units gpt_neox_units(const models::GptNeoXConfig& c) {
   return u;
 }
 
+// The same for Llama(config): root (model.norm, and model.embed_tokens when tied), then
+// model.embed_tokens, each layer, lm_head when untied.
+Units llama_units(const models::LlamaConfig& c) {
+  const auto h = c.hidden_size, v = c.vocab_size, i = c.intermediate_size;
+  const auto q = c.num_attention_heads * c.head_size(), kv = c.num_key_value_heads * c.head_size();
+  Units u;
+  u.embedding = v * h;
+  std::vector<std::int64_t> layer_tensors = {q * h, kv * h, kv * h, h * q};  // attention
+  if (c.qkv_bias) layer_tensors.insert(layer_tensors.end(), {q, kv, kv});
+  if (c.o_bias) layer_tensors.push_back(h);
+  layer_tensors.insert(layer_tensors.end(), {i * h, i * h, h * i});  // MLP
+  if (c.mlp_bias) layer_tensors.insert(layer_tensors.end(), {i, i, h});
+  layer_tensors.insert(layer_tensors.end(), {h, h});  // two RMSNorms
+  for (auto n : layer_tensors) u.layer += n;
+  const bool tied = c.tie_word_embeddings;
+  u.sizes.push_back(h + (tied ? u.embedding : 0));
+  if (!tied) u.sizes.push_back(u.embedding);
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) u.sizes.push_back(u.layer);
+  if (!tied) u.sizes.push_back(u.embedding);
+  u.tensors.push_back(u.embedding);
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    u.tensors.insert(u.tensors.end(), layer_tensors.begin(), layer_tensors.end());
+  u.tensors.push_back(h);
+  if (!tied) u.tensors.push_back(u.embedding);
+  u.autocast_weights = c.num_hidden_layers * (u.layer - 2 * h) + u.embedding;
+  return u;
+}
+
+Units model_units(const models::CausalLmConfig& config) {
+  if (const auto* neox = config.get_if<models::GptNeoXConfig>()) return gpt_neox_units(*neox);
+  return llama_units(*config.get_if<models::LlamaConfig>());
+}
+
 // The largest element count greedy whole-tensor partitioning gives one of `ranks` owners (as
 // ShardedAdam::partition does: largest first, each to the least loaded).
 std::int64_t largest_owned(std::vector<std::int64_t> tensors, int ranks) {
@@ -248,9 +281,9 @@ void PlanOptions::validate() const {
            gpus_per_node, ", --gpus-per-node) must divide the world size (", world_size,
            ", --gpus). HINT: every node runs the same number of ranks.");
   TY_CHECK(seq_len >= 2, "PlanOptions.seq_len (--seq-len) must be >= 2, got ", seq_len, ".");
-  TY_CHECK(!model || seq_len <= model->max_position_embeddings, "PlanOptions.seq_len (--seq-len ",
+  TY_CHECK(!model || seq_len <= model->max_position_embeddings(), "PlanOptions.seq_len (--seq-len ",
            seq_len, ") exceeds the model's max_position_embeddings (",
-           model ? model->max_position_embeddings : 0, ").");
+           model ? model->max_position_embeddings() : 0, ").");
   TY_CHECK(micro_batch >= 1, "PlanOptions.micro_batch (--batch-size) must be >= 1, got ",
            micro_batch, ".");
   TY_CHECK(device_memory_bytes >= 0,
@@ -284,6 +317,54 @@ ActivationBytes gpt_neox_activation_bytes(const models::GptNeoXConfig& config,
   a.head = c * bth + c * b * t * v + 8 * b * t;  // final norm out, logits, the token ids
   a.loss_peak = 3 * b * (t - 1) * v * 4;
   return a;
+}
+
+// Note [Llama activations]
+// What autograd keeps per Llama layer in trainyard's model (src/models/llama.cpp), counted as for
+// GPT-NeoX, with q = heads x head_size and a = num_attention_heads:
+//   each RMSNorm: its fp32 input (B,T,h) 4 (the layer input itself in fp32), the normalised
+//   value cast back (B,T,h) c and its output (B,T,h) c (bf16: 8 BTh a norm; fp32: 12 BTh)
+//   q and the repeated k in fp32 for the score matmul (B,T,q) 4 each; the repeated v (B,T,q) c
+//   probs (B,a,T,T) 4, under bf16 also its bf16 copy (2); the attention output (B,T,q) c
+//   gate_proj out, silu out, up_proj out and their product (B,T,i) c each
+// bf16-mixed: 16 BTh + (8 + 2c) BTq + 4c BTi + 6 BaT^2; fp32 24 BTh + the same with c = 4 and
+// 4 BaT^2. The head as GPT-NeoX's. These are counted from the code, not yet calibrated against
+// measured peak RSS as GPT-NeoX's were (Note [CPU ranks]).
+ActivationBytes llama_activation_bytes(const models::LlamaConfig& config,
+                                       std::int64_t seq_len,
+                                       std::int64_t micro_batch,
+                                       Precision precision,
+                                       bool activation_checkpointing) {
+  const double b = static_cast<double>(micro_batch), t = static_cast<double>(seq_len);
+  const double h = static_cast<double>(config.hidden_size);
+  const double q = static_cast<double>(config.num_attention_heads * config.head_size());
+  const double i = static_cast<double>(config.intermediate_size);
+  const double heads = static_cast<double>(config.num_attention_heads);
+  const double v = static_cast<double>(config.vocab_size);
+  const double layers = static_cast<double>(config.num_hidden_layers);
+  const bool bf16 = precision == Precision::kBf16Mixed;
+  const double c = bf16 ? 2 : 4;
+  const double bth = b * t * h, btq = b * t * q, bti = b * t * i, bhtt = b * heads * t * t;
+  ActivationBytes a;
+  a.per_layer =
+      (bf16 ? 16 : 24) * bth + (8 + 2 * c) * btq + 4 * c * bti + (bf16 ? 6 : 4) * bhtt + 8 * b * t;
+  a.layers = activation_checkpointing ? layers * c * bth : layers * a.per_layer;
+  a.recompute = activation_checkpointing ? a.per_layer : 0;
+  a.head = c * bth + c * b * t * v + 8 * b * t;  // final norm out, logits, the token ids
+  a.loss_peak = 3 * b * (t - 1) * v * 4;
+  return a;
+}
+
+ActivationBytes activation_bytes(const models::CausalLmConfig& config,
+                                 std::int64_t seq_len,
+                                 std::int64_t micro_batch,
+                                 Precision precision,
+                                 bool activation_checkpointing) {
+  if (const auto* neox = config.get_if<models::GptNeoXConfig>())
+    return gpt_neox_activation_bytes(*neox, seq_len, micro_batch, precision,
+                                     activation_checkpointing);
+  return llama_activation_bytes(*config.get_if<models::LlamaConfig>(), seq_len, micro_batch,
+                                precision, activation_checkpointing);
 }
 
 namespace {
@@ -324,7 +405,7 @@ Engine engine_bytes(const PlanOptions& o, Strategy s, std::int64_t psi) {
                                                              : o.world_size;
   Units units;
   if (o.model) {
-    units = gpt_neox_units(*o.model);
+    units = model_units(*o.model);
   } else {  // a parameter count alone: one unit, and no per-unit buffers or activations
     units.sizes = {0, psi};
     units.tensors = {psi};
@@ -336,15 +417,15 @@ Engine engine_bytes(const PlanOptions& o, Strategy s, std::int64_t psi) {
   ActivationBytes act;
   double logits_loss = 0, logits_head = 0, layer_pool = 0, head_held = 0;
   if (o.model) {
-    act = gpt_neox_activation_bytes(*o.model, o.seq_len, o.micro_batch, o.precision,
-                                    o.activation_checkpointing);
+    act = activation_bytes(*o.model, o.seq_len, o.micro_batch, o.precision,
+                           o.activation_checkpointing);
     const double bt = static_cast<double>(o.micro_batch * o.seq_len);
-    const double bth = bt * static_cast<double>(o.model->hidden_size);
-    const double btv = bt * static_cast<double>(o.model->vocab_size);
+    const double bth = bt * static_cast<double>(o.model->hidden_size());
+    const double btv = bt * static_cast<double>(o.model->vocab_size());
     if ((s == Strategy::kDdp || s == Strategy::kZero1) && bf16) {
       // autocast keeps the layer norms and the residual stream in fp32
       act.per_layer += 2 * bth;
-      act.layers += 2 * bth * static_cast<double>(o.model->num_hidden_layers);
+      act.layers += 2 * bth * static_cast<double>(o.model->num_hidden_layers());
       if (o.activation_checkpointing) act.recompute = act.per_layer;
     }
     head_held = act.head;
@@ -355,8 +436,8 @@ Engine engine_bytes(const PlanOptions& o, Strategy s, std::int64_t psi) {
     // A layer's backward temporaries: the gradients of its widest activations (the MLP's, the
     // attention probabilities') and of its input and output.
     const double layer_grads =
-        2 * c * bt * static_cast<double>(o.model->intermediate_size) +
-        8 * static_cast<double>(o.micro_batch * o.model->num_attention_heads) *
+        2 * c * bt * static_cast<double>(o.model->intermediate_size()) +
+        8 * static_cast<double>(o.micro_batch * o.model->num_attention_heads()) *
             static_cast<double>(o.seq_len) * static_cast<double>(o.seq_len) +
         4 * c * bth;
     layer_pool = act.layers + act.recompute + layer_grads;
@@ -496,6 +577,14 @@ std::string size_text(double bytes, bool decimal) {
   return buf;
 }
 
+// 6738415616 -> "6,738,415,616".
+std::string grouped(std::int64_t n) {
+  auto digits = std::to_string(n);
+  for (auto i = static_cast<std::ptrdiff_t>(digits.size()) - 3; i > 0; i -= 3)
+    digits.insert(static_cast<std::size_t>(i), ",");
+  return digits;
+}
+
 std::string count_text(std::int64_t n) {
   char buf[32];
   const double d = static_cast<double>(n);
@@ -515,10 +604,11 @@ std::string format_plan(const MemoryPlan& plan, bool decimal) {
   const char* unit = decimal ? "GB (1e9 bytes)" : "GiB (2^30 bytes)";
   const int node = o.gpus_per_node > 0 ? o.gpus_per_node : o.world_size;
   std::ostringstream out;
-  out << "Model: " << count_text(plan.parameter_count) << " parameters";
+  out << "Model: " << grouped(plan.parameter_count) << " parameters";
+  if (plan.parameter_count >= 1'000'000) out << " (" << count_text(plan.parameter_count) << ")";
   if (o.model)
-    out << " (GPT-NeoX, " << o.model->num_hidden_layers << " layers, hidden "
-        << o.model->hidden_size << ", vocab " << o.model->vocab_size << ")";
+    out << ", " << o.model->architecture() << ": " << o.model->num_hidden_layers()
+        << " layers, hidden " << o.model->hidden_size() << ", vocab " << o.model->vocab_size();
   out << "; " << to_string(o.precision) << ", " << o.world_size << " devices ("
       << o.world_size / node << " node(s) x " << node << ")";
   if (o.model)
@@ -613,11 +703,10 @@ std::string format_plan(const MemoryPlan& plan, bool decimal) {
   return out.str();
 }
 
-models::GptNeoXConfig resolve_model(const std::string& spec, std::string_view flag) {
+models::CausalLmConfig resolve_model(const std::string& spec, std::string_view flag) {
   namespace fs = std::filesystem;
-  const auto names = models::GptNeoXConfig::preset_names();
-  if (std::find(names.begin(), names.end(), spec) != names.end())
-    return models::GptNeoXConfig::preset(spec);
+  const auto names = models::CausalLmConfig::preset_names();
+  if (models::CausalLmConfig::is_preset(spec)) return models::CausalLmConfig::preset(spec);
   std::error_code ec;
   fs::path path(spec);
   if (fs::is_directory(path, ec)) path /= "config.json";
@@ -634,7 +723,7 @@ models::GptNeoXConfig resolve_model(const std::string& spec, std::string_view fl
   text << in.rdbuf();
   TY_CHECK(in.good() || in.eof(), flag, ": cannot read ", path.string(), ".");
   try {
-    return models::GptNeoXConfig::from_json(text.str());
+    return models::CausalLmConfig::from_json(text.str());
   } catch (const InvalidArgumentError& e) {
     throw InvalidArgumentError(detail::concat(flag, " ", path.string(), ": ", e.what()));
   }

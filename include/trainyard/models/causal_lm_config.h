@@ -35,6 +35,9 @@ class CausalLmConfig {
   // The architecture's config.json, as Hugging Face writes it.
   std::string to_json() const;
 
+  // The architecture's validate(): throws InvalidArgumentError naming the bad field.
+  void validate() const;
+
   std::string_view model_type() const;    // config.json's "gpt_neox", "llama", "qwen2", ...
   std::string_view architecture() const;  // for people: "GPT-NeoX", "Llama"
 
@@ -43,6 +46,7 @@ class CausalLmConfig {
   std::int64_t hidden_size() const;
   std::int64_t num_hidden_layers() const;
   std::int64_t intermediate_size() const;
+  std::int64_t num_attention_heads() const;
   std::int64_t max_position_embeddings() const;
   // Parameters of the model, by formula (allocates nothing).
   std::int64_t parameter_count() const;

@@ -2,7 +2,7 @@
 // optimizer state and activations under DDP, ZeRO-1, SHARD_GRAD_OP, FULL_SHARD and HYBRID_SHARD,
 // two ways: as the ZeRO paper counts model states (Rajbhandari et al. 2020, section 3.1), and as
 // trainyard's engine holds them at its peak (Note [What the engine holds] in memory_plan.cpp).
-// LibTorch-free: it needs only a GptNeoXConfig or a parameter count.
+// LibTorch-free: it needs only a model configuration (GPT-NeoX, Llama) or a parameter count.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainyard/models/gpt_neox_config.h"
+#include "trainyard/models/causal_lm_config.h"
 
 namespace trainyard::plan {
 
@@ -48,9 +48,9 @@ struct StateBytes {
 StateBytes zero_paper_state_bytes(Precision precision);  // {2, 2, 12} or {4, 4, 8}
 
 struct PlanOptions {
-  // The model: a GPT-NeoX config (activations, unit sizes), or only a parameter count (model
-  // states only: activations need the shape). parameter_count 0 takes the config's.
-  std::optional<models::GptNeoXConfig> model;
+  // The model: its config (activations, unit sizes), or only a parameter count (model states
+  // only: activations need the shape). parameter_count 0 takes the config's.
+  std::optional<models::CausalLmConfig> model;
   std::int64_t parameter_count = 0;
   Precision precision = Precision::kBf16Mixed;
   int world_size = 1;     // ranks (devices) in the job
@@ -115,8 +115,8 @@ MemoryPlan plan_memory(const PlanOptions& options);
 // One strategy's row (any strategy, kNoShard too). Validates the options first.
 StrategyPlan plan_strategy(const PlanOptions& options, Strategy strategy);
 
-// Activation bytes a GPT-NeoX rank holds at the loss's backward (its peak for small models),
-// and the pieces: see Note [GPT-NeoX activations].
+// Activation bytes a rank holds at the loss's backward (its peak for small models), and the
+// pieces: see Note [GPT-NeoX activations] and Note [Llama activations].
 struct ActivationBytes {
   double per_layer = 0;  // one layer's saved tensors (all of them, even with checkpointing)
   double layers = 0;     // what all layers keep: per_layer x layers, or their inputs only
@@ -124,19 +124,29 @@ struct ActivationBytes {
   double head = 0;       // final norm output and the logits, which the caller holds
   double loss_peak = 0;  // the loss's fp32 temporaries at its backward (3 x B x (T-1) x V x 4)
 };
+ActivationBytes activation_bytes(const models::CausalLmConfig& config,
+                                 std::int64_t seq_len,
+                                 std::int64_t micro_batch,
+                                 Precision precision,
+                                 bool activation_checkpointing);
 ActivationBytes gpt_neox_activation_bytes(const models::GptNeoXConfig& config,
                                           std::int64_t seq_len,
                                           std::int64_t micro_batch,
                                           Precision precision,
                                           bool activation_checkpointing);
+ActivationBytes llama_activation_bytes(const models::LlamaConfig& config,
+                                       std::int64_t seq_len,
+                                       std::int64_t micro_batch,
+                                       Precision precision,
+                                       bool activation_checkpointing);
 
 // The plan as text: the engine's table, the ZeRO paper's, the verdict and a recommendation.
 // Sizes in GiB (2^30 bytes) or, with `decimal`, GB (1e9 bytes); the header says which.
 std::string format_plan(const MemoryPlan& plan, bool decimal = false);
 
-// The model --model names: a preset (GptNeoXConfig::preset_names()), a Hugging Face config.json,
+// The model --model names: a preset (CausalLmConfig::preset_names()), a Hugging Face config.json,
 // or a directory holding one. Throws InvalidArgumentError naming `flag`, with the presets.
-models::GptNeoXConfig resolve_model(const std::string& spec, std::string_view flag = "--model");
+models::CausalLmConfig resolve_model(const std::string& spec, std::string_view flag = "--model");
 
 // "24GiB", "80GB", "512MiB", "1.5TB", "1073741824" (bytes; a unit's "B" may be left off, and
 // case does not matter: 24gib, 80g); 0 is allowed. Throws InvalidArgumentError naming `flag` and
