@@ -153,6 +153,27 @@ TEST_F(Llama2Tokenizer, DecodeInvertsEncodeWithoutTheLeadingMetaSpace) {
   EXPECT_EQ(tok.decode(tok.encode(" leading")), "<s>  leading");
 }
 
+TEST(LlamaTokenizer, ArbitraryBytesComeBackFromDecodeBytes) {
+  // Bytes that are not UTF-8 (which HF cannot take) are encoded by their "<0xFF>" tokens, or by
+  // their byte-level characters after the Split pattern (Note [Invalid UTF-8]).
+  const Tokenizer llama2 = Tokenizer::from_file(kTinyLlama2TokenizerFile);
+  const Tokenizer llama3 = Tokenizer::from_file(kTinyLlama3TokenizerFile);
+  EXPECT_EQ(llama2.encode("a\xff", false), (Ids{kMetaA, fallback_id(0xFF)}));
+  EXPECT_EQ(llama2.decode(llama2.encode("a\xff", false)), "a\uFFFD");
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_int_distribution<int> length(0, 48);
+  for (int i = 0; i < 2000; ++i) {
+    std::string bytes;
+    for (int n = length(rng); n > 0; --n) bytes.push_back(static_cast<char>(byte(rng)));
+    EXPECT_EQ(llama3.decode_bytes(llama3.encode(bytes, false)), bytes)
+        << testing::PrintToString(bytes);
+    if (bytes.find("\xE2\x96\x81") != std::string::npos) continue;  // "▁" reads back as " "
+    EXPECT_EQ(llama2.decode_bytes(llama2.encode(bytes, false)), bytes)
+        << testing::PrintToString(bytes);
+  }
+}
+
 TEST(LlamaTokenizer, UnknownCharactersWithoutByteFallbackAreFusedUnk) {
   const Tokenizer fused =
       Tokenizer::from_file(variant(kTinyLlama2TokenizerFile, "no_fallback",
