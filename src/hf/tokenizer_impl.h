@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "hf/tokenizer_regex.h"
+#include "hf/tokenizer_steps.h"
 #include "hf/unicode_text.h"
 #include "trainyard/hf/tokenizer.h"
 
@@ -106,74 +107,6 @@ struct TemplatePiece {
   bool is_sequence = false;
   std::vector<std::int32_t> ids;
 };
-
-// ---- the pipeline's steps, as tokenizer.json names them ---------------------------------------
-
-// Normalisers. Prepend: the prefix before every non-empty piece. Replace: every match of the
-// pattern (a literal when `regex` is empty) becomes `content`.
-struct PrependNormalizer {
-  std::string prefix;
-};
-struct ReplaceNormalizer {
-  std::string literal;
-  std::optional<Regex> regex;
-  std::string content;
-};
-using NormalizerStep = std::variant<text::NormalForm, PrependNormalizer, ReplaceNormalizer>;
-
-// Pre-tokenisers: see Note [Pre-tokeniser steps] in src/hf/pre_tokenizer.cpp.
-enum class SplitBehavior : std::uint8_t {
-  kRemoved,
-  kIsolated,
-  kMergedWithPrevious,
-  kMergedWithNext,
-  kContiguous
-};
-struct SplitPreTokenizer {
-  Regex pattern;
-  SplitBehavior behavior = SplitBehavior::kIsolated;
-  bool invert = false;
-};
-struct ByteLevelPreTokenizer {
-  bool add_prefix_space = true;  // HF's defaults
-  bool use_regex = true;         // GPT-2's split pattern
-};
-enum class PrependScheme : std::uint8_t { kFirst, kAlways, kNever };
-struct MetaspacePreTokenizer {
-  std::string replacement = "\u2581";  // "▁"
-  PrependScheme prepend_scheme = PrependScheme::kAlways;
-  bool split = true;
-};
-using PreTokenizerStep =
-    std::variant<SplitPreTokenizer, ByteLevelPreTokenizer, MetaspacePreTokenizer>;
-
-// Decoders: see Note [Decoder chain] in src/hf/decoder.cpp.
-struct ByteLevelDecoder {};
-struct ReplaceDecoder {
-  std::string literal;
-  std::optional<Regex> regex;
-  std::string content;
-};
-struct ByteFallbackDecoder {};
-struct FuseDecoder {};
-struct StripDecoder {
-  std::string content;  // one character
-  std::size_t start = 0;
-  std::size_t stop = 0;
-};
-struct MetaspaceDecoder {
-  std::string replacement = "\u2581";
-  bool drop_first_token_replacements = true;  // prepend_scheme is not "never"
-};
-using DecoderStep = std::variant<ByteLevelDecoder,
-                                 ReplaceDecoder,
-                                 ByteFallbackDecoder,
-                                 FuseDecoder,
-                                 StripDecoder,
-                                 MetaspaceDecoder>;
-
-// The token a byte becomes under byte_fallback: "<0x0A>" for 10.
-std::string byte_fallback_token(unsigned char byte);
 
 // A word's ids, remembered per thread: Note [Word cache] in src/hf/bpe.cpp.
 class WordCache {
