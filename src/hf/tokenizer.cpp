@@ -4,10 +4,9 @@
 #include "trainyard/hf/tokenizer.h"
 
 #include <algorithm>
+#include <variant>
 #include <atomic>
 #include <cstddef>
-#include <cstring>
-#include <functional>
 #include <thread>
 
 #include "hf/tokenizer_impl.h"
