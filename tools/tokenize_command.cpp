@@ -17,10 +17,11 @@ namespace {
 namespace fs = std::filesystem;
 
 struct TokenizeOptions {
-  std::string model;        // a folder, a tokenizer.json, a preset or "bytes"
-  bool decode = false;      // ids -> text instead of text -> ids
-  bool no_special = false;  // encode: no post-processor template; decode: drop special tokens
-  int threads = 0;          // encoding threads; 0: every usable CPU
+  std::string model;    // a folder, a tokenizer.json, a preset or "bytes"
+  bool decode = false;  // ids -> text instead of text -> ids
+  // Encode: the post-processor's special tokens (Llama's BOS); decode: keep special tokens.
+  bool special_tokens = true;
+  int threads = 0;  // encoding threads; 0: every usable CPU
 };
 
 // --model: a folder (its tokenizer.json, or byte-level ids without one), a tokenizer.json file,
@@ -55,9 +56,12 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
                   "tokenizer.json, \"bytes\", or a preset (byte-level ids)")
       ->required();
   cmd->add_flag("--decode", o.decode, "Ids to text instead of text to ids");
-  cmd->add_flag("--no-special-tokens", o.no_special,
-                "Encoding: leave out the post-processor's special tokens; decoding: leave out "
-                "special tokens such as <|endoftext|>");
+  cmd->add_flag("--add-special-tokens,!--no-special-tokens", o.special_tokens,
+                "Encoding: --add-special-tokens (the default, as Hugging Face's encode) adds the "
+                "special tokens the tokenizer's post-processor puts around each line (BOS <s> for "
+                "Llama 2 and Mistral, <|begin_of_text|> for Llama 3; none for GPT-NeoX and "
+                "Qwen2); --no-special-tokens gives the text's ids alone. Decoding: "
+                "--no-special-tokens leaves out special tokens such as <s> and <|endoftext|>");
   cmd->add_option("--threads", o.threads, "Encoding threads (0: every usable CPU)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -65,10 +69,10 @@ void add_tokenize_command(CLI::App& app, int& exit_code) {
     std::ios::sync_with_stdio(false);
     const hf::Tokenizer tok = load(o.model);
     if (o.decode)
-      hf::decode_lines(tok, std::cin, std::cout, o.no_special);
+      hf::decode_lines(tok, std::cin, std::cout, /*skip_special_tokens=*/!o.special_tokens);
     else
       hf::encode_lines(tok, std::cin, std::cout,
-                       {.add_special_tokens = !o.no_special, .threads = o.threads});
+                       {.add_special_tokens = o.special_tokens, .threads = o.threads});
     exit_code = 0;
   });
 }

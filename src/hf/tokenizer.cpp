@@ -1,10 +1,12 @@
+// hf::Tokenizer: encoding (added tokens, the normaliser, then the pre-tokeniser and BPE of
+// pre_tokenizer.cpp and bpe.cpp), the template, and the public queries; decoder.cpp decodes and
+// tokenizer_json.cpp reads the file.
 #include "trainyard/hf/tokenizer.h"
 
 #include <algorithm>
+#include <variant>
 #include <atomic>
 #include <cstddef>
-#include <cstring>
-#include <functional>
 #include <thread>
 
 #include "hf/tokenizer_impl.h"
@@ -17,19 +19,10 @@
 // other bytes. A training corpus can still hold some, and dropping a document for one stray byte
 // is worse than keeping it, so encode() takes any bytes: a byte that starts no well-formed
 // sequence counts as one character of its own in the class "neither letter, number nor space",
-// passes through normalisation untouched, and is encoded by its byte-level token like any other
-// byte. decode_bytes() gives the bytes back; decode() replaces them with U+FFFD as HF would.
-
-// Note [GPT-2 split pattern]
-// The ByteLevel pre-tokeniser splits text with
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// compiled by Oniguruma, which tries the alternatives in order at each position, leftmost first.
-// split_gpt2() is that regex as a scanner: the classes L, N, space and other partition the
-// characters, so at any position exactly one of the letter / number / other alternatives can
-// match, optionally led by one U+0020. A run of white space followed by more text leaves its last
-// character to the text ("\s+(?!\S)" backtracks one character), so " world" keeps its space;
-// a single white-space character before text that is not U+0020 ("\n" before "a") stands alone
-// ("\s+"). Every character matches some alternative, so the pieces cover the text.
+// passes through normalisation untouched (a Split pattern reads it as U+FFFD, a symbol), and is
+// encoded by its byte-level token like any other byte, or, in SentencePiece-style BPE, by its
+// byte_fallback token ("<0xFF>") or the unknown token. decode_bytes() gives the bytes back;
+// decode() replaces them with U+FFFD as HF would.
 
 namespace trainyard::hf {
 namespace internal {
@@ -96,144 +89,11 @@ std::string from_byte_level(std::string_view token) {
 
 using namespace internal;  // NOLINT(google-build-using-namespace): this class's own parts
 
-// Note [Word cache]
-// Most words recur, so each thread remembers the ids of the words it has encoded: a table of
-// 64-byte slots with open addressing, each holding a word of up to 22 bytes and up to 8 ids
-// inline, so a hit reads one cache line. Longer words are encoded every time; they are rare. A
-// table 70 % full doubles, from 64 KiB (short texts stay cheap) to 4 MiB; a full 4 MiB table is
-// emptied and refills with the words that recur. The table lives in the
-// thread's Scratch: threads never share it or lock, and it is tagged with the tokenizer's serial
-// number, so a tokenizer never sees another's words (a thread that alternates between two
-// tokenizers empties it at every switch: correct, only slower).
-
-void WordCache::claim(std::uint64_t owner) {
-  if (owner_ == owner && !slots_.empty()) return;
-  slots_.assign(kMinSlots, Slot{});
-  used_ = 0;
-  owner_ = owner;
-}
-
-void WordCache::clear() {
-  std::memset(static_cast<void*>(slots_.data()), 0, slots_.size() * sizeof(Slot));
-  used_ = 0;
-}
-
-void WordCache::grow() {
-  std::vector<Slot> old(slots_.size() * 2);
-  std::swap(old, slots_);
-  const std::size_t mask = slots_.size() - 1;
-  for (const Slot& slot : old) {
-    if (slot.word_length == 0) continue;
-    std::size_t i = slot.hash & mask;
-    while (slots_[i].word_length != 0) i = (i + 1) & mask;
-    slots_[i] = slot;
-  }
-}
-
-bool WordCache::find(std::string_view word,
-                     std::uint64_t hash,
-                     std::vector<std::int32_t>& out) const {
-  if (word.size() > kMaxWordBytes || slots_.empty()) return false;
-  const std::size_t mask = slots_.size() - 1;
-  for (std::size_t i = hash & mask;; i = (i + 1) & mask) {
-    const Slot& slot = slots_[i];
-    if (slot.word_length == 0) return false;
-    if (slot.hash == hash && slot.word_length == word.size() &&
-        std::memcmp(slot.word, word.data(), word.size()) == 0) {
-      out.insert(out.end(), slot.ids, slot.ids + slot.id_count);
-      return true;
-    }
-  }
-}
-
-void WordCache::insert(std::string_view word,
-                       std::uint64_t hash,
-                       std::span<const std::int32_t> ids) {
-  if (word.size() > kMaxWordBytes || ids.size() > kMaxIds || slots_.empty()) return;
-  if (used_ >= slots_.size() / 10 * 7) {  // 70 % full
-    if (slots_.size() < kMaxSlots)
-      grow();
-    else
-      clear();
-  }
-  const std::size_t mask = slots_.size() - 1;
-  std::size_t i = hash & mask;
-  while (slots_[i].word_length != 0) i = (i + 1) & mask;
-  Slot& slot = slots_[i];
-  slot.hash = hash;
-  slot.word_length = static_cast<std::uint8_t>(word.size());
-  slot.id_count = static_cast<std::uint8_t>(ids.size());
-  std::memcpy(slot.word, word.data(), word.size());
-  std::copy(ids.begin(), ids.end(), slot.ids);
-  ++used_;
-}
-
 namespace {
 std::atomic<std::uint64_t> next_serial{1};
 }  // namespace
 
 Tokenizer::Impl::Impl() : serial(next_serial++) {}
-
-namespace {
-
-// Calls emit(piece) for each match of GPT-2's pattern in s, in order: Note [GPT-2 split pattern].
-template <typename Emit>
-void split_gpt2(std::string_view s, Emit&& emit) {
-  using text::CharClass;
-  const std::size_t n = s.size();
-  auto run_end = [&](std::size_t j, CharClass cls) {
-    while (j < n) {
-      const text::Char c = text::char_at(s, j);
-      if (c.cls != cls) break;
-      j += c.length;
-    }
-    return j;
-  };
-  std::size_t i = 0;
-  while (i < n) {
-    if (s[i] == '\'' && i + 1 < n) {  // 's 't 'm 'd 're 've 'll, lower case only
-      const char a = s[i + 1];
-      std::size_t length = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd')
-        length = 2;
-      else if (i + 2 < n && ((a == 'r' && s[i + 2] == 'e') || (a == 'v' && s[i + 2] == 'e') ||
-                             (a == 'l' && s[i + 2] == 'l')))
-        length = 3;
-      if (length > 0) {
-        emit(s.substr(i, length));
-        i += length;
-        continue;
-      }
-    }
-    CharClass cls = text::char_at(s, i).cls;
-    std::size_t body = i;
-    if (s[i] == ' ' && i + 1 < n) {
-      const CharClass next = text::char_at(s, i + 1).cls;
-      if (next != CharClass::kSpace) {
-        cls = next;
-        body = i + 1;
-      }
-    }
-    std::size_t end = 0;
-    if (cls != CharClass::kSpace) {
-      end = run_end(body, cls);
-    } else {
-      std::size_t last = i;  // where the run's last character starts
-      end = i;
-      while (end < n) {
-        const text::Char c = text::char_at(s, end);
-        if (c.cls != CharClass::kSpace) break;
-        last = end;
-        end += c.length;
-      }
-      if (end < n && last > i) end = last;
-    }
-    emit(s.substr(i, end - i));
-    i = end;
-  }
-}
-
-}  // namespace
 
 template <typename OnText>
 void Tokenizer::Impl::split_added(std::string_view s,
@@ -274,12 +134,38 @@ void Tokenizer::Impl::split_added(std::string_view s,
   if (handed_on < s.size()) on_text(s.substr(handed_on));
 }
 
+namespace {
+
+template <class... F>
+struct NormalizerOverloaded : F... {
+  using F::operator()...;
+};
+
+// Appends s after one normaliser step to out; false (appending nothing) when it changes nothing.
+bool normalize_step(const NormalizerStep& step, std::string_view s, std::string& out) {
+  return std::visit(
+      NormalizerOverloaded{[&](text::NormalForm form) { return text::normalize(form, s, out); },
+                           [&](const PrependNormalizer& p) {
+                             if (s.empty()) return false;  // HF prepends to non-empty text only
+                             out.append(p.prefix);
+                             out.append(s);
+                             return true;
+                           },
+                           [&](const ReplaceNormalizer& r) {
+                             return replace_all(s, r.literal, r.regex ? &*r.regex : nullptr,
+                                                r.content, out);
+                           }},
+      step);
+}
+
+}  // namespace
+
 bool Tokenizer::Impl::normalize_into(std::string_view s, Scratch& scratch) const {
   bool changed = false;
-  for (text::NormalForm form : normal_forms) {
+  for (const NormalizerStep& step : normalizers) {
     scratch.normalized_step.clear();
-    if (!text::normalize(form, changed ? std::string_view(scratch.normalized) : s,
-                         scratch.normalized_step))
+    if (!normalize_step(step, changed ? std::string_view(scratch.normalized) : s,
+                        scratch.normalized_step))
       continue;
     std::swap(scratch.normalized, scratch.normalized_step);
     changed = true;
@@ -292,116 +178,15 @@ void Tokenizer::Impl::encode_text(std::string_view s,
                                   Scratch& scratch) const {
   // HF's order: added tokens that match the raw text, then the normaliser on what is left, then
   // added tokens that match normalised text, then the pre-tokeniser and the model on the rest.
+  // A piece begins the text when it starts where the text does (offset 0 in HF's terms).
   split_added(s, raw_trie, ids, [&](std::string_view piece) {
+    const bool piece_at_start = piece.data() == s.data();
     const std::string_view normalized =
         normalize_into(piece, scratch) ? std::string_view(scratch.normalized) : piece;
-    split_added(normalized, normalized_trie, ids,
-                [&](std::string_view rest) { encode_piece(rest, ids, scratch); });
+    split_added(normalized, normalized_trie, ids, [&](std::string_view rest) {
+      pre_tokenize(0, rest, piece_at_start && rest.data() == normalized.data(), ids, scratch);
+    });
   });
-}
-
-void Tokenizer::Impl::encode_piece(std::string_view piece,
-                                   std::vector<std::int32_t>& ids,
-                                   Scratch& scratch) const {
-  if (add_prefix_space && piece.front() != ' ') {  // each piece between added tokens gets one
-    scratch.prefixed.assign(" ");
-    scratch.prefixed.append(piece);
-    piece = scratch.prefixed;
-  }
-  if (!use_regex) {
-    encode_word(piece, ids, scratch);
-    return;
-  }
-  split_gpt2(piece, [&](std::string_view word) { encode_word(word, ids, scratch); });
-}
-
-void Tokenizer::Impl::encode_word(std::string_view word,
-                                  std::vector<std::int32_t>& ids,
-                                  Scratch& scratch) const {
-  const std::uint64_t hash = std::hash<std::string_view>{}(word);
-  if (scratch.cache.find(word, hash, ids)) return;
-  scratch.word_ids.clear();
-  bpe(word, scratch.word_ids, scratch);
-  scratch.cache.insert(word, hash, scratch.word_ids);
-  ids.insert(ids.end(), scratch.word_ids.begin(), scratch.word_ids.end());
-}
-
-// HF's BPE::merge_word and Word::merge_all: the pair of lowest rank is merged first, the leftmost
-// of equal ranks first, until no adjacent pair has a merge.
-void Tokenizer::Impl::bpe(std::string_view word,
-                          std::vector<std::int32_t>& ids,
-                          Scratch& scratch) const {
-  if (ignore_merges) {
-    const auto it = vocab.find(to_byte_level(word));
-    if (it != vocab.end()) {
-      ids.push_back(it->second);
-      return;
-    }
-  }
-  auto& symbols = scratch.symbols;
-  symbols.clear();
-  bool pending_unk = false;  // an unknown character waits to be fused with the next one
-  std::uint32_t unk_length = 0;
-  auto add = [&](std::int32_t id, std::uint32_t length) {
-    const auto index = static_cast<std::int32_t>(symbols.size());
-    symbols.push_back({id, index - 1, -1, length});
-    if (index > 0) symbols[index - 1].next = index;
-  };
-  for (char c : word) {
-    const std::int32_t id = byte_ids[static_cast<unsigned char>(c)];
-    if (id >= 0) {
-      if (pending_unk) add(*unk_id, unk_length);
-      pending_unk = false;
-      add(id, 1);
-    } else if (unk_id) {  // without an unknown token HF drops the character
-      if (pending_unk && !fuse_unk) add(*unk_id, unk_length);
-      unk_length = pending_unk && fuse_unk ? unk_length + 1 : 1;
-      pending_unk = true;
-    }
-  }
-  if (pending_unk) add(*unk_id, unk_length);
-
-  auto& queue = scratch.queue;
-  queue.clear();
-  auto push = [&](std::int32_t pos) {
-    const auto it = merges.find(pair_key(symbols[pos].id, symbols[symbols[pos].next].id));
-    if (it == merges.end()) return;
-    queue.push_back({it->second.rank, pos, it->second.id});
-    std::push_heap(queue.begin(), queue.end(), std::greater<>());
-  };
-  for (std::size_t i = 0; i + 1 < symbols.size(); ++i) push(static_cast<std::int32_t>(i));
-  while (!queue.empty()) {
-    std::pop_heap(queue.begin(), queue.end(), std::greater<>());
-    const Scratch::Candidate top = queue.back();
-    queue.pop_back();
-    auto& left = symbols[top.pos];
-    if (left.length == 0 || left.next < 0) continue;
-    auto& right = symbols[left.next];
-    const auto it = merges.find(pair_key(left.id, right.id));
-    if (it == merges.end() || it->second.id != top.id) continue;  // a stale entry
-    left.id = top.id;
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (left.next >= 0) symbols[left.next].prev = top.pos;
-    if (left.prev >= 0) push(left.prev);
-    if (left.next >= 0) push(top.pos);
-  }
-  for (const auto& symbol : symbols)
-    if (symbol.length > 0) ids.push_back(symbol.id);
-}
-
-std::string Tokenizer::Impl::decode(std::span<const std::int32_t> ids, bool skip_special) const {
-  std::string out;
-  bool first = true;
-  for (std::int32_t id : ids) {
-    if (id < 0 || static_cast<std::size_t>(id) >= token_known.size() || !token_known[id]) continue;
-    if (skip_special && token_special[id]) continue;
-    if (!byte_level_decoder && !first) out.push_back(' ');
-    out.append(token_bytes[id]);
-    first = false;
-  }
-  return out;
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -482,16 +267,12 @@ std::vector<std::vector<std::int32_t>> Tokenizer::encode_batch(std::span<const s
 
 std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_special_tokens) const {
   if (impl_->byte_level) return decode_bytes(ids, skip_special_tokens);
-  const std::string bytes = impl_->decode(ids, skip_special_tokens);
-  std::string out;
-  out.reserve(bytes.size());
-  text::append_lossy(out, bytes);
-  return out;
+  return impl_->decode(ids, skip_special_tokens, /*lossy=*/true);
 }
 
 std::string Tokenizer::decode_bytes(std::span<const std::int32_t> ids,
                                     bool skip_special_tokens) const {
-  if (!impl_->byte_level) return impl_->decode(ids, skip_special_tokens);
+  if (!impl_->byte_level) return impl_->decode(ids, skip_special_tokens, /*lossy=*/false);
   std::string out;
   out.reserve(ids.size());
   for (std::int32_t id : ids)
@@ -527,11 +308,23 @@ std::optional<std::string> Tokenizer::id_to_token(std::int32_t id) const {
   return impl_->token_text[id];
 }
 
+std::optional<std::int32_t> Tokenizer::first_known(
+    std::initializer_list<std::string_view> tokens) const {
+  for (std::string_view token : tokens)
+    if (auto id = token_to_id(token)) return id;
+  return std::nullopt;
+}
+
+std::optional<std::int32_t> Tokenizer::bos_id() const {
+  if (impl_->template_bos) return impl_->template_bos;
+  return first_known({"<s>", "<|begin_of_text|>"});
+}
 std::optional<std::int32_t> Tokenizer::eos_id() const {
-  return token_to_id("<|endoftext|>");
+  if (impl_->template_eos) return impl_->template_eos;
+  return first_known({"<|endoftext|>", "<|end_of_text|>", "</s>"});
 }
 std::optional<std::int32_t> Tokenizer::pad_id() const {
-  return token_to_id("<|padding|>");
+  return first_known({"<|padding|>", "<pad>", "<|finetune_right_pad_id|>"});
 }
 bool Tokenizer::is_byte_level() const {
   return impl_->byte_level;

@@ -10,8 +10,11 @@
 #include <string_view>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
+#include "hf/tokenizer_regex.h"
+#include "hf/tokenizer_steps.h"
 #include "hf/unicode_text.h"
 #include "trainyard/hf/tokenizer.h"
 
@@ -105,7 +108,7 @@ struct TemplatePiece {
   std::vector<std::int32_t> ids;
 };
 
-// A word's ids, remembered per thread: Note [Word cache] in src/hf/tokenizer.cpp.
+// A word's ids, remembered per thread: Note [Word cache] in src/hf/bpe.cpp.
 class WordCache {
  public:
   static constexpr std::size_t kMaxWordBytes = 22;
@@ -139,7 +142,6 @@ class WordCache {
 struct Scratch {
   std::string normalized;
   std::string normalized_step;
-  std::string prefixed;
   struct Symbol {
     std::int32_t id;
     std::int32_t prev;
@@ -158,6 +160,14 @@ struct Scratch {
   std::vector<Candidate> queue;  // a min-heap: lowest rank, then leftmost, first
   std::vector<std::int32_t> word_ids;
   std::vector<std::int32_t> text_ids;
+  // Per pre-tokeniser step: the text it rewrote, the pattern's matches and the pieces it made.
+  struct Step {
+    std::string text;
+    std::vector<Match> matches;
+    std::vector<Match> pieces;
+  };
+  std::vector<Step> steps;
+  std::string word_text;  // a word in byte-level form, for byte_fallback
   WordCache cache;
 };
 
@@ -176,19 +186,21 @@ struct Tokenizer::Impl {
   std::string source;
   bool byte_level = false;
 
-  // model: BPE over the bytes of each word (each byte is one character of the byte-level form)
-  StringMap<std::int32_t> vocab;  // as the file writes it: "Ġthe"
+  // model: BPE over the characters of each word: its bytes' characters when the pre-tokeniser
+  // ends in ByteLevel (byte_level_words), else the word's own characters (SentencePiece's BPE).
+  StringMap<std::int32_t> vocab;  // as the file writes it: "Ġthe", "▁the"
   std::unordered_map<std::uint64_t, internal::Merge>
       merges;                                // (left id, right id) -> rank, merged id
   std::array<std::int32_t, 256> byte_ids{};  // -1: the byte's character is not in the vocabulary
+  std::array<std::int32_t, 256> fallback_ids{};  // byte_fallback's "<0x0A>" ids; -1: none
   std::optional<std::int32_t> unk_id;
   bool fuse_unk = false;
   bool ignore_merges = false;
+  bool byte_fallback = false;
+  bool byte_level_words = false;  // the last pre-tokeniser step is ByteLevel
 
-  std::vector<text::NormalForm> normal_forms;  // applied in order
-
-  bool add_prefix_space = false;
-  bool use_regex = true;
+  std::vector<internal::NormalizerStep> normalizers;  // applied in order
+  std::vector<internal::PreTokenizerStep> pre_tokenizers;
 
   std::vector<AddedToken> added;
   AddedTokenTrie raw_trie;         // tokens matched before normalisation (normalized: false)
@@ -196,10 +208,15 @@ struct Tokenizer::Impl {
   StringMap<std::int32_t> added_ids;
 
   std::vector<internal::TemplatePiece> single_template;  // empty: encode() adds nothing
+  std::optional<std::int32_t> template_bos;  // the one special token the template puts first
+  std::optional<std::int32_t> template_eos;  // the one special token the template puts last
 
-  bool byte_level_decoder = true;        // false: no decoder, tokens are joined with spaces (HF)
+  // decoder: none (HF joins the tokens with spaces), ByteLevel alone (token_bytes), or a chain
+  std::vector<internal::DecoderStep> decoders;
+  bool has_decoder = false;
+  bool byte_level_decoder = false;       // decoders is [ByteLevel]: decode through token_bytes
   std::vector<std::string> token_text;   // by id, as written; empty for ids nothing names
-  std::vector<std::string> token_bytes;  // by id, what decode() emits for it
+  std::vector<std::string> token_bytes;  // by id, what the ByteLevel decoder emits for it
   std::vector<std::uint8_t> token_special;
   std::vector<std::uint8_t> token_known;
 
@@ -209,11 +226,22 @@ struct Tokenizer::Impl {
                    const AddedTokenTrie& trie,
                    std::vector<std::int32_t>& ids,
                    OnText&& on_text) const;
-  void encode_piece(std::string_view piece, std::vector<std::int32_t>& ids, Scratch& s) const;
+  // Runs pre-tokeniser steps [step, end) on a piece, then the model on each word. at_start: the
+  // piece begins the text (Metaspace's prepend_scheme "first").
+  void pre_tokenize(std::size_t step,
+                    std::string_view piece,
+                    bool at_start,
+                    std::vector<std::int32_t>& ids,
+                    Scratch& scratch) const;
   void encode_word(std::string_view word, std::vector<std::int32_t>& ids, Scratch& s) const;
   void bpe(std::string_view word, std::vector<std::int32_t>& ids, Scratch& scratch) const;
+  // The word's first symbols: one id per byte of the byte-level form.
+  void byte_symbols(std::string_view word, Scratch& scratch) const;
+  // The word's first symbols: one id per character, byte_fallback's or unk for unknown ones.
+  void char_symbols(std::string_view word, Scratch& scratch) const;
   bool normalize_into(std::string_view s, Scratch& scratch) const;
-  std::string decode(std::span<const std::int32_t> ids, bool skip_special) const;
+  // lossy: HF's decode (bytes that are not UTF-8 become U+FFFD); else the bytes themselves.
+  std::string decode(std::span<const std::int32_t> ids, bool skip_special, bool lossy) const;
 };
 
 }  // namespace trainyard::hf

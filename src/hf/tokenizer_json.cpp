@@ -42,9 +42,9 @@ std::string type_of(const json& component, const std::string& what, const std::s
   throw InvalidArgumentError(trainyard::detail::concat(
       what, ": field \"", field, "\" is ", value, ", which trainyard does not implement (",
       supported,
-      "). trainyard reads byte-level BPE tokenizers as GPT-2, GPT-NeoX, Pythia and Dolly ship "
-      "them. HINT: use a model with such a tokenizer, or remove the directory's tokenizer.json to "
-      "fall back to byte-level ids."));
+      "). trainyard reads BPE tokenizers as GPT-2, GPT-NeoX/Pythia, Llama 2 and 3, Mistral and "
+      "Qwen2 ship them. HINT: use a model with such a tokenizer, or remove the directory's "
+      "tokenizer.json to fall back to byte-level ids."));
 }
 
 bool flag(const json& object, const char* name, bool fallback) {
@@ -52,27 +52,50 @@ bool flag(const json& object, const char* name, bool fallback) {
   return it == object.end() || it->is_null() ? fallback : it->get<bool>();
 }
 
+// A {"String": text} or {"Regex": pattern} field: literal text, or a compiled pattern.
+struct PatternField {
+  std::string literal;
+  std::optional<Regex> regex;
+};
+
+PatternField load_pattern(const json& p, const std::string& what, const std::string& field) {
+  if (p.is_object() && p.contains("String")) return {p["String"].get<std::string>(), std::nullopt};
+  if (p.is_object() && p.contains("Regex"))
+    return {"", Regex(p["Regex"].get<std::string>(), false,
+                      trainyard::detail::concat(what, ": field \"", field, "\""))};
+  throw CorruptDataError(trainyard::detail::concat(
+      what, ": field \"", field, "\" should be {\"String\": ...} or {\"Regex\": ...}, not ",
+      shown(p).substr(0, 200)));
+}
+
 void load_normalizer(const json& n,
                      const std::string& what,
                      const std::string& field,
-                     std::vector<text::NormalForm>& forms) {
+                     std::vector<NormalizerStep>& steps) {
   const std::string type = type_of(n, what, field);
   if (type.empty()) return;
-  if (type == "NFC")
-    forms.push_back(text::NormalForm::kNfc);
-  else if (type == "NFD")
-    forms.push_back(text::NormalForm::kNfd);
-  else if (type == "NFKC")
-    forms.push_back(text::NormalForm::kNfkc);
-  else if (type == "NFKD")
-    forms.push_back(text::NormalForm::kNfkd);
-  else if (type == "Sequence") {
+  if (type == "NFC") {
+    steps.emplace_back(text::NormalForm::kNfc);
+  } else if (type == "NFD") {
+    steps.emplace_back(text::NormalForm::kNfd);
+  } else if (type == "NFKC") {
+    steps.emplace_back(text::NormalForm::kNfkc);
+  } else if (type == "NFKD") {
+    steps.emplace_back(text::NormalForm::kNfkd);
+  } else if (type == "Prepend") {  // Llama 2: "▁" before the text
+    steps.emplace_back(PrependNormalizer{n.at("prepend").get<std::string>()});
+  } else if (type == "Replace") {  // Llama 2: " " -> "▁"
+    PatternField pattern = load_pattern(n.at("pattern"), what, field + ".pattern");
+    steps.emplace_back(ReplaceNormalizer{std::move(pattern.literal), std::move(pattern.regex),
+                                         n.at("content").get<std::string>()});
+  } else if (type == "Sequence") {
     const json& list = n.at("normalizers");
     for (std::size_t i = 0; i < list.size(); ++i)
       load_normalizer(list[i], what, trainyard::detail::concat(field, ".normalizers[", i, "]"),
-                      forms);
+                      steps);
   } else {
-    unsupported(what, field + ".type", shown(n["type"]), "normalizers: NFC, NFD, NFKC, NFKD");
+    unsupported(what, field + ".type", shown(n["type"]),
+                "normalizers: NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence");
   }
 }
 
@@ -120,21 +143,125 @@ void load_post_processor(const json& p,
           "]\" is neither a Sequence nor a SpecialToken: ", shown(piece)));
     }
   }
+  // One special token before the text is its BOS ("<s>", "<|begin_of_text|>"); one after, EOS.
+  const auto& t = impl.single_template;
+  if (t.size() >= 2 && !t.front().is_sequence && t.front().ids.size() == 1 && t[1].is_sequence)
+    impl.template_bos = t.front().ids[0];
+  if (t.size() >= 2 && !t.back().is_sequence && t.back().ids.size() == 1 &&
+      t[t.size() - 2].is_sequence)
+    impl.template_eos = t.back().ids[0];
 }
 
-void load_pre_tokenizer(const json& p, const std::string& what, Tokenizer::Impl& impl) {
-  const std::string field = "pre_tokenizer";
-  std::string type = type_of(p, what, field);
-  const json* byte_level = &p;
-  if (type == "Sequence" && p.at("pretokenizers").size() == 1) {  // a one-step sequence
-    byte_level = &p["pretokenizers"][0];
-    type = type_of(*byte_level, what, field + ".pretokenizers[0]");
+PrependScheme load_prepend_scheme(const json& m,
+                                  const std::string& what,
+                                  const std::string& field) {
+  if (m.contains("prepend_scheme") && !m["prepend_scheme"].is_null()) {
+    const std::string scheme = m["prepend_scheme"].get<std::string>();
+    if (scheme == "first") return PrependScheme::kFirst;
+    if (scheme == "always") return PrependScheme::kAlways;
+    if (scheme == "never") return PrependScheme::kNever;
+    unsupported(what, field + ".prepend_scheme", shown(m["prepend_scheme"]),
+                "\"first\", \"always\", \"never\"");
   }
-  if (type != "ByteLevel")
-    unsupported(what, field, type.empty() ? "null" : shown(p).substr(0, 200),
-                "the pre-tokenizer must be ByteLevel, with GPT-2's split pattern");
-  impl.add_prefix_space = flag(*byte_level, "add_prefix_space", true);  // HF's defaults
-  impl.use_regex = flag(*byte_level, "use_regex", true);
+  // Files older than prepend_scheme say add_prefix_space.
+  return flag(m, "add_prefix_space", true) ? PrependScheme::kAlways : PrependScheme::kNever;
+}
+
+std::string load_replacement(const json& m, const std::string& what, const std::string& field) {
+  const std::string replacement = m.value("replacement", std::string("\u2581"));
+  TY_CHECK_T(CorruptDataError,
+             !replacement.empty() &&
+                 text::sequence_length(replacement, 0) == static_cast<int>(replacement.size()),
+             what, ": field \"", field, ".replacement\" is ", shown(replacement),
+             "; it should be one character.");
+  return replacement;
+}
+
+SplitBehavior load_split_behavior(const json& b,
+                                  const std::string& what,
+                                  const std::string& field) {
+  const std::string name = b.get<std::string>();
+  if (name == "Removed") return SplitBehavior::kRemoved;
+  if (name == "Isolated") return SplitBehavior::kIsolated;
+  if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (name == "Contiguous") return SplitBehavior::kContiguous;
+  unsupported(what, field, shown(b),
+              "Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
+}
+
+// See Note [Pre-tokeniser steps] in src/hf/pre_tokenizer.cpp.
+void load_pre_tokenizer(const json& p,
+                        const std::string& what,
+                        const std::string& field,
+                        std::vector<PreTokenizerStep>& steps) {
+  const std::string type = type_of(p, what, field);
+  if (type.empty()) return;
+  if (type == "Sequence") {
+    const json& list = p.at("pretokenizers");
+    for (std::size_t i = 0; i < list.size(); ++i)
+      load_pre_tokenizer(list[i], what, trainyard::detail::concat(field, ".pretokenizers[", i, "]"),
+                         steps);
+  } else if (type == "ByteLevel") {
+    steps.emplace_back(ByteLevelPreTokenizer{.add_prefix_space = flag(p, "add_prefix_space", true),
+                                             .use_regex = flag(p, "use_regex", true)});
+  } else if (type == "Split") {
+    PatternField pattern = load_pattern(p.at("pattern"), what, field + ".pattern");
+    steps.emplace_back(SplitPreTokenizer{
+        .pattern = pattern.regex ? std::move(*pattern.regex)
+                                 : Regex(pattern.literal, /*literal=*/true, what),
+        .behavior = load_split_behavior(p.at("behavior"), what, field + ".behavior"),
+        .invert = flag(p, "invert", false)});
+  } else if (type == "Metaspace") {
+    steps.emplace_back(MetaspacePreTokenizer{.replacement = load_replacement(p, what, field),
+                                             .prepend_scheme = load_prepend_scheme(p, what, field),
+                                             .split = flag(p, "split", true)});
+  } else {
+    unsupported(what, field + ".type", shown(p["type"]),
+                "pre-tokenizers: ByteLevel, Split, Metaspace, Sequence");
+  }
+}
+
+// See Note [Decoder chain] in src/hf/decoder.cpp.
+void load_decoder(const json& d,
+                  const std::string& what,
+                  const std::string& field,
+                  std::vector<DecoderStep>& steps) {
+  const std::string type = type_of(d, what, field);
+  if (type.empty()) return;
+  if (type == "Sequence") {
+    const json& list = d.at("decoders");
+    for (std::size_t i = 0; i < list.size(); ++i)
+      load_decoder(list[i], what, trainyard::detail::concat(field, ".decoders[", i, "]"), steps);
+  } else if (type == "ByteLevel") {
+    steps.emplace_back(ByteLevelDecoder{});
+  } else if (type == "Replace") {
+    PatternField pattern = load_pattern(d.at("pattern"), what, field + ".pattern");
+    steps.emplace_back(ReplaceDecoder{std::move(pattern.literal), std::move(pattern.regex),
+                                      d.at("content").get<std::string>()});
+  } else if (type == "ByteFallback") {
+    steps.emplace_back(ByteFallbackDecoder{});
+  } else if (type == "Fuse") {
+    steps.emplace_back(FuseDecoder{});
+  } else if (type == "Strip") {
+    const std::string content = d.at("content").get<std::string>();
+    TY_CHECK_T(
+        CorruptDataError,
+        !content.empty() && text::sequence_length(content, 0) == static_cast<int>(content.size()),
+        what, ": field \"", field, ".content\" is ", shown(content),
+        "; it should be one character.");
+    steps.emplace_back(StripDecoder{.content = content,
+                                    .start = d.at("start").get<std::size_t>(),
+                                    .stop = d.at("stop").get<std::size_t>()});
+  } else if (type == "Metaspace") {
+    steps.emplace_back(
+        MetaspaceDecoder{.replacement = load_replacement(d, what, field),
+                         .drop_first_token_replacements =
+                             load_prepend_scheme(d, what, field) != PrependScheme::kNever});
+  } else {
+    unsupported(what, field + ".type", shown(d["type"]),
+                "decoders: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence");
+  }
 }
 
 void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
@@ -145,8 +272,7 @@ void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
   for (const char* name : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(name) && !m[name].is_null() && !m[name].get<std::string>().empty())
       unsupported(what, trainyard::detail::concat("model.", name), shown(m[name]), "null");
-  if (flag(m, "byte_fallback", false))
-    unsupported(what, "model.byte_fallback", "true", "byte_fallback: false");
+  impl.byte_fallback = flag(m, "byte_fallback", false);
   impl.fuse_unk = flag(m, "fuse_unk", false);
   impl.ignore_merges = flag(m, "ignore_merges", false);
 
@@ -200,6 +326,8 @@ void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
   for (int b = 0; b < 256; ++b) {
     const auto it = impl.vocab.find(to_byte_level(std::string(1, static_cast<char>(b))));
     impl.byte_ids[b] = it == impl.vocab.end() ? -1 : it->second;
+    const auto fallback = impl.vocab.find(byte_fallback_token(static_cast<unsigned char>(b)));
+    impl.fallback_ids[b] = fallback == impl.vocab.end() ? -1 : fallback->second;
   }
 }
 
@@ -327,14 +455,23 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& wh
                     "null: trainyard encodes whole texts and batches them itself");
     load_model(root["model"], what, *impl);
     if (root.contains("normalizer"))
-      load_normalizer(root["normalizer"], what, "normalizer", impl->normal_forms);
-    load_pre_tokenizer(root.value("pre_tokenizer", json()), what, *impl);
+      load_normalizer(root["normalizer"], what, "normalizer", impl->normalizers);
+    load_pre_tokenizer(root.value("pre_tokenizer", json()), what, "pre_tokenizer",
+                       impl->pre_tokenizers);
+    for (std::size_t i = 0; i + 1 < impl->pre_tokenizers.size(); ++i)
+      if (std::holds_alternative<ByteLevelPreTokenizer>(impl->pre_tokenizers[i]))
+        unsupported(what, "pre_tokenizer", "a Sequence with ByteLevel before its last step",
+                    "ByteLevel as the last pre-tokenizer, as GPT-2 and Llama 3 place it");
+    impl->byte_level_words =
+        !impl->pre_tokenizers.empty() &&
+        std::holds_alternative<ByteLevelPreTokenizer>(impl->pre_tokenizers.back());
     if (root.contains("post_processor"))
       load_post_processor(root["post_processor"], what, "post_processor", *impl);
-    const std::string decoder = type_of(root.value("decoder", json()), what, "decoder");
-    if (!decoder.empty() && decoder != "ByteLevel")
-      unsupported(what, "decoder.type", shown(root["decoder"]["type"]), "decoders: ByteLevel");
-    impl->byte_level_decoder = !decoder.empty();
+    const json decoder = root.value("decoder", json());
+    load_decoder(decoder, what, "decoder", impl->decoders);
+    impl->has_decoder = !decoder.is_null();
+    impl->byte_level_decoder =
+        impl->decoders.size() == 1 && std::holds_alternative<ByteLevelDecoder>(impl->decoders[0]);
     if (root.contains("added_tokens") && !root["added_tokens"].is_null())
       load_added_tokens(root["added_tokens"], what, *impl);
   } catch (const json::exception& e) {  // a field of the wrong type or missing

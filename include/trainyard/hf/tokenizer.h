@@ -1,11 +1,13 @@
-// A Hugging Face `tokenizer.json` tokenizer for byte-level BPE models (GPT-2, GPT-NeoX, Pythia,
-// Dolly): NFC normaliser, added and special tokens, ByteLevel pre-tokeniser with GPT-2's split
-// pattern, merges by rank, TemplateProcessing and the ByteLevel decoder. It produces the ids the
+// A Hugging Face `tokenizer.json` tokenizer for BPE models: byte-level BPE as GPT-2, GPT-NeoX,
+// Pythia, Llama 3 and Qwen2 ship it (ByteLevel and Split pre-tokenisers), and SentencePiece-style
+// BPE as Llama 2, TinyLlama and Mistral ship it ("▁" for spaces, byte_fallback), with added and
+// special tokens, TemplateProcessing and the matching decoders. It produces the ids the
 // `tokenizers` library produces. Tokenizer::byte_level() is the fallback for models without one.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,7 +26,7 @@ class Tokenizer {
  public:
   // Parses a tokenizer.json. Throws InvalidArgumentError naming the file and the field for a
   // model, normaliser, pre-tokeniser, post-processor or decoder it does not implement (WordPiece,
-  // Unigram, a custom split pattern, ...), and CorruptDataError for malformed JSON or vocabularies.
+  // Unigram, Lowercase, ...), and CorruptDataError for malformed JSON or vocabularies.
   static Tokenizer from_file(const std::filesystem::path& path);
   // The same from the file's text; `what` names the source in error messages.
   static Tokenizer from_json(std::string_view json_text, const std::string& what);
@@ -42,7 +44,7 @@ class Tokenizer {
   // Note [Unicode versions] in src/hf/unicode_text.cpp).
   // add_special_tokens applies the post-processor's template (Pythia's adds nothing).
   // Thread-safe: any number of threads may encode at once, each with a word cache of its own
-  // (up to 4 MiB a thread; Note [Word cache] in src/hf/tokenizer.cpp).
+  // (up to 4 MiB a thread; Note [Word cache] in src/hf/bpe.cpp).
   std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
   // encode() on each text, spread over `threads` threads (0: usable_cpu_count(), the CPUs this
   // process may use); the result's i-th entry belongs to texts[i]. Blocks until all are done.
@@ -58,7 +60,8 @@ class Tokenizer {
   std::string decode_bytes(std::span<const std::int32_t> ids,
                            bool skip_special_tokens = false) const;
 
-  // The text after the normaliser (NFC for Pythia); the text itself when there is none.
+  // The text after the normaliser (NFC for Pythia, "▁" for spaces for Llama 2); the text itself
+  // when there is none.
   std::string normalize(std::string_view text) const;
 
   // One past the largest id encode() can return (model vocabulary and added tokens; Pythia 50277).
@@ -66,7 +69,13 @@ class Tokenizer {
   // The id of a vocabulary entry or added token, written as the file writes it ("Ġthe").
   std::optional<std::int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(std::int32_t id) const;
-  // "<|endoftext|>" and "<|padding|>" (GPT-NeoX: 0 and 1) when the vocabulary has them.
+  // The special tokens that begin and end a document. BOS: the one token the post-processor's
+  // template puts before the text (Llama 2's "<s>", Llama 3's "<|begin_of_text|>"), else the
+  // first of those two the vocabulary holds. EOS: the one token the template puts after the text,
+  // else the first of "<|endoftext|>" (GPT-NeoX 0, Qwen2), "<|end_of_text|>" (Llama 3) and "</s>"
+  // (Llama 2, Mistral). PAD: the first of "<|padding|>" (GPT-NeoX 1), "<pad>" and Llama 3.1's
+  // "<|finetune_right_pad_id|>". nullopt when the vocabulary has none of them.
+  std::optional<std::int32_t> bos_id() const;
   std::optional<std::int32_t> eos_id() const;
   std::optional<std::int32_t> pad_id() const;
 
@@ -78,6 +87,7 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::optional<std::int32_t> first_known(std::initializer_list<std::string_view> tokens) const;
   std::unique_ptr<Impl> impl_;
 };
 
