@@ -71,8 +71,8 @@ const std::vector<Preset>& presets() {
                                    .rms_norm_eps = 1e-5,
                                    .rope_theta = 100000,
                                    .tie_word_embeddings = true}},
-      // For tests: 4 query heads sharing 2 key/value heads of 8 dimensions.
-      {"llama-tiny", LlamaConfig{.vocab_size = 128,
+      // For tests: 4 query heads sharing 2 key/value heads of 8 dimensions; bytes as tokens.
+      {"llama-tiny", LlamaConfig{.vocab_size = 256,
                                  .hidden_size = 32,
                                  .intermediate_size = 64,
                                  .num_hidden_layers = 2,
