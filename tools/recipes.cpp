@@ -4,6 +4,7 @@
 
 #include "tools/recipe.h"
 #include "trainyard/data/fashion_mnist.h"
+#include "trainyard/data/instruction_data.h"
 #include "trainyard/models/causal_lm_config.h"
 #include "trainyard/models/image_model.h"
 #include "trainyard/train/causal_lm.h"
@@ -104,8 +105,10 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
  public:
   std::string name() const override { return "causal-lm"; }
   std::string summary() const override {
-    return "Fine-tunes a causal LM (GPT-NeoX) on a text corpus with FSDP (the seed's dolly-v2 job "
-           "on tiny_shakespeare). Run bare it starts --workers local ranks itself; under "
+    return "Fine-tunes a causal LM (GPT-NeoX, Llama, Mistral, Qwen2) with FSDP on a text corpus "
+           "(seed 000's dolly-v2 on tiny_shakespeare) or on instruction records as llama-recipes "
+           "does (seed 002's Llama 2 on samsum). Run bare it starts --workers local ranks itself; "
+           "under "
            "`trainyard "
            "run` it is one rank of that job.";
   }
@@ -116,8 +119,33 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
     c.add_option("--model", options_.model,
                  "A preset (" + presets + ") or a Hugging Face model folder")
         ->capture_default_str();
-    c.add_option("--data", options_.data, "The text corpus (one training line per line)")
+    c.add_option("--data", options_.data,
+                 "The training data: a text corpus (one training line per line), or records "
+                 "(JSON array or JSON lines) for --data-format samsum, alpaca or jsonl")
         ->required();
+    c.add_option_function<std::string>(
+         "--data-format",
+         [this](const std::string& name) { options_.data_format = data::parse_data_format(name); },
+         "text (one line per example, the seed's tiny_shakespeare), samsum (dialogue, summary), "
+         "alpaca (instruction, input, output) or jsonl (--prompt-template, --response-field); "
+         "records are BOS + prompt + response + EOS with the prompt masked out of the loss")
+        ->default_str("text");
+    c.add_option("--prompt-template", options_.prompt_template,
+                 "jsonl: the prompt, with {field} for a record's fields");
+    c.add_option("--response-field", options_.response_field, "jsonl: the response's field");
+    c.add_option_function<std::string>(
+         "--batching",
+         [this](const std::string& name) {
+           options_.batching = name == "padding" ? CausalLmOptions::Batching::kPadding
+                                                 : CausalLmOptions::Batching::kPacking;
+         },
+         "Records: packing (end to end in --seq-len rows) or padding (length-grouped batches)")
+        ->check(CLI::IsMember({"packing", "padding"}))
+        ->default_str("packing");
+    c.add_option("--val-data", options_.val_data,
+                 "Validation data of --data-format's kind: eval loss and perplexity per epoch");
+    c.add_option("--val-fraction", options_.val_fraction,
+                 "Hold out this share of --data for validation instead of --val-data");
     c.add_option("--tokenizer", options_.tokenizer,
                  "tokenizer.json (default: the model folder's; else bytes are the tokens)");
     c.add_option_function<std::string>(
@@ -136,7 +164,16 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
     c.add_option("--max-steps", options_.max_steps,
                  "Stop after this many steps of the run (-1: all epochs)")
         ->capture_default_str();
-    c.add_option("--lr", options_.lr, "AdamW learning rate")->capture_default_str();
+    c.add_option_function<double>(
+        "--lr", [this](double lr) { options_.lr = lr; },
+        "AdamW learning rate (default: 2e-5 for text, llama-recipes' 1e-4 for records)");
+    c.add_option_function<double>(
+        "--gamma", [this](double gamma) { options_.gamma = gamma; },
+        "StepLR: multiply the learning rate by this after every epoch (default: 1 for text, "
+        "llama-recipes' 0.85 for records)");
+    c.add_option("--gradient-accumulation-steps", options_.gradient_accumulation_steps,
+                 "Micro-batches of --batch-size per optimizer step")
+        ->capture_default_str();
     c.add_option("--eps", options_.eps, "AdamW epsilon")->capture_default_str();
     c.add_option("--weight-decay", options_.weight_decay, "AdamW decoupled weight decay")
         ->capture_default_str();

@@ -6,9 +6,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
+#include <random>
 
 #include "train/causal_lm_source.h"
 #include "trainyard/blas_core.h"
@@ -18,6 +22,7 @@
 #include "trainyard/cpu_count.h"
 #include "trainyard/data/batch_loader.h"
 #include "trainyard/data/distributed_sampler.h"
+#include "trainyard/data/instruction_data.h"
 #include "trainyard/data/text_lines.h"
 #include "trainyard/ddp/distributed_data_parallel.h"
 #include "trainyard/error.h"
@@ -39,37 +44,37 @@ namespace {
 nlohmann::ordered_json config_json(const CausalLmOptions& o,
                                    const models::CausalLmConfig& config,
                                    const TextTokenizer& tokenizer,
-                                   const data::PreparedText& text,
+                                   const nlohmann::ordered_json& data_summary,
                                    int world_size,
                                    int threads) {
-  return {{"recipe", "causal-lm"},
-          {"model", o.model},
-          {"model_type", config.model_type()},
-          {"parameters", config.parameter_count()},
-          {"data", o.data},
-          {"lines", text.lines.size()},
-          {"tokens", text.lines.tokens()},
-          {"token_cache", text.cache_path},
-          {"tokenizer", tokenizer.id},
-          {"strategy", to_string(o.strategy)},
-          {"precision", o.precision},
-          {"activation_checkpointing", o.activation_checkpointing},
-          {"world_size", world_size},
-          {"threads_per_rank", threads},
-          {"blas_core", blas_core_name()},
-          {"seq_len", o.seq_len},
-          {"batch_size", o.batch_size},
-          {"epochs", o.epochs},
-          {"max_steps", o.max_steps},
-          {"optimizer", "AdamW (FusedAdamW)"},
-          {"lr", o.lr},
-          {"eps", o.eps},
-          {"weight_decay", o.weight_decay},
-          {"seed", o.seed},
-          {"storage", o.run.storage},
-          {"name", o.run.name},
-          {"checkpoint_every", o.run.checkpoint_every},
-          {"num_to_keep", o.run.num_to_keep}};
+  nlohmann::ordered_json j = {{"recipe", "causal-lm"},
+                              {"model", o.model},
+                              {"model_type", config.model_type()},
+                              {"parameters", config.parameter_count()}};
+  j.update(data_summary);
+  j.update(nlohmann::ordered_json{{"tokenizer", tokenizer.id},
+                                  {"strategy", to_string(o.strategy)},
+                                  {"precision", o.precision},
+                                  {"activation_checkpointing", o.activation_checkpointing},
+                                  {"world_size", world_size},
+                                  {"threads_per_rank", threads},
+                                  {"blas_core", blas_core_name()},
+                                  {"seq_len", o.seq_len},
+                                  {"batch_size", o.batch_size},
+                                  {"epochs", o.epochs},
+                                  {"max_steps", o.max_steps},
+                                  {"optimizer", "AdamW (FusedAdamW)"},
+                                  {"lr", o.effective_lr()},
+                                  {"gamma", o.effective_gamma()},
+                                  {"gradient_accumulation_steps", o.gradient_accumulation_steps},
+                                  {"eps", o.eps},
+                                  {"weight_decay", o.weight_decay},
+                                  {"seed", o.seed},
+                                  {"storage", o.run.storage},
+                                  {"name", o.run.name},
+                                  {"checkpoint_every", o.run.checkpoint_every},
+                                  {"num_to_keep", o.run.num_to_keep}});
+  return j;
 }
 
 double peak_rss_mib() {
@@ -84,11 +89,125 @@ double seconds_since(Clock::time_point start) {
 
 // --- phase 1: the model's shape, the tokenizer and the data ------------------------------------
 
+// Samples a training loop draws: text lines padded to seq_len, packed rows, or records grouped
+// by length into padded batches.
+struct LmDataset {
+  std::int64_t samples = 0;  // lines, rows or records
+  std::int64_t tokens = 0;   // real tokens in all of them
+  // This rank's batches of `epoch` (sample indices each), from its `first_batch`-th on.
+  std::function<std::vector<std::vector<std::int64_t>>(std::int64_t epoch,
+                                                       std::int64_t first_batch)>
+      batches;
+  std::function<data::LmBatch(const std::vector<std::int64_t>&)> batch;  // any thread
+};
+
 struct RunData {
   ModelSource source;
   TextTokenizer tokenizer;
-  data::PreparedText text;
+  LmDataset train, validation;     // validation.samples == 0: none
+  nlohmann::ordered_json summary;  // what config.json records about the data
 };
+
+// Every rank's indices of the epoch from a DistributedSampler (PyTorch's), in batches.
+std::function<std::vector<std::vector<std::int64_t>>(std::int64_t, std::int64_t)> sampled_batches(
+    std::int64_t samples,
+    std::int64_t batch_size,
+    int world,
+    int rank,
+    std::uint64_t seed,
+    bool shuffle) {
+  return [=](std::int64_t epoch, std::int64_t first_batch) {
+    data::DistributedSampler sampler({.dataset_size = samples,
+                                      .num_replicas = world,
+                                      .rank = rank,
+                                      .shuffle = shuffle,
+                                      .seed = seed});
+    sampler.set_epoch(epoch);
+    const auto indices = sampler.indices(first_batch * batch_size * world);
+    std::vector<std::vector<std::int64_t>> out;
+    for (std::size_t i = 0; i < indices.size(); i += static_cast<std::size_t>(batch_size))
+      out.emplace_back(
+          indices.begin() + static_cast<std::ptrdiff_t>(i),
+          indices.begin() + static_cast<std::ptrdiff_t>(std::min(indices.size(), i + batch_size)));
+    return out;
+  };
+}
+
+// Text lines (seed 000): the corpus's lines, or the rows `keep` selects of them.
+LmDataset text_dataset(std::shared_ptr<const data::TokenizedLines> lines,
+                       std::vector<std::int64_t> keep,
+                       const CausalLmOptions& o,
+                       Trainer& trainer,
+                       bool shuffle) {
+  auto rows = std::make_shared<const std::vector<std::int64_t>>(std::move(keep));
+  LmDataset d{.samples = static_cast<std::int64_t>(rows->size())};
+  for (auto r : *rows) d.tokens += lines->lengths[static_cast<std::size_t>(r)];
+  d.batches = sampled_batches(d.samples, o.batch_size, trainer.world_size(), trainer.rank(), o.seed,
+                              shuffle);
+  d.batch = [lines, rows](const std::vector<std::int64_t>& idx) {
+    std::vector<std::int64_t> picked;
+    for (auto i : idx) picked.push_back((*rows)[static_cast<std::size_t>(i)]);
+    return data::causal_lm_batch(*lines, picked);
+  };
+  return d;
+}
+
+// Records (seed 002): packed rows or length-grouped padded batches.
+LmDataset record_dataset(const std::vector<data::PromptResponse>& records,
+                         const TextTokenizer& tokenizer,
+                         const CausalLmOptions& o,
+                         Trainer& trainer,
+                         const std::string& what,
+                         bool shuffle) {
+  const bool packing = o.batching == CausalLmOptions::Batching::kPacking;
+  const data::ExampleTokens tokens{
+      .encode = tokenizer.encode_plain,
+      .bos = tokenizer.bos_id >= 0 ? std::optional<std::int32_t>(tokenizer.bos_id) : std::nullopt,
+      .eos = tokenizer.eos_id >= 0 ? std::optional<std::int32_t>(tokenizer.eos_id) : std::nullopt};
+  auto examples = data::tokenize_examples(records, tokens, o.seq_len, /*truncate=*/!packing);
+  if (trainer.rank() == 0) {
+    // See Note [Prompts longer than seq_len].
+    if (examples.dropped > 0)
+      logger("train")->warn(
+          "{}: dropped {} of {} records whose prompt alone fills --seq-len {} (the first: {}); "
+          "they leave no response token to learn. HINT: raise --seq-len.",
+          what, examples.dropped, records.size(), o.seq_len, examples.first_dropped);
+    if (examples.truncated > 0)
+      logger("train")->warn(
+          "{}: truncated {} of {} records to --seq-len {} (their responses cut "
+          "short).",
+          what, examples.truncated, records.size(), o.seq_len);
+  }
+  if (packing) examples = data::pack(examples, o.seq_len);
+  TY_CHECK(examples.dropped < static_cast<std::int64_t>(records.size()), what, ": all ",
+           records.size(), " records were dropped: their prompt alone fills --seq-len ", o.seq_len,
+           " (the first: ", examples.first_dropped, "). HINT: raise --seq-len.");
+  TY_CHECK(examples.size() > 0, what, " gives no row to train on: its ", examples.tokens(),
+           " tokens fill no row of --seq-len ", o.seq_len,
+           ". HINT: give more records or a shorter --seq-len.");
+  auto shared = std::make_shared<const data::Examples>(std::move(examples));
+  LmDataset d{.samples = shared->size(), .tokens = shared->tokens()};
+  const auto pad = tokenizer.pad_id;
+  d.batch = [shared, pad](const std::vector<std::int64_t>& idx) {
+    return data::example_batch(*shared, idx, pad);
+  };
+  if (packing) {
+    d.batches = sampled_batches(d.samples, o.batch_size, trainer.world_size(), trainer.rank(),
+                                o.seed, shuffle);
+  } else {
+    const int world = trainer.world_size(), rank = trainer.rank();
+    const auto batch_size = o.batch_size;
+    const auto seed = o.seed;
+    d.batches = [shared, world, rank, batch_size, seed](std::int64_t epoch,
+                                                        std::int64_t first_batch) {
+      auto all = data::length_grouped_batches(*shared, batch_size, world, rank, seed, epoch);
+      all.erase(all.begin(), all.begin() + std::min<std::int64_t>(
+                                               first_batch, static_cast<std::int64_t>(all.size())));
+      return all;
+    };
+  }
+  return d;
+}
 
 RunData prepare_data(const CausalLmOptions& o, Trainer& trainer) {
   auto source = resolve_model(o.model);
@@ -100,15 +219,75 @@ RunData prepare_data(const CausalLmOptions& o, Trainer& trainer) {
            " is longer than --model ", o.model, " takes (max_position_embeddings ",
            config.max_position_embeddings(), ").");
   const auto t_prepare = Clock::now();
-  auto text = data::prepare_text(o.data, tokenizer.cache_key, tokenizer.encode, o.seq_len,
-                                 tokenizer.pad_id);
+  RunData out{.source = std::move(source), .tokenizer = std::move(tokenizer)};
+  const auto& tok = out.tokenizer;
+  const auto& model_config = out.source.config;  // `config` was moved from
+  if (!o.records()) {
+    std::string token_cache;
+    auto prepare = [&](const std::string& path) {
+      auto prepared = data::prepare_text(path, tok.cache_key, tok.encode, o.seq_len, tok.pad_id);
+      if (token_cache.empty()) token_cache = prepared.cache_path;
+      return std::make_shared<const data::TokenizedLines>(std::move(prepared.lines));
+    };
+    const auto lines = prepare(o.data);
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(lines->size()));
+    std::iota(rows.begin(), rows.end(), 0);
+    std::vector<std::int64_t> held_out;
+    if (o.val_fraction > 0) {  // the same seeded split on every rank
+      std::mt19937_64 gen(o.seed);
+      std::shuffle(rows.begin(), rows.end(), gen);
+      const auto n = static_cast<std::size_t>(static_cast<double>(rows.size()) * o.val_fraction);
+      TY_CHECK(n >= 1 && n < rows.size(), "--val-fraction ", o.val_fraction, " of ", rows.size(),
+               " lines leaves no line to ", n == 0 ? "validate" : "train", " on.");
+      held_out.assign(rows.end() - static_cast<std::ptrdiff_t>(n), rows.end());
+      rows.resize(rows.size() - n);
+      std::sort(rows.begin(), rows.end());
+    }
+    out.train = text_dataset(lines, std::move(rows), o, trainer, /*shuffle=*/true);
+    if (!held_out.empty())
+      out.validation = text_dataset(lines, std::move(held_out), o, trainer, false);
+    out.summary["token_cache"] = token_cache;
+    if (!o.val_data.empty()) {
+      const auto val = prepare(o.val_data);
+      std::vector<std::int64_t> all(static_cast<std::size_t>(val->size()));
+      std::iota(all.begin(), all.end(), 0);
+      out.validation = text_dataset(val, std::move(all), o, trainer, false);
+    }
+  } else {
+    const data::RecordFormat format{.format = o.data_format,
+                                    .prompt_template = o.prompt_template,
+                                    .response_field = o.response_field};
+    auto records = data::read_records(o.data, format);
+    std::vector<data::PromptResponse> validation;
+    if (!o.val_data.empty()) validation = data::read_records(o.val_data, format);
+    if (o.val_fraction > 0)
+      std::tie(records, validation) =
+          data::split_records(std::move(records), o.val_fraction, o.seed);
+    out.train = record_dataset(records, tok, o, trainer, o.data, /*shuffle=*/true);
+    if (!validation.empty())
+      out.validation = record_dataset(validation, tok, o, trainer,
+                                      o.val_data.empty() ? o.data + " (held out)" : o.val_data,
+                                      /*shuffle=*/false);
+  }
+  out.summary.update(nlohmann::ordered_json{{"data", o.data},
+                                            {"data_format", data::to_string(o.data_format)},
+                                            {"samples", out.train.samples},
+                                            {"tokens", out.train.tokens},
+                                            {"validation_samples", out.validation.samples}});
+  if (o.records())
+    out.summary["batching"] =
+        o.batching == CausalLmOptions::Batching::kPacking ? "packing" : "padding";
   if (trainer.rank() == 0)
-    logger("train")->info("{}: {} training lines, {} tokens ({} {:.2f} s)", o.data,
-                          text.lines.size(), text.lines.tokens(),
-                          text.from_cache ? "read from " : "prepared in", seconds_since(t_prepare));
+    logger("train")->info("{}: {} training {}, {} tokens; {} validation ({:.2f} s)", o.data,
+                          out.train.samples,
+                          !o.records()                                        ? "lines"
+                          : o.batching == CausalLmOptions::Batching::kPacking ? "rows"
+                                                                              : "records",
+                          out.train.tokens, out.validation.samples, seconds_since(t_prepare));
   trainer.write_config(
-      config_json(o, config, tokenizer, text, trainer.world_size(), trainer.threads()).dump());
-  return {std::move(source), std::move(tokenizer), std::move(text)};
+      config_json(o, model_config, tok, out.summary, trainer.world_size(), trainer.threads())
+          .dump());
+  return out;
 }
 
 // --- phase 2: the model, wrapped ---------------------------------------------------------------
@@ -232,87 +411,158 @@ std::unique_ptr<CheckpointIO> checkpoint_io(WrappedModel& w,
 
 // --- phase 3: training ---------------------------------------------------------------------------
 
+struct EpochStats {
+  double train_loss = 0;            // mean of the epoch's step losses (this attempt's steps)
+  double eval_loss = std::nan("");  // mean over the validation batches; nan without them
+  double time_s = 0;                // the epoch's training, without evaluation
+  double checkpoint_time_s = 0;     // end_epoch(): the epoch's checkpoint
+};
+
 // What this rank trained in this attempt.
 struct TrainStats {
   double train_time = 0;
-  std::int64_t positions = 0;  // token positions trained
+  std::int64_t positions = 0;  // real token positions trained (padding left out)
   // The same from the second step of this attempt on: the first allocates and warms up.
   double steady_time = 0;
   std::int64_t steady_positions = 0;
   double last_loss = std::nan("");
   int last_epoch = 0;
-  std::int64_t last_step = -1;  // within its epoch, 0-based, as the seed's table shows it
+  std::int64_t last_step = -1;     // within its epoch, 0-based, as the seed's table shows it
+  std::vector<EpochStats> epochs;  // each epoch this attempt finished
 };
 
+// llama-recipes' evaluation: the mean loss of the validation batches over every rank, in eval
+// mode without gradients.
+double evaluate(const LmDataset& validation, WrappedModel& w, Trainer& trainer, int epoch) {
+  w.model->eval();
+  torch::NoGradGuard no_grad;
+  double sum = 0, count = 0;
+  const auto device = trainer.device();
+  for (const auto& idx : validation.batches(epoch, 0)) {
+    const auto b = validation.batch(idx);
+    const auto ids = b.input_ids.to(device);
+    sum += models::causal_lm_loss(w.forward(ids), b.labels.to(device)).item<double>();
+    count += 1;
+  }
+  auto total = torch::tensor({sum, count}, torch::kFloat64);
+  trainer.all_reduce(total);
+  w.model->train();
+  return total[1].item<double>() > 0 ? total[0].item<double>() / total[1].item<double>()
+                                     : std::nan("");
+}
+
+void set_lr(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups())
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+}
+
 TrainStats train_epochs(const CausalLmOptions& o,
-                        const data::PreparedText& text,
+                        const RunData& data,
                         WrappedModel& w,
                         optim::FusedAdamW& optimizer,
                         Trainer& trainer) {
   const int rank = trainer.rank();
   const int world = trainer.world_size();
   const auto device = trainer.device();
+  const auto accumulate = o.gradient_accumulation_steps;
   // DDP's bf16-mixed is autocast; FSDP's is its MixedPrecision.
   nn::set_autocast(device, o.precision == "bf16-mixed" && w.replicated);
-  data::DistributedSampler sampler({.dataset_size = text.lines.size(),
-                                    .num_replicas = world,
-                                    .rank = rank,
-                                    .shuffle = true,
-                                    .seed = o.seed});
-  auto make_batch = [&text, device](const std::vector<std::int64_t>& idx) {
-    auto b = data::causal_lm_batch(text.lines, idx);
-    return data::Batch{b.input_ids.to(device), b.labels.to(device)};
-  };
+  const auto& train = data.train;
   const bool bar_enabled = o.progress && rank == 0 && interactive_output();
+  auto log = logger("train");
   TrainStats stats{.last_epoch = trainer.progress().epoch};
   std::int64_t attempt_steps = 0;
+  const std::int64_t samples_per_step = o.batch_size * accumulate;  // per rank
   bool stop = o.max_steps >= 0 && trainer.progress().global_step >= o.max_steps;
   for (int epoch = trainer.progress().epoch; epoch < o.epochs && !stop; ++epoch) {
-    sampler.set_epoch(epoch);
     w.model->train();
+    const double lr = o.effective_lr() * std::pow(o.effective_gamma(), epoch);  // StepLR
+    set_lr(optimizer, lr);
     const std::int64_t first_position =
         trainer.progress().epoch == epoch ? trainer.progress().epoch_position : std::int64_t{0};
-    data::BatchLoader loader(sampler.indices(first_position), make_batch,
-                             {.batch_size = o.batch_size});
-    trainer.begin_epoch(epoch, loader.num_batches());
     // Steps of this epoch done before this attempt (by the run this one resumed).
-    const std::int64_t done_before = first_position / (o.batch_size * world);
-    const std::int64_t epoch_batches = done_before + loader.num_batches();
+    const std::int64_t done_before = first_position / (samples_per_step * world);
+    auto batches = std::make_shared<std::vector<std::vector<std::int64_t>>>(
+        train.batches(epoch, done_before * accumulate));
+    // Whole steps only: a tail of fewer than `accumulate` micro-batches is left out.
+    batches->resize(batches->size() / static_cast<std::size_t>(accumulate) *
+                    static_cast<std::size_t>(accumulate));
+    std::vector<std::int64_t> order(batches->size());
+    std::iota(order.begin(), order.end(), 0);
+    data::BatchLoader loader(order,
+                             [batches, &train](const std::vector<std::int64_t>& one) {
+                               auto b = train.batch((*batches)[static_cast<std::size_t>(one[0])]);
+                               // The real tokens ride along as a (1) tensor.
+                               return data::Batch{torch::stack({b.input_ids, b.labels}),
+                                                  torch::tensor({b.tokens}, torch::kInt64)};
+                             },
+                             {.batch_size = 1});
+    const std::int64_t steps = loader.num_batches() / accumulate;
+    trainer.begin_epoch(epoch, steps);
+    const std::int64_t epoch_batches = done_before + steps;
     ProgressBar bar(bar_enabled, epoch, epoch_batches);
     auto epoch_start = Clock::now();
+    double loss_sum = 0;
+    std::int64_t epoch_steps = 0;
     using metrics::Phase;  // the trainer's step timer: metrics/step_timer.h
-    while (auto batch = loader.next()) {
+    for (std::int64_t step = 0; step < steps; ++step) {
       const auto step_start = Clock::now();
-      trainer.phase(Phase::kForward);
       optimizer.zero_grad();
-      auto loss = models::causal_lm_loss(w.forward(batch->inputs), batch->targets);
-      at::autocast::clear_cache();
-      trainer.phase(Phase::kBackward);
-      loss.backward();
+      double step_loss = 0;
+      std::int64_t step_tokens = 0;
+      for (std::int64_t micro = 0; micro < accumulate; ++micro) {
+        auto batch = loader.next();
+        TY_CHECK(batch.has_value(), "The loader ran out of batches mid-step.");
+        const auto inputs = batch->inputs[0].to(device), labels = batch->inputs[1].to(device);
+        step_tokens += batch->targets.item<std::int64_t>();
+        trainer.phase(Phase::kForward);
+        auto backward = [&] {
+          auto loss = models::causal_lm_loss(w.forward(inputs), labels) / accumulate;
+          at::autocast::clear_cache();
+          trainer.phase(Phase::kBackward);
+          loss.backward();
+          step_loss += loss.detach().item<double>();
+        };
+        // Gradients are synchronised on the last micro-batch only.
+        if (micro + 1 < accumulate && w.sharded) {
+          auto guard = w.sharded->no_sync();
+          backward();
+        } else if (micro + 1 < accumulate) {
+          auto guard = w.replicated->no_sync();
+          backward();
+        } else {
+          backward();
+        }
+      }
       trainer.phase(Phase::kOptimizer);
       optimizer.step();
       trainer.phase(Phase::kOther);
-      auto mean = loss.detach().to(torch::kFloat64).reshape({1}) / world;
-      trainer.all_reduce(mean);
-      stats.last_loss = mean.item<double>();
-      stats.positions += batch->inputs.numel();
+      // The step's mean loss and the job's real tokens, in one all-reduce.
+      auto reduced =
+          torch::tensor({step_loss / world, static_cast<double>(step_tokens)}, torch::kFloat64);
+      trainer.all_reduce(reduced);
+      stats.last_loss = reduced[0].item<double>();
+      const double job_tokens = reduced[1].item<double>();
+      loss_sum += stats.last_loss;
+      ++epoch_steps;
+      stats.positions += step_tokens;
       const double step_s = seconds_since(step_start);
       if (attempt_steps++ > 0) {
         stats.steady_time += step_s;
-        stats.steady_positions += batch->inputs.numel();
+        stats.steady_positions += step_tokens;
       }
-      const double tokens_per_s = static_cast<double>(batch->inputs.numel() * world) / step_s;
+      const double tokens_per_s = job_tokens / step_s;
       stats.last_epoch = epoch;
       stats.last_step = done_before + trainer.epoch_steps();
       trainer.step_done(
-          o.batch_size,
-          {{"train_loss", stats.last_loss}, {"tokens_per_s", tokens_per_s}, {"lr", o.lr}},
-          /*tokens=*/batch->inputs.numel());
+          samples_per_step,
+          {{"train_loss", stats.last_loss}, {"tokens_per_s", tokens_per_s}, {"lr", lr}},
+          /*tokens=*/step_tokens);
       if (rank == 0) {
         if (bar_enabled) {
           bar.update(stats.last_step + 1, stats.last_loss);
         } else {
-          std::printf("epoch %d step %lld/%lld: train_loss %.5f, %.0f tokens/s\n", epoch,
+          std::printf("epoch %d step %lld/%lld: loss %.5f, %.0f tokens/s\n", epoch,
                       static_cast<long long>(stats.last_step + 1),
                       static_cast<long long>(epoch_batches), stats.last_loss, tokens_per_s);
           std::fflush(stdout);
@@ -323,13 +573,62 @@ TrainStats train_epochs(const CausalLmOptions& o,
         break;
       }
     }
-    stats.train_time += seconds_since(epoch_start);
-    if (!stop) trainer.end_epoch();
+    EpochStats e{.time_s = seconds_since(epoch_start)};
+    stats.train_time += e.time_s;
+    e.train_loss = epoch_steps > 0 ? loss_sum / static_cast<double>(epoch_steps) : std::nan("");
+    if (data.validation.samples > 0) e.eval_loss = evaluate(data.validation, w, trainer, epoch);
+    if (!stop) {
+      const auto t_checkpoint = Clock::now();
+      trainer.end_epoch();
+      e.checkpoint_time_s = seconds_since(t_checkpoint);
+    }
+    if (rank == 0 && epoch_steps > 0) {
+      // llama-recipes' epoch lines.
+      std::printf("Epoch %d: train_perplexity=%.4f, train_epoch_loss=%.4f, epoch time %.2fs\n",
+                  epoch + 1, std::exp(e.train_loss), e.train_loss, e.time_s);
+      if (!std::isnan(e.eval_loss))
+        std::printf(" eval_ppl=%.4f eval_epoch_loss=%.4f\n", std::exp(e.eval_loss), e.eval_loss);
+      std::fflush(stdout);
+    }
+    if (epoch_steps > 0) stats.epochs.push_back(e);
   }
   return stats;
 }
 
 // --- phase 4: the result -------------------------------------------------------------------------
+
+// The last epoch's losses and perplexities, and the run's averages as llama-recipes names them
+// (its "avg_train_prep" is the perplexity); shown in the table for records (seed 002).
+void add_epoch_metrics(const CausalLmOptions& o, const TrainStats& stats, Result& result) {
+  if (stats.epochs.empty()) return;
+  const bool show = o.records();
+  const auto& last = stats.epochs.back();
+  const bool evaluated = !std::isnan(last.eval_loss);
+  result.metrics.push_back({"train_perplexity", std::exp(last.train_loss), 4, false});
+  result.metrics.push_back({"train_epoch_loss", last.train_loss, 4, false});
+  if (evaluated) {
+    result.metrics.push_back({"eval_ppl", std::exp(last.eval_loss), 4, false});
+    result.metrics.push_back({"eval_epoch_loss", last.eval_loss, 4, false});
+  }
+  double prep = 0, loss = 0, eval_prep = 0, eval_loss = 0, time = 0, checkpoint = 0;
+  for (const auto& e : stats.epochs) {
+    prep += std::exp(e.train_loss);
+    loss += e.train_loss;
+    eval_prep += std::exp(e.eval_loss);
+    eval_loss += e.eval_loss;
+    time += e.time_s;
+    checkpoint += e.checkpoint_time_s;
+  }
+  const double n = static_cast<double>(stats.epochs.size());
+  result.metrics.push_back({"avg_train_prep", prep / n, 4, show});
+  result.metrics.push_back({"avg_train_loss", loss / n, 4, show});
+  if (evaluated) {
+    result.metrics.push_back({"avg_eval_prep", eval_prep / n, 4, show});
+    result.metrics.push_back({"avg_eval_loss", eval_loss / n, 4, show});
+  }
+  result.metrics.push_back({"avg_epoch_time", time / n, 3, show});
+  result.metrics.push_back({"avg_checkpoint_time", checkpoint / n, 3, show});
+}
 
 // Throughput over the slowest rank's training time, every rank's peak memory.
 Result report_result(const CausalLmOptions& o,
@@ -372,6 +671,7 @@ Result report_result(const CausalLmOptions& o,
   for (int r = 0; r < world; ++r)
     result.metrics.push_back(
         {detail::concat("peak_rss_mib_rank", r), rss[r].item<double>(), 1, false});
+  add_epoch_metrics(o, stats, result);
   if (rank == 0 && !trained_any) {
     logger("train")->info(
         "Nothing left to train: {} is at step {} (epoch {}), the end that --epochs {}{} sets. "
@@ -410,7 +710,23 @@ void CausalLmOptions::validate() const {
            ".");
   TY_CHECK(batch_size >= 1, "--batch-size must be >= 1, got ", batch_size, ".");
   TY_CHECK(epochs >= 1, "--epochs must be >= 1, got ", epochs, ".");
-  TY_CHECK(lr > 0, "--lr must be > 0, got ", lr, ".");
+  TY_CHECK(!lr || *lr > 0, "--lr must be > 0, got ", lr.value_or(0), ".");
+  TY_CHECK(!gamma || (*gamma > 0 && *gamma <= 1), "--gamma must be in (0, 1], got ",
+           gamma.value_or(0), ".");
+  TY_CHECK(gradient_accumulation_steps >= 1, "--gradient-accumulation-steps must be >= 1, got ",
+           gradient_accumulation_steps, ".");
+  TY_CHECK(val_fraction >= 0 && val_fraction < 1, "--val-fraction must be in [0, 1), got ",
+           val_fraction, ".");
+  TY_CHECK(val_data.empty() || val_fraction == 0,
+           "Give --val-data or --val-fraction, not both: one is the validation set.");
+  TY_CHECK(data_format == data::DataFormat::kJsonl ||
+               (prompt_template.empty() && response_field.empty()),
+           "--prompt-template and --response-field belong to --data-format jsonl (",
+           data::to_string(data_format), " has its own prompt).");
+  TY_CHECK(data_format != data::DataFormat::kJsonl ||
+               (!prompt_template.empty() && !response_field.empty()),
+           "--data-format jsonl needs --prompt-template (e.g. \"Question: {question}\\nAnswer: "
+           "\") and --response-field (e.g. answer).");
   TY_CHECK(eps > 0, "--eps must be > 0, got ", eps, ".");
   TY_CHECK(weight_decay >= 0, "--weight-decay must be >= 0, got ", weight_decay, ".");
   check_model_flag(model);
@@ -424,10 +740,11 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
   const auto data = prepare_data(o, trainer);
   auto wrapped = build_model(o, data.source, trainer);
   optim::FusedAdamW optimizer(
-      wrapped.params, torch::optim::AdamWOptions(o.lr).eps(o.eps).weight_decay(o.weight_decay));
+      wrapped.params,
+      torch::optim::AdamWOptions(o.effective_lr()).eps(o.eps).weight_decay(o.weight_decay));
   const auto io = checkpoint_io(wrapped, optimizer, trainer, o.run.uri());
   trainer.resume(*io);
-  const auto stats = train_epochs(o, data.text, wrapped, optimizer, trainer);
+  const auto stats = train_epochs(o, data, wrapped, optimizer, trainer);
   const std::string last_checkpoint = trainer.finish_training();
   auto result = report_result(o, stats, last_checkpoint, trainer);
   trainer.write_result(result);

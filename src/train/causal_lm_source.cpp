@@ -98,14 +98,15 @@ bool has_hf_weights(const std::string& dir) {
 }
 
 TextTokenizer byte_tokenizer() {
+  const auto bytes_of = [](std::string_view text) {
+    return std::vector<std::int32_t>(
+        reinterpret_cast<const unsigned char*>(text.data()),
+        reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  };
   return {.id = "bytes",
           .cache_key = "bytes",
-          .encode =
-              [](std::string_view text) {
-                return std::vector<std::int32_t>(
-                    reinterpret_cast<const unsigned char*>(text.data()),
-                    reinterpret_cast<const unsigned char*>(text.data()) + text.size());
-              },
+          .encode = bytes_of,
+          .encode_plain = bytes_of,
           .decode =
               [](const std::vector<std::int64_t>& ids) {
                 std::string text;
@@ -134,6 +135,10 @@ TextTokenizer load_text_tokenizer(const std::string& id) {
               [tokenizer](std::string_view line) {
                 return tokenizer->encode(line, /*add_special_tokens=*/true);
               },
+          .encode_plain =
+              [tokenizer](std::string_view text) {
+                return tokenizer->encode(text, /*add_special_tokens=*/false);
+              },
           .decode =
               [tokenizer](const std::vector<std::int64_t>& ids) {
                 const std::vector<std::int32_t> narrow(ids.begin(), ids.end());
@@ -142,6 +147,7 @@ TextTokenizer load_text_tokenizer(const std::string& id) {
           // The seed pads with the end-of-text token when the tokenizer names no padding.
           .pad_id = tokenizer->pad_id().value_or(tokenizer->eos_id().value_or(0)),
           .eos_id = tokenizer->eos_id() ? *tokenizer->eos_id() : -1,
+          .bos_id = tokenizer->bos_id() ? *tokenizer->bos_id() : -1,
           .vocab_size = tokenizer->vocab_size()};
 }
 

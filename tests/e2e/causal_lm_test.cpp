@@ -38,10 +38,10 @@ std::vector<std::string> causal_lm_command(const TempDir& dir, std::vector<std::
   return args;
 }
 
-// The train_loss rank 0 printed for step `step` of epoch 0 ("epoch 0 step 1/57: train_loss ...").
+// The loss rank 0 printed for step `step` of epoch 0 ("epoch 0 step 1/57: loss ...").
 double printed_loss(const std::string& out, int step) {
   std::smatch m;
-  const std::regex line("epoch 0 step " + std::to_string(step) + "/\\d+: train_loss ([0-9.]+)");
+  const std::regex line("epoch 0 step " + std::to_string(step) + "/\\d+: loss ([0-9.]+)");
   if (!std::regex_search(out, m, line)) return -1;
   return std::stod(m[1]);
 }

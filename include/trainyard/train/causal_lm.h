@@ -1,18 +1,21 @@
 // The seed's LLM fine-tuning job as a recipe: a causal LM (models/causal_lm.h: a preset, or a
-// Hugging Face directory's config.json, any architecture make_causal_lm builds) trained on a text corpus prepared as the seed prepares tiny_shakespeare
-// (data/text_lines.h), with FullyShardedDataParallel (one unit per transformer layer and per
-// embedding, BACKWARD_PRE and forward prefetch, limit_all_gathers), optional activation
-// checkpointing, bf16 mixed precision, AdamW, on the Trainer: sharded checkpoints every rank
-// writes, resumable at another world size, and the seed's "Training result" table (epoch, step,
-// train_loss). --strategy ddp runs DistributedDataParallel instead, to compare.
+// Hugging Face directory's config.json, any architecture make_causal_lm builds) trained on a text
+// corpus prepared as the seed prepares tiny_shakespeare (data/text_lines.h), with
+// FullyShardedDataParallel (one unit per transformer layer and per embedding, BACKWARD_PRE and
+// forward prefetch, limit_all_gathers), optional activation checkpointing, bf16 mixed precision,
+// AdamW, on the Trainer: sharded checkpoints every rank writes, resumable at another world size,
+// and the seed's "Training result" table (epoch, step, train_loss). --strategy ddp runs
+// DistributedDataParallel instead, to compare.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "trainyard/data/instruction_data.h"
 #include "trainyard/models/causal_lm.h"
 #include "trainyard/models/hf_weights.h"
 
@@ -26,7 +29,19 @@ struct CausalLmOptions {
   RunConfig run{.name = "causal-lm", .num_to_keep = 1};
   ScalingConfig scaling;
   std::string model = "pythia-70m";  // a preset, or a folder holding config.json
-  std::string data;                  // the corpus: a text file
+  std::string data;                  // the corpus: a text file, or records (data_format)
+  // text: one training line per line (seed 000); samsum, alpaca, jsonl: prompt/response records
+  // fine-tuned as llama-recipes does (seed 002: data/instruction_data.h).
+  data::DataFormat data_format = data::DataFormat::kText;
+  std::string prompt_template;  // jsonl: "{field}" placeholders
+  std::string response_field;   // jsonl
+  enum class Batching {
+    kPacking,  // records end to end, cut into seq_len rows: every position a real token
+    kPadding,  // length-grouped batches, each padded to its longest record
+  };
+  Batching batching = Batching::kPacking;  // records only; text lines are padded to seq_len
+  std::string val_data;     // validation file of the same format; empty: none or val_fraction
+  double val_fraction = 0;  // (0, 1): that share of --data held out for validation
   // tokenizer.json; empty: the model folder's, else bytes as tokens (ids 0-255).
   std::string tokenizer;
   Strategy strategy;  // FSDP's FULL_SHARD unless --strategy names another, or ddp
@@ -35,12 +50,22 @@ struct CausalLmOptions {
   std::int64_t seq_len = 256;
   std::int64_t batch_size = 14;  // sequences per rank and step
   int epochs = 1;
-  double lr = 2e-5;
+  // AdamW's learning rate; unset: the seed's 2e-5 for text, llama-recipes' 1e-4 for records.
+  std::optional<double> lr;
+  // StepLR: the learning rate is multiplied by gamma after every epoch; unset: 1 for text,
+  // llama-recipes' 0.85 for records.
+  std::optional<double> gamma;
   double eps = 1e-8;
-  double weight_decay = 0.01;   // AdamW's decoupled decay, torch's default
+  double weight_decay = 0.01;  // AdamW's decoupled decay, torch's default
+  // Micro-batches of batch_size per optimizer step; gradients are synchronised on the last only.
+  std::int64_t gradient_accumulation_steps = 1;
   std::int64_t max_steps = -1;  // stop after this many steps of the run; -1: all epochs
   std::uint64_t seed = 0;       // initialisation (of a random model) and shuffling
   bool progress = true;         // a progress bar on rank 0 when the output is a terminal
+
+  bool records() const { return data_format != data::DataFormat::kText; }
+  double effective_lr() const { return lr.value_or(records() ? 1e-4 : 2e-5); }
+  double effective_gamma() const { return gamma.value_or(records() ? 0.85 : 1.0); }
 
   // Throws InvalidArgumentError naming the first bad flag.
   void validate() const;
@@ -50,10 +75,12 @@ struct CausalLmOptions {
 struct TextTokenizer {
   std::string id;  // "bytes", or the tokenizer.json's path: recorded in the run's config.json
   std::string cache_key;  // names it in the token cache: the file's SHA-256 (Note [Token cache])
-  std::function<std::vector<std::int32_t>(std::string_view)> encode;
+  std::function<std::vector<std::int32_t>(std::string_view)> encode;        // with special tokens
+  std::function<std::vector<std::int32_t>(std::string_view)> encode_plain;  // without
   std::function<std::string(const std::vector<std::int64_t>&)> decode;
   std::int32_t pad_id = 0;
   std::int64_t eos_id = -1;  // -1: none
+  std::int64_t bos_id = -1;  // -1: none
   std::int64_t vocab_size = 0;
 };
 // The tokenizer `id` names ("bytes" or a tokenizer.json path).
