@@ -12,6 +12,7 @@ void add_export_command(CLI::App& app, int& exit_code) {
   static double max_shard_gb = 5;
   static bool bf16 = false;
   static bool force = false;
+  static bool adapter_only = false;
   auto* c = app.add_subcommand(
       "export",
       "Write a causal-lm run's checkpoint as a Hugging Face model folder (config.json, "
@@ -24,6 +25,9 @@ void add_export_command(CLI::App& app, int& exit_code) {
                 "GB (1e9 bytes) per safetensors file before the weights are sharded with an index")
       ->capture_default_str();
   c->add_flag("--bf16", bf16, "Write bfloat16 weights (default: float32, as trained)");
+  c->add_flag("--adapter-only", adapter_only,
+              "A LoRA run: write its adapters alone in PEFT's layout (adapter_config.json, "
+              "adapter_model.safetensors) instead of the merged model");
   c->add_flag("--force", force,
               "Write into --out even when it holds files already or is a run's folder");
   c->callback([&exit_code] {
@@ -32,7 +36,8 @@ void add_export_command(CLI::App& app, int& exit_code) {
         train::export_checkpoint(checkpoint, out,
                                  {.max_shard_bytes = static_cast<std::uint64_t>(max_shard_gb * 1e9),
                                   .bf16 = bf16,
-                                  .overwrite = force});
+                                  .overwrite = force,
+                                  .adapter_only = adapter_only});
     std::printf("Exported %s to %s\n", what.c_str(), out.c_str());
     exit_code = 0;
   });

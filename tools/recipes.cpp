@@ -7,6 +7,7 @@
 #include "trainyard/data/instruction_data.h"
 #include "trainyard/models/causal_lm_config.h"
 #include "trainyard/models/image_model.h"
+#include "trainyard/models/lora.h"
 #include "trainyard/train/causal_lm.h"
 #include "trainyard/train/fashion_mnist.h"
 #include "trainyard/train/image_folder_recipe.h"
@@ -175,12 +176,39 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
                  "Micro-batches of --batch-size per optimizer step")
         ->capture_default_str();
     c.add_option("--eps", options_.eps, "AdamW epsilon")->capture_default_str();
+    c.add_option_function<std::string>(
+         "--peft",
+         [this](const std::string&) {
+           if (!options_.lora) options_.lora = models::LoraOptions{};
+         },
+         "lora: train LoRA adapters on --lora-targets, the base model frozen")
+        ->check(CLI::IsMember({"lora"}));
+    // The LoRA flags apply to the options once parsing is done (any order).
+    c.add_option("--lora-r", lora_.r, "LoRA rank")->capture_default_str();
+    c.add_option("--lora-alpha", lora_.alpha, "LoRA alpha (the update is scaled by alpha / r)")
+        ->capture_default_str();
+    c.add_option("--lora-dropout", lora_.dropout, "Dropout on the LoRA adapters' input")
+        ->capture_default_str();
+    c.add_option("--lora-targets", lora_.targets,
+                 "Linear layers to adapt, by name (q_proj,v_proj; query_key_value for GPT-NeoX), "
+                 "or all-linear")
+        ->delimiter(',')
+        ->capture_default_str();
     c.add_option("--weight-decay", options_.weight_decay, "AdamW decoupled weight decay")
         ->capture_default_str();
     c.add_option("--seed", options_.seed, "Seed for initialisation and shuffling")
         ->capture_default_str();
   }
-  void run_rank() override { run_causal_lm_rank(resolved()); }
+  void validate() const override { with_lora().validate(); }
+  void run_rank() override { run_causal_lm_rank(with_lora()); }
+
+ private:
+  CausalLmOptions with_lora() const {
+    auto o = resolved();
+    if (o.lora) o.lora = lora_;
+    return o;
+  }
+  models::LoraOptions lora_;
 };
 
 }  // namespace

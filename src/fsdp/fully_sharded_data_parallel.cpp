@@ -56,6 +56,14 @@ namespace trainyard::fsdp {
 // which Gloo and the shared-memory group require. A parameter that gets no gradient counts as a
 // zero gradient, reduced at the end of backward.
 
+// Note [Frozen shards]
+// Frozen parameters (a LoRA base: models/lora.h) get no gradient and no optimizer step, so
+// their shard needs no fp32 master copy: under mixed precision it is kept in the compute dtype
+// (bf16: 2 bytes per parameter instead of 4), gathered as it is. PyTorch's FSDP1 cannot mix
+// frozen and trainable parameters in one unit; here each unit keeps one flat buffer of each kind.
+// With FsdpOptions::checkpoint_frozen false, sharded checkpoints leave the frozen buffers out:
+// the model's source (its Hugging Face weights, or its seed) rebuilds them on every start.
+
 // Note [FSDP device]
 // Everything FSDP allocates (shards, gathered parameters, flat gradients, reduction outputs,
 // mixed-precision copies) lives on one device: FsdpOptions.device if set, else the parameters'
@@ -362,6 +370,9 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   } else {
     flat->gathered = cached_buffer(flat->padded_numel, compute_dtype_).storage();
   }
+  // See Note [Frozen shards].
+  if (!trainable && !flat->aliases_shard && compute_dtype_ != torch::kFloat32)
+    flat->shard = flat->shard.to(compute_dtype_);
   flat->shard.set_requires_grad(trainable);
   for (auto& s : slots)
     s.param.set_data(view_of(flat->gathered, s.offset, s.shape, compute_dtype_));

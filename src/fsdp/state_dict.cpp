@@ -41,6 +41,11 @@ constexpr int kFormatVersion = 1;
 constexpr const char* kShardedFormat = "trainyard-fsdp-sharded";
 constexpr const char* kFullFormat = "trainyard-fsdp-full";
 
+// Whether a sharded checkpoint holds `flat` (Note [Frozen shards]).
+bool checkpointed(const FsdpState& st, const FlatParam& flat) {
+  return flat.trainable || st.options_.checkpoint_frozen;
+}
+
 // A slice of one parameter inside one shard.
 struct Piece {
   const ParamSlot* slot;
@@ -180,7 +185,9 @@ Staged staged_for(FsdpState& st) {
   Staged staged;
   for (const auto& unit : st.units())
     for (const auto& flat : unit->flats)
-      staged.flats.push_back({flat.get(), torch::zeros({flat->shard_numel}, torch::kFloat32), {}});
+      if (checkpointed(st, *flat))
+        staged.flats.push_back(
+            {flat.get(), torch::zeros({flat->shard_numel}, torch::kFloat32), {}});
   return staged;
 }
 
@@ -219,6 +226,7 @@ void check_parameters(FsdpState& st,
   for (const auto& unit : st.units())
     for (const auto& flat : unit->flats)
       for (const auto& s : flat->slots) {
+        if (!checkpointed(st, *flat)) continue;
         auto it = saved.find(s.name);
         TY_CHECK(it != saved.end(), what, " has no parameter ", s.name,
                  ". HINT: was it saved from another model or config?");
@@ -383,11 +391,14 @@ std::optional<std::pair<std::string, std::string>> sharded_state_file(
   nlohmann::json ranges = nlohmann::json::object();
   for (const auto& unit : st.units())
     for (const auto& flat : unit->flats) {
+      if (!checkpointed(st, *flat)) continue;
       std::optional<ShardOptState> state;
       if (optimizer != nullptr && flat->trainable) state = optimizer_state(*optimizer, flat->shard);
       for (const auto& piece : pieces_of(*flat, st.shard_rank())) {
         auto slice = [&](const torch::Tensor& t) {  // on the CPU: Note [Sharded state]
-          return t.detach().narrow(0, piece.shard_offset, piece.size()).to(torch::kCPU);
+          return t.detach()
+              .narrow(0, piece.shard_offset, piece.size())
+              .to(torch::kCPU, torch::kFloat32);  // a frozen shard may be bf16
         };
         const auto& name = piece.slot->name;
         tensors.emplace_back(name, slice(flat->shard));
@@ -412,6 +423,7 @@ std::string sharded_state_metadata(FullyShardedDataParallelBase& fsdp,
     files[shard_file_name(k, st.shard_size())] = nlohmann::json::object();
   for (const auto& unit : st.units())
     for (const auto& flat : unit->flats) {
+      if (!checkpointed(st, *flat)) continue;
       for (const auto& s : flat->slots)
         params[s.name] = {{"shape", s.shape}, {"trainable", flat->trainable}, {"unit", unit->name}};
       for (int k = 0; k < st.shard_size(); ++k)
@@ -736,6 +748,8 @@ void load_sharded_into_module(torch::nn::Module& module,
   torch::NoGradGuard no_grad;
   for (auto& p : named) {
     auto it = reader.shapes().find(p.key());
+    // A frozen parameter a checkpoint leaves out keeps the module's value (Note [Frozen shards]).
+    if (it == reader.shapes().end() && !p.value().requires_grad()) continue;
     TY_CHECK_T(CheckpointCorruptError, it != reader.shapes().end(), what, " has no parameter \"",
                p.key(), "\".");
     TY_CHECK_T(CheckpointCorruptError, torch::IntArrayRef(it->second) == p.value().sizes(), what,

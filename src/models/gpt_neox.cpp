@@ -167,10 +167,9 @@ GptNeoXImpl::GptNeoXImpl(GptNeoXConfig config, GptNeoXInit init)
     gpt_neox = register_module("gpt_neox", GptNeoXModel(config_, options));
     embed_out = register_module(
         "embed_out", Dense(config_.hidden_size, config_.vocab_size, /*bias=*/false, options));
+    if (init.lora) add_lora(*init.lora, options);
   }
-  if (init.device.is_meta() || init.deferred) return;
-  auto params = named_parameters();
-  for (auto& item : params) init_parameter(item.key(), item.value());
+  initialise(init);
 }
 
 torch::Tensor GptNeoXImpl::forward(const torch::Tensor& input_ids) {
@@ -205,7 +204,10 @@ void GptNeoXImpl::init_parameter(const GptNeoXConfig& config,
 }
 
 void GptNeoXImpl::init_parameter(const std::string& full_name, torch::Tensor& tensor) const {
-  init_parameter(config_, full_name, tensor, seed());
+  const auto spec = parts::spec_with_lora(
+      *this, full_name, [this](std::string_view n) { return param_spec(config_, n); });
+  parts::init_from_spec(spec, full_name, tensor, seed(), config_.initializer_range, "GptNeoX",
+                        config_.num_hidden_layers);
 }
 
 bool GptNeoXImpl::is_layer(const torch::nn::Module& module) const {

@@ -7,9 +7,15 @@
 #include <set>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
+#include "hf/file_io.h"
+#include "trainyard/checkpoint/safetensors.h"
 #include "trainyard/error.h"
 #include "trainyard/hf/safetensors_writer.h"
 #include "trainyard/hf/weight_reader.h"
+#include "trainyard/models/causal_lm.h"
+#include "trainyard/models/lora.h"
 
 namespace trainyard::models {
 
@@ -56,10 +62,12 @@ void check_hf_tensor_names(const std::vector<std::string>& model_names,
 
 void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader) {
   std::vector<std::string> names;
-  for (const auto& p : module.named_parameters()) names.push_back(p.key());
+  for (const auto& p : module.named_parameters())
+    if (!is_lora_parameter(p.key())) names.push_back(p.key());
   check_hf_tensor_names(names, reader);
   torch::NoGradGuard no_grad;
   for (auto& p : module.named_parameters()) {
+    if (is_lora_parameter(p.key())) continue;  // the adapters keep their initial values
     auto& t = p.value();
     TY_CHECK_T(CheckpointCorruptError, reader.contains(p.key()), reader.dir().string(),
                " has no tensor \"", p.key(), "\" that the model needs.");
@@ -157,6 +165,42 @@ void export_hf(const torch::nn::Module& module,
         std::copy_n(values.data_ptr<float>(), values.numel(), dst);
       },
       config_json, dir, options);
+}
+
+void export_lora_adapter(const torch::nn::Module& module,
+                         const LoraOptions& lora,
+                         const std::string& base_model,
+                         const std::string& dir,
+                         ExportOptions options) {
+  check_export_folder(dir, options.overwrite);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::set<std::string> modules;  // PEFT's target_modules: the adapted layers' names
+  for (const auto& p : module.named_parameters()) {
+    if (!is_lora_parameter(p.key())) continue;
+    tensors.emplace_back("base_model.model." + p.key(),
+                         p.value().detach().to(torch::kFloat32).contiguous());
+    const auto layer = p.key().substr(0, p.key().rfind(".lora_"));
+    modules.insert(layer.substr(layer.rfind('.') + 1));
+  }
+  TY_CHECK(!tensors.empty(),
+           "The model has no LoRA adapter to export. HINT: export it without "
+           "--adapter-only.");
+  const nlohmann::json config = {{"peft_type", "LORA"},
+                                 {"task_type", "CAUSAL_LM"},
+                                 {"base_model_name_or_path", base_model},
+                                 {"r", lora.r},
+                                 {"lora_alpha", lora.alpha},
+                                 {"lora_dropout", lora.dropout},
+                                 {"target_modules", modules},  // all-linear spelled out
+                                 {"bias", "none"},
+                                 {"fan_in_fan_out", false},
+                                 {"inference_mode", true},
+                                 {"modules_to_save", nullptr}};
+  std::filesystem::create_directories(dir);
+  hf::detail::write_file_atomically(std::filesystem::path(dir) / "adapter_model.safetensors",
+                                    checkpoint::encode_safetensors(tensors, {{"format", "pt"}}));
+  hf::detail::write_file_atomically(std::filesystem::path(dir) / "adapter_config.json",
+                                    config.dump(2));
 }
 
 }  // namespace trainyard::models

@@ -6,10 +6,12 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "models/transformer_parts.h"
 #include "trainyard/error.h"
 #include "trainyard/models/causal_lm.h"
+#include "trainyard/models/lora.h"
 #include "trainyard/nn/attention.h"
 
 namespace trainyard::models {
@@ -57,7 +59,29 @@ DenseImpl::DenseImpl(std::int64_t in_features,
 }
 
 torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
-  return torch::linear(x, materialised(weight), bias);
+  auto y = torch::linear(x, materialised(weight), bias);
+  if (!lora_A) return y;
+  const auto dropped = parts::maybe_dropout(x, lora_dropout_, is_training());
+  const auto update = torch::linear(torch::linear(dropped, materialised(lora_A->weight)),
+                                    materialised(lora_B->weight));
+  return y + update * lora_scaling_;
+}
+
+void DenseImpl::add_lora(std::int64_t r,
+                         double scaling,
+                         double dropout,
+                         const torch::TensorOptions& options) {
+  TY_CHECK(!lora_A, "This linear layer has a LoRA adapter already.");
+  lora_A = register_module("lora_A", LowRank(weight.size(1), r, options));
+  lora_B = register_module("lora_B", LowRank(r, weight.size(0), options));
+  lora_scaling_ = scaling;
+  lora_dropout_ = dropout;
+}
+
+LowRankImpl::LowRankImpl(std::int64_t in_features,
+                         std::int64_t out_features,
+                         const torch::TensorOptions& options) {
+  weight = register_parameter("weight", empty_parameter({out_features, in_features}, options));
 }
 
 LayerNormImpl::LayerNormImpl(std::int64_t features, double eps, const torch::TensorOptions& options)
@@ -95,6 +119,56 @@ torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
 
 torch::Tensor CausalLmImpl::loss(const torch::Tensor& input_ids, const torch::Tensor& labels) {
   return causal_lm_loss(forward(input_ids), labels);
+}
+
+bool is_lora_parameter(std::string_view name) {
+  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
+}
+
+void CausalLmImpl::add_lora(const LoraOptions& lora, const torch::TensorOptions& options) {
+  lora.validate();
+  const auto targets = lora_targets(lm_config_, lora);  // refuses unknown names
+  for (auto& item : named_modules("", /*include_self=*/false)) {
+    auto* dense = dynamic_cast<DenseImpl*>(item.value().get());
+    if (dense == nullptr || item.key().find("layers.") == std::string::npos) continue;
+    for (const auto& t : targets)
+      if (std::string_view(item.key()).ends_with("." + t.name))
+        dense->add_lora(lora.r, lora.scaling(), lora.dropout, options);
+  }
+  lora_ = lora;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> merged_lora_parameters(
+    const CausalLmImpl& model) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> merged;  // "<linear>.weight" -> W + s B A
+  const double scaling = model.lora() ? model.lora()->scaling() : 0;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const auto* dense = dynamic_cast<const DenseImpl*>(item.value().get());
+    if (dense == nullptr || !dense->lora_A) continue;
+    merged[item.key() + ".weight"] = dense->weight.to(torch::kFloat32) +
+                                     torch::matmul(dense->lora_B->weight.to(torch::kFloat32),
+                                                   dense->lora_A->weight.to(torch::kFloat32)) *
+                                         scaling;
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : model.named_parameters()) {
+    if (is_lora_parameter(p.key())) continue;
+    const auto it = merged.find(p.key());
+    out.emplace_back(
+        p.key(), it != merged.end() ? it->second : p.value().detach().to(torch::kFloat32).clone());
+  }
+  return out;
+}
+
+void CausalLmImpl::initialise(const CausalLmInit& init) {
+  if (!init.device.is_meta() && !init.deferred) {
+    auto params = named_parameters();
+    for (auto& item : params) init_parameter(item.key(), item.value());
+  }
+  if (!lora_) return;
+  for (auto& p : named_parameters())
+    if (!is_lora_parameter(p.key())) p.value().set_requires_grad(false);
 }
 
 torch::Tensor causal_lm_loss(const torch::Tensor& logits, const torch::Tensor& labels) {
@@ -142,6 +216,31 @@ std::optional<ParamSpec> dense_spec(std::string_view field, std::int64_t in, std
   if (field == "weight") return ParamSpec{InitKind::kNormal, {out, in}};
   if (field == "bias") return ParamSpec{InitKind::kZeros, {out}};
   return std::nullopt;
+}
+
+std::optional<ParamSpec> lora_spec(
+    std::string_view name,
+    std::int64_t r,
+    const std::function<std::optional<ParamSpec>(std::string_view)>& base) {
+  for (const std::string_view factor : {".lora_A.weight", ".lora_B.weight"}) {
+    if (!name.ends_with(factor)) continue;
+    const auto weight = std::string(name.substr(0, name.size() - factor.size())) + ".weight";
+    const auto spec = base(weight);
+    if (!spec || spec->shape.size() != 2) return std::nullopt;
+    const auto out = spec->shape[0], in = spec->shape[1];
+    if (factor == ".lora_B.weight") return ParamSpec{InitKind::kZeros, {out, r}};
+    return ParamSpec{InitKind::kUniform, {r, in}, 1.0 / std::sqrt(static_cast<double>(in))};
+  }
+  return std::nullopt;
+}
+
+std::optional<ParamSpec> spec_with_lora(
+    const CausalLmImpl& model,
+    std::string_view name,
+    const std::function<std::optional<ParamSpec>(std::string_view)>& base) {
+  if (model.lora())
+    if (auto spec = lora_spec(name, model.lora()->r, base)) return spec;
+  return base(name);
 }
 
 std::optional<ParamSpec> norm_spec(std::string_view field, std::int64_t features) {
@@ -196,6 +295,12 @@ void init_from_spec(const std::optional<ParamSpec>& spec,
     case InitKind::kOnes:
       tensor.fill_(1);
       return;
+    case InitKind::kUniform: {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, name));
+      tensor.copy_(torch::empty(tensor.sizes(), torch::kFloat32)
+                       .uniform_(-spec->bound, spec->bound, generator));
+      return;
+    }
     case InitKind::kNormal: {
       auto generator = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(seed, name));
       if (tensor.is_cpu() && tensor.scalar_type() == torch::kFloat32 && tensor.is_contiguous()) {

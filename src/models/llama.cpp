@@ -179,10 +179,9 @@ LlamaImpl::LlamaImpl(LlamaConfig config, CausalLmInit init)
     if (!config_.tie_word_embeddings)
       lm_head = register_module(
           "lm_head", Dense(config_.hidden_size, config_.vocab_size, /*bias=*/false, options));
+    if (init.lora) add_lora(*init.lora, options);
   }
-  if (init.device.is_meta() || init.deferred) return;
-  auto params = named_parameters();
-  for (auto& item : params) init_parameter(item.key(), item.value());
+  initialise(init);
 }
 
 void LlamaImpl::check_ids(const torch::Tensor& input_ids, std::int64_t past) const {
@@ -230,8 +229,10 @@ torch::Tensor LlamaImpl::forward_cached(const torch::Tensor& input_ids, KvCache&
 }
 
 void LlamaImpl::init_parameter(const std::string& full_name, torch::Tensor& tensor) const {
-  parts::init_from_spec(param_spec(config_, full_name), full_name, tensor, seed(),
-                        config_.initializer_range, "Llama", config_.num_hidden_layers);
+  const auto spec = parts::spec_with_lora(
+      *this, full_name, [this](std::string_view n) { return param_spec(config_, n); });
+  parts::init_from_spec(spec, full_name, tensor, seed(), config_.initializer_range, "Llama",
+                        config_.num_hidden_layers);
 }
 
 bool LlamaImpl::is_layer(const torch::nn::Module& module) const {

@@ -7,23 +7,41 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+namespace trainyard::models {
+class CausalLmImpl;
+}
+
 namespace trainyard::models::parts {
 
-enum class InitKind { kNormal, kZeros, kOnes };
+enum class InitKind { kNormal, kZeros, kOnes, kUniform };
 
 // A parameter's shape and how it starts.
 struct ParamSpec {
   InitKind kind;
   std::vector<std::int64_t> shape;
+  double bound = 0;  // kUniform: U(-bound, bound)
 };
 
 // Dense (in -> out) weight and bias by the last component of the name: weight ~ normal, bias 0.
 std::optional<ParamSpec> dense_spec(std::string_view field, std::int64_t in, std::int64_t out);
+// A LoRA factor (models/lora.h) of rank r named "<linear>.lora_A.weight" (r, in), uniform in
+// +-1/sqrt(in), or "<linear>.lora_B.weight" (out, r), zero, from the spec `base` gives
+// "<linear>.weight"; nullopt for any other name.
+std::optional<ParamSpec> lora_spec(
+    std::string_view name,
+    std::int64_t r,
+    const std::function<std::optional<ParamSpec>(std::string_view)>& base);
+// lora_spec for a model built with LoRA adapters, else (and for other names) base(name).
+std::optional<ParamSpec> spec_with_lora(
+    const CausalLmImpl& model,
+    std::string_view name,
+    const std::function<std::optional<ParamSpec>(std::string_view)>& base);
 // LayerNorm / RmsNorm weight (1) and bias (0).
 std::optional<ParamSpec> norm_spec(std::string_view field, std::int64_t features);
 

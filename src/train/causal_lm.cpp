@@ -52,28 +52,35 @@ nlohmann::ordered_json config_json(const CausalLmOptions& o,
                               {"model_type", config.model_type()},
                               {"parameters", config.parameter_count()}};
   j.update(data_summary);
-  j.update(nlohmann::ordered_json{{"tokenizer", tokenizer.id},
-                                  {"strategy", to_string(o.strategy)},
-                                  {"precision", o.precision},
-                                  {"activation_checkpointing", o.activation_checkpointing},
-                                  {"world_size", world_size},
-                                  {"threads_per_rank", threads},
-                                  {"blas_core", blas_core_name()},
-                                  {"seq_len", o.seq_len},
-                                  {"batch_size", o.batch_size},
-                                  {"epochs", o.epochs},
-                                  {"max_steps", o.max_steps},
-                                  {"optimizer", "AdamW (FusedAdamW)"},
-                                  {"lr", o.effective_lr()},
-                                  {"gamma", o.effective_gamma()},
-                                  {"gradient_accumulation_steps", o.gradient_accumulation_steps},
-                                  {"eps", o.eps},
-                                  {"weight_decay", o.weight_decay},
-                                  {"seed", o.seed},
-                                  {"storage", o.run.storage},
-                                  {"name", o.run.name},
-                                  {"checkpoint_every", o.run.checkpoint_every},
-                                  {"num_to_keep", o.run.num_to_keep}});
+  j.update(
+      nlohmann::ordered_json{{"tokenizer", tokenizer.id},
+                             {"strategy", to_string(o.strategy)},
+                             {"precision", o.precision},
+                             {"activation_checkpointing", o.activation_checkpointing},
+                             {"world_size", world_size},
+                             {"threads_per_rank", threads},
+                             {"blas_core", blas_core_name()},
+                             {"seq_len", o.seq_len},
+                             {"batch_size", o.batch_size},
+                             {"epochs", o.epochs},
+                             {"max_steps", o.max_steps},
+                             {"optimizer", "AdamW (FusedAdamW)"},
+                             {"lr", o.effective_lr()},
+                             {"gamma", o.effective_gamma()},
+                             {"gradient_accumulation_steps", o.gradient_accumulation_steps},
+                             {"peft", o.lora ? nlohmann::ordered_json{{"type", "lora"},
+                                                                      {"r", o.lora->r},
+                                                                      {"alpha", o.lora->alpha},
+                                                                      {"dropout", o.lora->dropout},
+                                                                      {"targets", o.lora->targets}}
+                                             : nlohmann::ordered_json(nullptr)},
+                             {"eps", o.eps},
+                             {"weight_decay", o.weight_decay},
+                             {"seed", o.seed},
+                             {"storage", o.run.storage},
+                             {"name", o.run.name},
+                             {"checkpoint_every", o.run.checkpoint_every},
+                             {"num_to_keep", o.run.num_to_keep}});
   return j;
 }
 
@@ -328,9 +335,10 @@ WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Tr
   // FsdpOptions.device (Hugging Face weights read slice by slice); DDP's is built on the device.
   const auto device = trainer.device();
   WrappedModel w;
-  w.model = models::make_causal_lm(
-      source.config,
-      {.device = ddp_strategy ? device : torch::kCPU, .seed = o.seed, .deferred = !ddp_strategy});
+  w.model = models::make_causal_lm(source.config, {.device = ddp_strategy ? device : torch::kCPU,
+                                                   .seed = o.seed,
+                                                   .deferred = !ddp_strategy,
+                                                   .lora = o.lora});
   // FSDP reads each rank's slices of the weights (Note [Initialising by slices]), DDP the whole
   // model on every rank.
   const auto weights = initial_weights(source, trainer.rank());
@@ -338,7 +346,8 @@ WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Tr
     if (weights) models::load_hf_weights(*w.model, *weights);
     w.replicated = std::make_unique<ddp::DistributedDataParallel<models::CausalLm>>(
         w.model, trainer.dist().process_group());
-    w.params = w.model->parameters();
+    for (const auto& p : w.model->parameters())
+      if (p.requires_grad()) w.params.push_back(p);  // a LoRA base is frozen
     return w;
   }
   const auto model = w.model;
@@ -352,6 +361,8 @@ WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Tr
       .forward_prefetch = true,
       .limit_all_gathers = true,
       .activation_checkpointing = o.activation_checkpointing,
+      // A LoRA base is rebuilt from its source on every start (Note [Frozen shards]).
+      .checkpoint_frozen = !o.lora,
       .param_init = [model](const std::string& name,
                             torch::Tensor& t) { model->init_parameter(name, t); },
       .device = device};
@@ -360,11 +371,20 @@ WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Tr
     std::vector<std::string> names;
     for (const auto& p : model->named_parameters()) {
       shapes[p.key()] = p.value().sizes().vec();
-      names.push_back(p.key());
+      if (!models::is_lora_parameter(p.key())) names.push_back(p.key());
     }
     models::check_hf_tensor_names(names, *weights);
-    options.param_slice_init = models::hf_slice_init(
+    auto from_file = models::hf_slice_init(
         weights, [shapes](const std::string& name) { return shapes.at(name); });
+    // LoRA's adapters are not the folder's: their slices come from their initial values.
+    options.param_slice_init = [from_file, model, shapes](const std::string& name,
+                                                          std::int64_t begin, std::int64_t count,
+                                                          float* dst) {
+      if (!models::is_lora_parameter(name)) return from_file(name, begin, count, dst);
+      auto t = torch::empty(shapes.at(name), torch::kFloat32);
+      model->init_parameter(name, t);
+      std::copy_n(t.data_ptr<float>() + begin, count, dst);
+    };
   }
   if (o.precision == "bf16-mixed")
     options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
@@ -729,6 +749,7 @@ void CausalLmOptions::validate() const {
            "\") and --response-field (e.g. answer).");
   TY_CHECK(eps > 0, "--eps must be > 0, got ", eps, ".");
   TY_CHECK(weight_decay >= 0, "--weight-decay must be >= 0, got ", weight_decay, ".");
+  if (lora) lora->validate();
   check_model_flag(model);
   TY_CHECK(max_steps == -1 || max_steps >= 1,
            "--max-steps must be >= 1 (or omitted for all epochs), got ", max_steps, ".");

@@ -18,6 +18,7 @@
 #include "trainyard/hf/weight_reader.h"
 #include "trainyard/log.h"
 #include "trainyard/models/hf_weights.h"
+#include "trainyard/models/lora.h"
 #include "trainyard/storage/storage.h"
 #include "trainyard/train/causal_lm.h"
 
@@ -51,6 +52,28 @@ void check_model_fits(const models::CausalLmConfig& config, const std::string& w
       ". HINT: check those sizes in its config.json, or run on a machine with more memory."));
 }
 
+// Note [A LoRA run's base]
+// A run trained with --peft lora saves only its adapters and their optimizer state (FSDP's
+// checkpoint_frozen false: Note [Frozen shards]); its config.json names the base (--model) and
+// the seed it was initialised from. Readers rebuild the base the same way and load the adapters
+// over it; export then merges them (W + alpha/r B A) or writes them alone (--adapter-only).
+
+// The LoRA options a run's config.json records ("peft"), or nullopt.
+std::optional<models::LoraOptions> lora_of_run(const nlohmann::json& config,
+                                               const std::string& run_uri) {
+  const auto it = config.find("peft");
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  try {
+    return models::LoraOptions{.r = it->at("r").get<std::int64_t>(),
+                               .alpha = it->at("alpha").get<double>(),
+                               .dropout = it->at("dropout").get<double>(),
+                               .targets = it->at("targets").get<std::vector<std::string>>()};
+  } catch (const std::exception& e) {
+    throw CorruptDataError(
+        detail::concat(run_uri, "/config.json: \"peft\" is not a LoRA configuration: ", e.what()));
+  }
+}
+
 // A run's folder: its model (untrained) and tokenizer, from its config.json.
 LoadedLm untrained_model_of_run(const std::string& run_uri,
                                 std::uint64_t seed,
@@ -66,10 +89,21 @@ LoadedLm untrained_model_of_run(const std::string& run_uri,
   TY_CHECK(config.value("recipe", "") == "causal-lm", run_uri,
            "/config.json is not a causal-lm run's (recipe \"", config.value("recipe", ""), "\").");
   const auto source = resolve_model(config.at("model").get<std::string>());
+  const auto lora = lora_of_run(config, run_uri);
+  if (lora) {
+    // Note [A LoRA run's base]: its checkpoints hold the adapters only; the base is rebuilt as
+    // the run built it, from its model folder's weights or its seed, in one whole model.
+    deferred = false;
+    seed = config.value("seed", std::uint64_t{0});
+  }
   // See Note [A reader checks the model's size]; a deferred model allocates nothing.
   if (!deferred) check_model_fits(source.config, run_uri + "'s model " + config.value("model", ""));
-  return {models::make_causal_lm(source.config, {.seed = seed, .deferred = deferred}),
-          load_text_tokenizer(config.value("tokenizer", "bytes")), run_uri};
+  LoadedLm lm{
+      models::make_causal_lm(source.config, {.seed = seed, .deferred = deferred, .lora = lora}),
+      load_text_tokenizer(config.value("tokenizer", "bytes")), run_uri};
+  if (lora && !source.dir.empty() && has_hf_weights(source.dir))
+    models::load_hf_weights(*lm.model, hf::WeightReader(source.dir));
+  return lm;
 }
 
 // A sharded checkpoint's parameters, read by ranges (Note [Reading parameters by ranges]), after
@@ -208,6 +242,40 @@ void export_verified(LoadedLm& lm,
                   fs::copy_options::overwrite_existing);
 }
 
+// A LoRA run's checkpoint (Note [A LoRA run's base]): the adapters alone in PEFT's layout, or
+// merged into the base's weights as a plain Hugging Face folder.
+void export_lora_run(LoadedLm& lm,
+                     checkpoint::Checkpointer& checkpointer,
+                     const std::string& run_uri,
+                     const std::string& name,
+                     const std::string& out_dir,
+                     const models::ExportOptions& options) {
+  load_run_checkpoint(lm, checkpointer, run_uri, name);
+  const auto config = nlohmann::json::parse(*storage::open_storage(run_uri)->read("config.json"));
+  if (options.adapter_only) {
+    models::export_lora_adapter(*lm.model, *lm.model->lora(), config.value("model", ""), out_dir,
+                                options);
+    return;
+  }
+  const auto merged = models::merged_lora_parameters(*lm.model);
+  models::TensorShapes tensors;
+  std::map<std::string, const torch::Tensor*> by_name;
+  for (const auto& [param, t] : merged) {
+    tensors.emplace_back(param, t.sizes().vec());
+    by_name[param] = &t;
+  }
+  models::export_hf(
+      tensors,
+      [&](const std::string& param, float* dst) {
+        const auto& t = *by_name.at(param);
+        std::copy_n(t.contiguous().data_ptr<float>(), t.numel(), dst);
+      },
+      lm.model->lm_config().to_json(), out_dir, options);
+  if (lm.tokenizer.id != "bytes")
+    fs::copy_file(lm.tokenizer.id, fs::path(out_dir) / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
+}
+
 }  // namespace
 
 LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed) {
@@ -255,8 +323,17 @@ std::string export_checkpoint(const std::string& checkpoint_uri,
   checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
   const auto manifest = checkpointer.read_manifest(name);
   const auto where = storage::join_uri(run_uri, manifest.name);
+  TY_CHECK(!options.adapter_only || lm.model->lora(),
+           "--adapter-only exports LoRA adapters, "
+           "but ",
+           run_uri,
+           " was trained without --peft lora. HINT: export it without "
+           "--adapter-only.");
   try {
-    export_verified(lm, checkpointer, manifest, run_uri, out_dir, options);
+    if (lm.model->lora())
+      export_lora_run(lm, checkpointer, run_uri, name, out_dir, options);
+    else
+      export_verified(lm, checkpointer, manifest, run_uri, out_dir, options);
   } catch (const CheckpointCorruptError& e) {
     std::string others;
     for (const auto& n : checkpointer.list_complete())

@@ -156,3 +156,54 @@ TEST(LlamaRecipe, BadRecordsAndFlagsAreRefusedNamingTheFileAndLine) {
 }
 
 }  // namespace
+
+namespace {
+
+// --peft lora on two ranks, bf16-mixed: the checkpoint holds the adapters only, a second start
+// resumes from it, generation and both exports work from the run.
+TEST(LlamaRecipe, LoraTrainsAdaptersOnlyAndExportsThemMergedOrAsPeft) {
+  TempDir dir;
+  write_fixture(dir.path());
+  auto run = [&](const std::string& epochs) {
+    return run_program(
+        command(dir.path(), {"--peft", "lora", "--lora-r", "8", "--lora-targets", "q_proj,v_proj",
+                             "--precision", "bf16-mixed", "--epochs", epochs, "--name", "lora"}),
+        {}, 120s);
+  };
+  auto first = run("1");
+  ASSERT_TRUE(first.status.success()) << first.out << first.err;
+  const auto ckpt = dir.path() / "lora" / "checkpoint_000000";
+  const auto meta = nlohmann::json::parse(read_file(ckpt / "fsdp.json"));
+  ASSERT_EQ(meta["parameters"].size(), 2u * 2u * 2u) << "2 layers x q,v x A,B";
+  for (const auto& [name, p] : meta["parameters"].items())
+    EXPECT_NE(name.find(".lora_"), std::string::npos) << name << ": the base is not saved";
+  auto second = run("2");
+  ASSERT_TRUE(second.status.success()) << second.out << second.err;
+  EXPECT_NE(second.err.find("checkpoint_000000"), std::string::npos) << "resumed from it";
+  EXPECT_NE(second.out.find("Epoch 2:"), std::string::npos) << second.out;
+
+  auto g = run_program({TRAINYARD_CLI_PATH, "generate", "--model", (dir.path() / "lora").string(),
+                        "--prompt", "Summarize", "--max-new-tokens", "4"},
+                       {}, 60s);
+  ASSERT_TRUE(g.status.success()) << g.err;
+  const auto newest = dir.path() / "lora" / "checkpoint_000001";
+  for (const bool adapter_only : {false, true}) {
+    const auto out = dir.path() / (adapter_only ? "adapter" : "merged");
+    std::vector<std::string> args = {TRAINYARD_CLI_PATH, "export", "--checkpoint",
+                                     newest.string(),    "--out",  out.string()};
+    if (adapter_only) args.push_back("--adapter-only");
+    auto e = run_program(args, {}, 60s);
+    ASSERT_TRUE(e.status.success()) << e.err;
+  }
+  const auto adapter = nlohmann::json::parse(read_file(dir.path() / "adapter/adapter_config.json"));
+  EXPECT_EQ(adapter["peft_type"], "LORA");
+  EXPECT_EQ(adapter["r"], 8);
+  const auto weights = read_file(dir.path() / "adapter/adapter_model.safetensors");
+  EXPECT_NE(weights.find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+            std::string::npos);
+  const auto merged = read_file(dir.path() / "merged/model.safetensors");
+  EXPECT_EQ(merged.find("lora_"), std::string::npos) << "merged: a plain Llama";
+  EXPECT_NE(merged.find("model.layers.1.self_attn.q_proj.weight"), std::string::npos);
+}
+
+}  // namespace

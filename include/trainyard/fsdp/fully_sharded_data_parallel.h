@@ -83,6 +83,10 @@ struct FsdpOptions {
   // Recompute each unit's forward in backward instead of keeping its activations
   // (Note [Activation checkpointing] in src/nn/checkpoint.cpp).
   bool activation_checkpointing = false;
+  // Sharded checkpoints (fsdp/state_dict.h) hold the frozen parameters too. false: only the
+  // trainable ones and their optimizer state, for models whose frozen part is rebuilt from its
+  // source on every start (a LoRA base: Note [Frozen shards]).
+  bool checkpoint_frozen = true;
   // Required when the model was built on the meta device: see ParamInit.
   ParamInit param_init;
   // For a deferred model: see ParamSliceInit. Takes precedence over param_init.

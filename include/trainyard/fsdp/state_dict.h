@@ -103,6 +103,7 @@ class ShardedParameterReader {
 
 // Loads every parameter of an unwrapped `module` (the same names and shapes) from `reader`.
 // Throws CheckpointCorruptError for a parameter missing on either side or of another shape.
+// A frozen parameter of `module` that the checkpoint does not hold keeps its value.
 void load_sharded_into_module(torch::nn::Module& module,
                               const ShardedParameterReader& reader,
                               const std::string& what);

@@ -9,11 +9,13 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "trainyard/ignore_index.h"
 #include "trainyard/models/causal_lm_config.h"
+#include "trainyard/models/lora.h"
 
 namespace trainyard::models {
 
@@ -28,6 +30,9 @@ struct CausalLmInit {
   // FsdpOptions::param_init (CausalLmImpl::init_parameter), so the full model never exists in one
   // process. Such a model cannot run until FSDP has taken it.
   bool deferred = false;
+  // LoRA adapters on the linear layers lora->targets names, every other parameter frozen
+  // (models/lora.h); nullopt: none, every parameter trainable.
+  std::optional<LoraOptions> lora;
 };
 
 // Note [Per-name initialisation]
@@ -75,15 +80,33 @@ class CausalLmImpl : public torch::nn::Module {
 
   const CausalLmConfig& lm_config() const { return lm_config_; }
   std::uint64_t seed() const { return seed_; }
+  // The LoRA adapters it was built with (CausalLmInit::lora).
+  const std::optional<LoraOptions>& lora() const { return lora_; }
 
  protected:
   CausalLmImpl(CausalLmConfig config, std::uint64_t seed)
       : lm_config_(std::move(config)), seed_(seed) {}
+  // For the architectures' constructors: adapters on the targeted linear layers of every
+  // transformer layer (while parameters are being built, so deferred ones stay deferred), and
+  // then, once initialised, every other parameter frozen.
+  void add_lora(const LoraOptions& lora, const torch::TensorOptions& options);
+  // The end of every architecture's constructor: initialises each parameter (init_parameter)
+  // unless `init` is on the meta device or deferred, then freezes all but LoRA's when it has them.
+  void initialise(const CausalLmInit& init);
 
  private:
   CausalLmConfig lm_config_;
   std::uint64_t seed_;
+  std::optional<LoraOptions> lora_;
 };
+
+// Whether `name` is a LoRA factor: "...lora_A.weight" or "...lora_B.weight".
+bool is_lora_parameter(std::string_view name);
+
+// The model's parameters without its LoRA factors, each adapted weight merged:
+// W + (alpha / r) B A, in fp32 (copies). The model as a plain one, for export.
+std::vector<std::pair<std::string, torch::Tensor>> merged_lora_parameters(
+    const CausalLmImpl& model);
 
 // A shared handle to any causal LM, as TORCH_MODULE gives one (model->forward(...)).
 class CausalLm : public torch::nn::ModuleHolder<CausalLmImpl> {

@@ -33,7 +33,8 @@ void check_hf_tensor_names(const std::vector<std::string>& model_names,
                            const hf::WeightReader& reader);
 
 // Copies every parameter of `module` (HF names, e.g. GptNeoX's) from `reader`, converting the
-// stored dtype, after check_hf_tensor_names. Throws CheckpointCorruptError naming the tensor, its
+// stored dtype, after check_hf_tensor_names; LoRA adapters (is_lora_parameter) are not the
+// folder's and keep their values. Throws CheckpointCorruptError naming the tensor, its
 // file and both shapes when a shape disagrees with the model (its config.json), and naming the
 // missing and unexpected tensors.
 void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader);
@@ -46,12 +47,27 @@ std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_s
     std::shared_ptr<const hf::WeightReader> reader,
     std::function<std::vector<std::int64_t>(const std::string&)> shapes);
 
+struct LoraOptions;
+
 struct ExportOptions {
   std::uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's "5GB"
   bool bf16 = false;                              // write BF16 instead of F32
   // Write into a folder that holds files already (--force); otherwise that is an error.
   bool overwrite = false;
+  // A LoRA run: write the adapters alone in PEFT's layout (export_lora_adapter) instead of the
+  // merged model (--adapter-only).
+  bool adapter_only = false;
 };
+
+// `module`'s LoRA factors (is_lora_parameter) as Hugging Face PEFT saves an adapter:
+// dir/adapter_config.json (peft_type LORA, r, lora_alpha, lora_dropout, target_modules,
+// base_model_name_or_path = `base_model`) and dir/adapter_model.safetensors with PEFT's names
+// ("base_model.model." + the parameter's name), fp32. Checks the folder as export_hf does.
+void export_lora_adapter(const torch::nn::Module& module,
+                         const LoraOptions& lora,
+                         const std::string& base_model,
+                         const std::string& dir,
+                         ExportOptions options = {});
 
 // Writes `module`'s parameters to `dir` as Hugging Face weights (model.safetensors, or shards and
 // model.safetensors.index.json past max_shard_bytes) and `config_json` as config.json, streaming

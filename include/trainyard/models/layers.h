@@ -24,7 +24,20 @@ class DeferredParameters {
   DeferredParameters& operator=(const DeferredParameters&) = delete;
 };
 
-// y = x W^T + b, W (out_features, in_features).
+// One factor of a LoRA adapter (models/lora.h): a weight without bias, named as PEFT names it
+// (q_proj.lora_A.weight).
+class LowRankImpl : public torch::nn::Module {
+ public:
+  LowRankImpl(std::int64_t in_features,
+              std::int64_t out_features,
+              const torch::TensorOptions& options);
+
+  torch::Tensor weight;  // (out_features, in_features)
+};
+TORCH_MODULE(LowRank);
+
+// y = x W^T + b, W (out_features, in_features); with a LoRA adapter (add_lora) plus
+// scaling * B A dropout(x).
 class DenseImpl : public torch::nn::Module {
  public:
   DenseImpl(std::int64_t in_features,
@@ -32,9 +45,18 @@ class DenseImpl : public torch::nn::Module {
             bool bias,
             const torch::TensorOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  // Registers lora_A (r, in) and lora_B (out, r), uninitialised (the model initialises them).
+  void add_lora(std::int64_t r,
+                double scaling,
+                double dropout,
+                const torch::TensorOptions& options);
 
-  torch::Tensor weight;  // (out_features, in_features)
-  torch::Tensor bias;    // (out_features), or undefined
+  torch::Tensor weight;                      // (out_features, in_features)
+  torch::Tensor bias;                        // (out_features), or undefined
+  LowRank lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
+
+ private:
+  double lora_scaling_ = 0, lora_dropout_ = 0;
 };
 TORCH_MODULE(Dense);
 

@@ -18,6 +18,7 @@
 #include "trainyard/data/instruction_data.h"
 #include "trainyard/models/causal_lm.h"
 #include "trainyard/models/hf_weights.h"
+#include "trainyard/models/lora.h"
 
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
@@ -59,6 +60,9 @@ struct CausalLmOptions {
   double weight_decay = 0.01;  // AdamW's decoupled decay, torch's default
   // Micro-batches of batch_size per optimizer step; gradients are synchronised on the last only.
   std::int64_t gradient_accumulation_steps = 1;
+  // --peft lora: LoRA adapters on lora->targets, the base frozen (no gradient, no optimizer
+  // state; under bf16-mixed its FSDP shards held in bf16); checkpoints hold the adapters only.
+  std::optional<models::LoraOptions> lora;
   std::int64_t max_steps = -1;  // stop after this many steps of the run; -1: all epochs
   std::uint64_t seed = 0;       // initialisation (of a random model) and shuffling
   bool progress = true;         // a progress bar on rank 0 when the output is a terminal
