@@ -53,6 +53,9 @@ struct Unit {
   int order = -1;  // position in this iteration's forward order
   bool pre_backward_done = false;
   bool has_frozen = false;
+  // This iteration's backward has produced the gradient of the unit's input: every frozen weight
+  // of the unit has served its input gradients (Note [Freeing units with frozen parameters]).
+  bool input_grad_done = false;
 };
 
 struct PendingReduction {
@@ -95,6 +98,11 @@ class FsdpState {
   std::int64_t all_min(std::int64_t value);
   // Drops every gathered copy (they would be stale once the shards change). Between steps only.
   void free_all();
+  // Frees `unit` once its backward is over: every trainable buffer reduced and, with frozen
+  // parameters, its input's gradient computed. Never the root.
+  void free_after_backward(Unit& unit);
+  // The dtype of a frozen flat buffer's shard: the compute dtype (Note [Frozen shards]).
+  torch::ScalarType frozen_dtype() const { return compute_dtype_; }
 
  private:
   class Hook;

@@ -278,6 +278,9 @@ void FsdpState::select_units() {
   add_unit("", root_.get(), std::move(root_slots));
   for (std::size_t k = found.size(); k-- > 0;)  // outermost first: the order modules are declared
     add_unit(found[k].first, found_modules[k], std::move(found[k].second));
+  // The units' full fp32 values existed only to be sharded: give their blocks back, or a 7B
+  // model's largest units (a layer, the embeddings) stay mapped for the whole run.
+  if (device_.is_cpu()) memory::release_idle_blocks();
 }
 
 void FsdpState::sync_initial_values(torch::Tensor& full) {
@@ -331,14 +334,17 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
     TY_CHECK(std::all_of(slots.begin(), slots.end(),
                          [](const ParamSlot& s) { return is_deferred(s.param); }),
              where(), ": FsdpOptions.param_slice_init needs every parameter of a unit deferred.");
-    auto shard = torch::zeros({flat->shard_numel}, torch::kFloat32);  // CPU: Note [FSDP device]
+    // CPU: Note [FSDP device]. A frozen shard is staged in a reused buffer and kept in the
+    // compute dtype (Note [Frozen shards]), so no fp32 copy of it stays behind in the heap.
+    auto shard = trainable ? torch::zeros({flat->shard_numel}, torch::kFloat32)
+                           : cached_buffer(flat->shard_numel, torch::kFloat32).zero_();
     const std::int64_t lo = shard_rank_ * flat->shard_numel, hi = lo + flat->shard_numel;
     for (const auto& s : slots) {
       const auto b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
       if (b < e)
         options_.param_slice_init(s.name, b - s.offset, e - b, shard.data_ptr<float>() + (b - lo));
     }
-    flat->shard = shard.to(device_);
+    flat->shard = trainable ? shard.to(device_) : shard.to(device_, frozen_dtype(), false, true);
   } else {
     // (padded_numel,) fp32 on device_: the unit's full values, alive only here.
     auto full = cached_buffer(flat->padded_numel, torch::kFloat32).zero_();
@@ -356,9 +362,10 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
       }
     }
     if (!deferred) sync_initial_values(full);
-    flat->shard = flat->aliases_shard
-                      ? full
-                      : full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel).clone();
+    const auto own = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel);
+    flat->shard = flat->aliases_shard ? full
+                  : trainable         ? own.clone()
+                                      : own.to(frozen_dtype(), false, true);
   }
   if (flat->aliases_shard) {
     flat->gathered = flat->shard.storage();
@@ -370,9 +377,6 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   } else {
     flat->gathered = cached_buffer(flat->padded_numel, compute_dtype_).storage();
   }
-  // See Note [Frozen shards].
-  if (!trainable && !flat->aliases_shard && compute_dtype_ != torch::kFloat32)
-    flat->shard = flat->shard.to(compute_dtype_);
   flat->shard.set_requires_grad(trainable);
   for (auto& s : slots)
     s.param.set_data(view_of(flat->gathered, s.offset, s.shape, compute_dtype_));
@@ -501,6 +505,7 @@ void FsdpState::pre_forward() {
   for (auto& unit : units_) {
     unit->order = -1;
     unit->pre_backward_done = false;
+    unit->input_grad_done = false;
   }
   stats_ = FsdpStats{.peak_gathered_bytes = gathered_bytes_};
   sync_this_backward_ = require_sync_;
@@ -538,6 +543,12 @@ torch::Tensor FsdpState::run_unit(Unit& unit,
   if (backward_follows) {
     Unit* u = &unit;
     output.register_hook([this, u](const torch::Tensor&) { pre_backward(*u); });
+    // See Note [Freeing units with frozen parameters].
+    if (unit.has_frozen && x.requires_grad())
+      x.register_hook([this, u](const torch::Tensor&) {
+        u->input_grad_done = true;
+        free_after_backward(*u);
+      });
   }
   return output;
 }
@@ -597,21 +608,35 @@ void FsdpState::on_gradient_ready(std::size_t index) {
   flat->grad_ready[slot] = true;
   if (--flat->grads_pending > 0) return;
   reduce_flat(*flat);
-  // Find the unit; free it when all its buffers are reduced (units with frozen parameters wait
-  // for the end of backward: a frozen weight may still be needed for an input gradient).
   for (auto& unit : units_) {
-    bool mine = std::any_of(unit->flats.begin(), unit->flats.end(),
-                            [&](const auto& f) { return f.get() == flat; });
+    const bool mine = std::any_of(unit->flats.begin(), unit->flats.end(),
+                                  [&](const auto& f) { return f.get() == flat; });
     if (!mine) continue;
-    bool done = std::all_of(unit->flats.begin(), unit->flats.end(),
-                            [](const auto& f) { return !f->trainable || f->grads_pending == 0; });
-    if (done && unit.get() != units_[0].get() && !unit->has_frozen) {
-      free_unit(*unit);
-      if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost)
-        maybe_prefetch(neighbour(*unit, -1));
-    }
+    free_after_backward(*unit);
     break;
   }
+}
+
+// Note [Freeing units with frozen parameters]
+// A unit whose parameters are all trainable is done with its backward when every gradient has
+// arrived. A frozen weight gets no gradient, but its values are read for its input's gradient
+// (a LoRA base's matmuls), which may come after the last trainable gradient. So such a unit is
+// freed when the gradient of its input has been computed too: every operation inside the unit
+// lies between its input and its output, so by then none of them needs its weights. (A unit whose
+// input needs no gradient, e.g. the first layer after a frozen embedding, stays gathered until
+// the end of backward.) Without this a LoRA model would hold every layer's full weights at once
+// at the end of backward: the whole base, unsharded.
+void FsdpState::free_after_backward(Unit& unit) {
+  const bool done = std::all_of(unit.flats.begin(), unit.flats.end(), [](const auto& f) {
+    return !f->trainable || f->grads_pending == 0;
+  });
+  if (!done || &unit == units_[0].get() || (unit.has_frozen && !unit.input_grad_done)) return;
+  if (!std::any_of(unit.flats.begin(), unit.flats.end(),
+                   [](const auto& f) { return f->is_gathered && !f->aliases_shard; }))
+    return;  // freed already
+  free_unit(unit);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost)
+    maybe_prefetch(neighbour(unit, -1));
 }
 
 void FsdpState::reduce_flat(FlatParam& flat) {
@@ -857,7 +882,7 @@ std::int64_t FsdpState::sharded_state_bytes() const {
   std::int64_t bytes = 0;
   for (auto& unit : units_)
     for (auto& flat : unit->flats) {
-      bytes += flat->shard.numel() * 4;
+      bytes += flat->shard.numel() * static_cast<std::int64_t>(flat->shard.element_size());
       if (flat->trainable && flat->shard.grad().defined()) bytes += flat->shard.grad().numel() * 4;
     }
   return bytes;

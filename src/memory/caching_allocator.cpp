@@ -207,6 +207,22 @@ bool caching_allocator_installed() {
   return g_installed.load();
 }
 
+void release_idle_blocks() {
+  auto& c = cache();
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    for (auto& [size, ptrs] : c.idle) {
+      for (void* ptr : ptrs) blocks.emplace_back(ptr, size);
+      c.stats.idle_bytes -= size * ptrs.size();
+      c.stats.mapped_bytes -= size * ptrs.size();
+      c.stats.unmaps += ptrs.size();
+      ptrs.clear();
+    }
+  }
+  unmap_all(blocks);
+}
+
 CacheStats cache_stats() {
   auto& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);

@@ -153,3 +153,50 @@ TEST(Lora, FullShardMatchesOneProcessAndTheBaseNeverChanges) {
 }
 
 }  // namespace
+
+namespace {
+
+// Note [Freeing units with frozen parameters]: in backward each LoRA layer is freed once its
+// input's gradient is computed, so at most a few layers' full weights are gathered at once (here
+// 8 layers; before, every layer stayed gathered until the end of backward). With bf16-mixed the
+// frozen shards are bf16 (Note [Frozen shards]).
+TEST(Lora, FullShardKeepsFewLayersGatheredInBackwardAndFrozenShardsInBf16) {
+  auto config = LlamaConfig::preset("llama-tiny");
+  config.num_hidden_layers = 8;
+  trainyard::testing::run_thread_ranks(2, [&](int rank, auto pg) {
+    auto model = make_causal_lm(config, {.deferred = true, .lora = lora()});
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    trainyard::fsdp::FullyShardedDataParallel fsdp(
+        model,
+        trainyard::fsdp::make_fsdp_groups(trainyard::fsdp::ShardingStrategy::kFullShard, pg, store,
+                                          2),
+        {.wrap = {.wraps = [model](const std::string&, const torch::nn::Module& m,
+                                   std::int64_t) { return model->is_layer(m); }},
+         .mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32},
+         .activation_checkpointing = true,
+         .param_init = [model](const std::string& n, torch::Tensor& t) {
+           model->init_parameter(n, t);
+         }});
+    // Trainable: the adapters' fp32 shards alone; frozen: half of the rest, in bf16.
+    std::int64_t trainable = 0;
+    for (const auto& p : fsdp.parameters()) trainable += p.numel();
+    const auto adapters = lora_parameter_count(CausalLmConfig(config), lora());
+    EXPECT_GE(trainable * 2, adapters);
+    EXPECT_LT(trainable * 2, adapters + 64);  // padding
+    const auto frozen = CausalLmConfig(config).parameter_count();
+    EXPECT_LT(fsdp.sharded_state_bytes(), (frozen / 2) * 2 + trainable * 4 + 1024);
+    const auto ids = torch::randint(0, 256, {2, 16});
+    causal_lm_loss(fsdp.forward(ids), ids).backward();
+    // bf16 bytes of a layer's base (q, o 32x32; k, v 16x32; gate, up, down 32x64; two norms)
+    // and of the root (embed_tokens, lm_head, norm).
+    const std::int64_t layer = (2 * 32 * 32 + 2 * 16 * 32 + 3 * 32 * 64 + 2 * 32) * 2;
+    const std::int64_t root = (2 * 256 * 32 + 32) * 2;
+    if (rank == 0) {
+      // All eight layers gathered would be root + 8 layers (181 KB).
+      EXPECT_LT(fsdp.last_stats().peak_gathered_bytes, root + 4 * layer)
+          << "at most a few layers and the root at once";
+    }
+  });
+}
+
+}  // namespace

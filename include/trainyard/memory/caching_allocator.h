@@ -39,6 +39,11 @@ bool caching_allocator_installed();
 
 CacheStats cache_stats();
 
+// Unmaps every idle block, returning its memory to the system: for buffers a phase that is over
+// needed (FSDP's construction builds each unit's full fp32 values once) and the steps to come
+// will not. Thread-safe.
+void release_idle_blocks();
+
 // The block size a request of `nbytes` (>= kCachedMinBytes) gets: rounded up to an eighth of its
 // power of two, and to whole pages.
 std::size_t cache_size_class(std::size_t nbytes);
