@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# gpt_fsdp.sh — GPT-NeoX training throughput and memory under trainyard's FSDP strategies, its DDP,
-# and the Python PyTorch DDP peer (bench/python/gpt_neox_ddp.py, Debian's torch 1.13), measured
-# side by side in one invocation: the variants alternate within each round, and every round runs
-# them all, so drift on the shared machine hits all alike; the table takes the median over rounds.
+# gpt_fsdp.sh — GPT-NeoX and Llama training throughput and memory under trainyard's FSDP
+# strategies, its DDP, and a Python PyTorch DDP peer (Debian's torch 1.13), measured side by side
+# in one invocation: the variants alternate within each round, and every round runs them all, so
+# drift on the shared machine hits all alike; the table takes the median over rounds.
+# The peer follows the preset's family: GPT-NeoX presets (pythia-*, ...) run
+# bench/python/gpt_neox_ddp.py, Llama presets (llama-*, smollm2-*, tinyllama-*) run
+# bench/python/llama_ddp.py; each mirrors the C++ model, its per-name initialisation and its data,
+# so that fp32 losses match.
 #
 # Variants (names for --variants):
 #   ddp:fp32 ddp:bf16                     train_gpt_fsdp --strategy ddp
@@ -10,7 +14,7 @@
 #   shard_grad_op:fp32 shard_grad_op:bf16 train_gpt_fsdp --strategy shard_grad_op
 #   full_shard:fp32 full_shard:bf16       train_gpt_fsdp --strategy full_shard
 #   full_shard:fp32:ac full_shard:bf16:ac ... with --activation-checkpointing
-#   python:fp32 python:bf16               bench/python/gpt_neox_ddp.py (torch DDP over Gloo)
+#   python:fp32 python:bf16               the Python peer (torch DDP over Gloo)
 # and, only when named: python:fp32:reuse python:bf16:reuse, the peer with glibc told to keep freed
 # memory for reuse (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647), as trainyard's ranks do
 # by themselves (Note [Reusing freed memory]).
@@ -32,13 +36,23 @@
 # prints both paths). 6 x parameters counts model FLOPs only (no attention scores, no
 # recomputation under activation checkpointing), and counts the input embedding, a lookup (the
 # output says by how much).
-# Then the ratios: FULL_SHARD bf16 / DDP bf16 tokens/s (bar >= 0.9), FULL_SHARD bf16 / Python DDP
-# bf16 tokens/s (bar >= 1.5; also against python:bf16:reuse when it ran), FULL_SHARD fp32 / DDP
-# fp32 peak RSS, with each round's own ratio beside the ratio of the medians.
+# (For a tied model, smollm2-135m and llama-3.2-1b, the embedding is also the output projection,
+# so every parameter is a matmul one.)
+# Then the ratios, with each round's own ratio beside the ratio of the medians. GPT-NeoX:
+# FULL_SHARD bf16 / DDP bf16 tokens/s (bar >= 0.9), FULL_SHARD bf16 / Python DDP bf16 tokens/s
+# (bar >= 1.5; also against python:bf16:reuse when it ran), FULL_SHARD fp32 / DDP fp32 peak RSS.
+# Llama (issue 27): FULL_SHARD bf16 / Python DDP bf16 tokens/s (bar >= 1.25) and the MFU of
+# FULL_SHARD bf16 (bar >= 50 %), with the same ratios as GPT-NeoX's otherwise, unbarred.
 #
 #   bench/gpt_fsdp.sh                       # pythia-70m, seq 256, batch 4/rank, 2 ranks x 1 thread:
 #                                           # ~12 minutes on a quiet machine
 #   bench/gpt_fsdp.sh --smoke               # ~1.5 minutes: pythia-14m, seq 64, batch 1, 2 steps, 1 round
+#   bench/gpt_fsdp.sh --smoke --preset llama-tiny   # an explicit flag wins over --smoke's
+#   bench/gpt_fsdp.sh --preset smollm2-135m --variants ddp:bf16,full_shard:bf16,python:bf16
+#   bench/gpt_fsdp.sh --preset tinyllama-1.1b --variants ddp:bf16,full_shard:bf16,python:bf16 \
+#       --rounds 1 --run-timeout 1800       # ~1B: C++ DDP and the peer hold 16 bytes x 1.1B =
+#                                           # 17.6 GB of model state per rank (2 ranks: ~45 GB of
+#                                           # RAM with activations), FULL_SHARD half of it
 #   bench/gpt_fsdp.sh --variants all,python:fp32:reuse,python:bf16:reuse --rounds 3
 #   bench/gpt_fsdp.sh --rounds 5 --steps 6 --variants ddp:bf16,full_shard:bf16,python:bf16
 #   BENCH_STEPS=2 bench/gpt_fsdp.sh          # every flag has a BENCH_* variable
@@ -47,11 +61,12 @@
 #   build/trainyard run --nproc-per-node R -- stdbuf -oL build/examples/train_gpt_fsdp --preset P \
 #       --strategy S --precision X [--activation-checkpointing] --seq-len T --batch-size B \
 #       --steps N --lr LR --seed SEED --data FILE
-#   build/trainyard run --nproc-per-node R -- /usr/bin/python3 bench/python/gpt_neox_ddp.py \
+#   build/trainyard run --nproc-per-node R -- /usr/bin/python3 bench/python/PEER \
 #       --preset P --precision X --seq-len T --batch-size B --steps N --lr LR --seed SEED --data FILE
+# (PEER: gpt_neox_ddp.py or llama_ddp.py, by the preset's family).
 #
 # Flags (environment variable, default):
-#   --preset P        BENCH_PRESET       pythia-70m
+#   --preset P        BENCH_PRESET       pythia-70m  (llama-tiny takes --seq-len <= 64)
 #   --seq-len T       BENCH_SEQ_LEN      256
 #   --batch-size B    BENCH_BATCH_SIZE   4      sequences per rank
 #   --steps N         BENCH_STEPS        3      steps per run (>= 2; the first is warm-up)
@@ -66,7 +81,8 @@
 #   --peak-seconds S  BENCH_PEAK_SECONDS 4      seconds per dtype for the peak
 #   --run-timeout S   BENCH_RUN_TIMEOUT  600    a run taking longer is stopped and counts as failed
 #   --smoke                                     --preset pythia-14m --seq-len 64 --batch-size 1
-#                                               --steps 2 --rounds 1 --peak-size 1024 --peak-seconds 1
+#                                               --steps 2 --rounds 1 --peak-size 1024 --peak-seconds 1,
+#                                               each unless given as a flag (in any order)
 #   --trainyard P     BENCH_TRAINYARD    build/trainyard (of this checkout)
 #   --example P       BENCH_EXAMPLE      build/examples/train_gpt_fsdp (of this checkout)
 #   --python P        BENCH_PYTHON       /usr/bin/python3 (must have torch)
@@ -92,12 +108,14 @@ PEAK_SIZE=${BENCH_PEAK_SIZE:-2048}
 PEAK_SECONDS=${BENCH_PEAK_SECONDS:-4}
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT:-600}
 EXAMPLE=${BENCH_EXAMPLE:-$ROOT/build/examples/train_gpt_fsdp}
-GPT_PEER=$ROOT/bench/python/gpt_neox_ddp.py
+SMOKE=0
+declare -A GIVEN=()  # the flags given, which --smoke leaves alone
 ALL_VARIANTS=(ddp:fp32 ddp:bf16 no_shard:fp32 no_shard:bf16 shard_grad_op:fp32 shard_grad_op:bf16
   full_shard:fp32 full_shard:bf16 full_shard:fp32:ac full_shard:bf16:ac python:fp32 python:bf16)
 OPTIONAL_VARIANTS=(python:fp32:reuse python:bf16:reuse)
 
 while (($#)); do
+  [[ -z $1 ]] || GIVEN[$1]=1
   case $1 in
     --preset) PRESET=${2:?}; shift 2 ;;
     --seq-len) SEQ_LEN=${2:?}; shift 2 ;;
@@ -110,9 +128,7 @@ while (($#)); do
     --run-timeout) RUN_TIMEOUT=${2:?}; shift 2 ;;
     --example) EXAMPLE=${2:?}; shift 2 ;;
     --python) PYTHON=${2:?}; shift 2 ;;
-    --smoke)
-      PRESET=pythia-14m; SEQ_LEN=64; BATCH_SIZE=1; STEPS=2; REPEATS=1; PEAK_SIZE=1024; PEAK_SECONDS=1
-      shift ;;
+    --smoke) SMOKE=1; shift ;;
     --threads|--limit|--epochs) die "$1 does not apply here (1 thread per rank, as the C++ example runs)" ;;
     *)
       bench_common_flag "$@"
@@ -120,6 +136,26 @@ while (($#)); do
       shift "$BENCH_CONSUMED" ;;
   esac
 done
+
+if ((SMOKE)); then
+  smoke_default() {  # VARIABLE VALUE FLAG...: VALUE unless one of the flags was given
+    local flag
+    for flag in "${@:3}"; do [[ -v GIVEN[$flag] ]] && return 0; done
+    printf -v "$1" '%s' "$2"
+  }
+  smoke_default PRESET pythia-14m --preset
+  smoke_default SEQ_LEN 64 --seq-len
+  smoke_default BATCH_SIZE 1 --batch-size
+  smoke_default STEPS 2 --steps
+  smoke_default REPEATS 1 --rounds --repeats
+  smoke_default PEAK_SIZE 1024 --peak-size
+  smoke_default PEAK_SECONDS 1 --peak-seconds
+fi
+# The model family, by the preset's name: its Python peer and its bars.
+case $PRESET in
+  llama-*|smollm2-*|tinyllama-*) FAMILY=Llama; GPT_PEER=$ROOT/bench/python/llama_ddp.py ;;
+  *) FAMILY=GPT-NeoX; GPT_PEER=$ROOT/bench/python/gpt_neox_ddp.py ;;
+esac
 
 bench_validate
 for v in SEQ_LEN STEPS PEAK_SIZE PEAK_SECONDS RUN_TIMEOUT; do
@@ -132,6 +168,14 @@ done
 [[ -r $DATA ]] || die "--data $DATA cannot be read (Debian's fortunes package installs the default: apt-get install fortunes)."
 "$PYTHON" -c 'import torch' 2>/dev/null ||
   die "$PYTHON cannot import torch: install python3-torch, or point --python at an interpreter that has it."
+peer_presets=$("$PYTHON" -c '
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("peer", sys.argv[1])
+peer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peer)
+print(" ".join(sorted(peer.PRESETS)))' "$GPT_PEER") || die "cannot read the presets of $GPT_PEER."
+[[ " $peer_presets " == *" $PRESET "* ]] ||
+  die "--preset $PRESET: $FAMILY's Python peer $(basename "$GPT_PEER") knows $peer_presets."
 if [[ $VARIANTS == all ]]; then
   SELECTED=("${ALL_VARIANTS[@]}")
 else
@@ -159,7 +203,7 @@ if [[ -z $cpp_libtorch || -z $py_libtorch ]] ||
   same_libtorch="DIFFERENT libraries: the peak may not apply to the C++ side"
 fi
 {
-  echo "GPT-NeoX $PRESET: trainyard FSDP / DDP vs Python PyTorch DDP"
+  echo "$FAMILY $PRESET: trainyard FSDP / DDP vs Python PyTorch DDP ($(basename "$GPT_PEER"))"
   echo "  $RANKS rank(s) x 1 thread, seq $SEQ_LEN, batch $BATCH_SIZE/rank, $STEPS step(s)/run (the first is warm-up), $REPEATS round(s), lr $LR, seed $SEED"
   echo "  data: $DATA"
   echo "  machine: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) CPU(s), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset: trainyard run picks it)}"
@@ -284,15 +328,17 @@ for ((round = 1; round <= REPEATS; round++)); do
 done
 
 # --- the table and the ratios ---------------------------------------------------------------------
-"$PYTHON" - "$RUNS" "$PEAKS" "$JSON_OUT" "$GPT_PEER" "$PRESET" "$RANKS" "$SEQ_LEN" "$BATCH_SIZE" \
-  "$STEPS" "$REPEATS" "$LR" "$SEED" "${SELECTED[@]}" <<'EOF'
+"$PYTHON" - "$RUNS" "$PEAKS" "$JSON_OUT" "$GPT_PEER" "$FAMILY" "$PRESET" "$RANKS" "$SEQ_LEN" \
+  "$BATCH_SIZE" "$STEPS" "$REPEATS" "$LR" "$SEED" "${SELECTED[@]}" <<'EOF'
 import importlib.util, json, statistics, sys
-(runs_path, peaks_path, json_out, peer, preset, ranks, seq, batch, steps, rounds, lr, seed,
- *variants) = sys.argv[1:]
-spec = importlib.util.spec_from_file_location("gpt_neox_ddp", peer)
-neox = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(neox)  # the peer's presets: the parameter count by formula
-params = neox.Config(**neox.PRESETS[preset], **neox.COMMON).parameter_count()
+(runs_path, peaks_path, json_out, peer_path, family, preset, ranks, seq, batch, steps, rounds, lr,
+ seed, *variants) = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("peer", peer_path)
+peer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peer)  # the peer's presets: the parameter count by formula
+config = peer.Config(**peer.PRESETS[preset], **peer.COMMON)
+params = config.parameter_count()
+llama = family == "Llama"
 
 peak = {}  # GFLOPS, summed over ranks
 for line in open(peaks_path):
@@ -340,13 +386,16 @@ for v in variants:
                    if all(r["exposed_comm_percent"] is not None for r in ok) else None,
                    mfu=6 * params * tps / (peak[dtype] * 1e9) if peak.get(dtype) else None)
 
-print(f"\nGPT-NeoX {preset} ({params / 1e6:.1f}M parameters), {ranks} ranks x 1 thread, seq {seq}, "
+print(f"\n{family} {preset} ({params / 1e6:.1f}M parameters), {ranks} ranks x 1 thread, seq {seq}, "
       f"batch {batch}/rank, {steps} steps/run, median of {rounds} round(s)")
-config = neox.Config(**neox.PRESETS[preset], **neox.COMMON)
-lookup = config.vocab_size * config.hidden_size  # gpt_neox.embed_in: a lookup, no matmul
-print(f"MFU = 6 x {params / 1e6:.1f}M x tokens/s / peak (the brief's count; {lookup / 1e6:.1f}M of the "
-      f"parameters are the input embedding, a lookup: counting only matmul parameters gives "
-      f"{(params - lookup) / params:.2f}x these MFUs)")
+if getattr(config, "tie_word_embeddings", False):  # the embedding is also the output projection
+    print(f"MFU = 6 x {params / 1e6:.1f}M x tokens/s / peak (the brief's count; the input embedding "
+          f"is tied to the output projection, so every parameter takes part in a matmul)")
+else:
+    lookup = config.vocab_size * config.hidden_size  # embed_in / embed_tokens: a lookup, no matmul
+    print(f"MFU = 6 x {params / 1e6:.1f}M x tokens/s / peak (the brief's count; {lookup / 1e6:.1f}M of "
+          f"the parameters are the input embedding, a lookup: counting only matmul parameters gives "
+          f"{(params - lookup) / params:.2f}x these MFUs)")
 print(f"matmul peak, {ranks} ranks x 1 thread at once: fp32 {peak.get('fp32', 0):.1f} GFLOPS, "
       f"bf16 {peak.get('bf16', 0):.1f} GFLOPS")
 BUSY = 10  # % of the CPUs busy with other work in the second before a run: marked with *
@@ -388,17 +437,32 @@ def ratio(a, b, key, bar=None, name=""):
     print(f"  {name}: {value:.2f}{verdict}{spread}")
     return value
 
+# The bars: GPT-NeoX's, or issue 27's for Llama (>= 1.25x the peer, >= 50 % MFU).
+DDP_BAR, PEER_BAR, MFU_BAR = (None, 1.25, 0.5) if llama else (0.9, 1.5, None)
+
+def mfu_line(v, bar, name):
+    row = rows.get(v)
+    if row is None or row["mfu"] is None:
+        why = "not selected" if v not in rows else "failed" if row is None else "no peak"
+        print(f"  {name}: n/a ({label(v)} {why})")
+        return None
+    verdict = "" if bar is None else ("  (bar >= %.0f %%: %s)" % (100 * bar, "met" if row["mfu"] >= bar else "NOT met"))
+    print(f"  {name}: {100 * row['mfu']:.1f} %{verdict}")
+    return row["mfu"]
+
 print("\nratios (of the medians):")
 ratios = {
     "full_shard_bf16_over_ddp_bf16_tokens_per_s": ratio(
-        "full_shard:bf16", "ddp:bf16", "tokens_per_s", 0.9, "FULL_SHARD bf16 / C++ DDP bf16 tokens/s"),
+        "full_shard:bf16", "ddp:bf16", "tokens_per_s", DDP_BAR, "FULL_SHARD bf16 / C++ DDP bf16 tokens/s"),
     "full_shard_bf16_over_python_ddp_bf16_tokens_per_s": ratio(
-        "full_shard:bf16", "python:bf16", "tokens_per_s", 1.5,
+        "full_shard:bf16", "python:bf16", "tokens_per_s", PEER_BAR,
         "FULL_SHARD bf16 / Python DDP bf16 tokens/s"),
     **({"full_shard_bf16_over_python_ddp_bf16_reuse_tokens_per_s": ratio(
-        "full_shard:bf16", "python:bf16:reuse", "tokens_per_s", 1.5,
+        "full_shard:bf16", "python:bf16:reuse", "tokens_per_s", PEER_BAR,
         "FULL_SHARD bf16 / Python DDP bf16 +malloc reuse tokens/s")}
        if "python:bf16:reuse" in rows else {}),
+    **({"full_shard_bf16_mfu": mfu_line("full_shard:bf16", MFU_BAR, "MFU of FULL_SHARD bf16")}
+       if llama else {}),
     "full_shard_fp32_over_ddp_fp32_peak_rss": ratio(
         "full_shard:fp32", "ddp:fp32", "peak_rss_mib", None, "FULL_SHARD fp32 / C++ DDP fp32 peak RSS"),
     "full_shard_bf16_over_ddp_fp32_tokens_per_s": ratio(
@@ -407,7 +471,7 @@ ratios = {
 }
 if json_out:
     with open(json_out, "w") as f:
-        json.dump({"benchmark": "gpt_fsdp", "preset": preset, "parameters": params,
+        json.dump({"benchmark": "gpt_fsdp", "family": family, "preset": preset, "parameters": params,
                    "ranks": int(ranks), "seq_len": int(seq), "batch_size": int(batch),
                    "steps": int(steps), "rounds": int(rounds), "lr": float(lr), "seed": int(seed),
                    "peak_gflops": peak, "runs": runs, "table": rows, "ratios": ratios}, f, indent=2)
