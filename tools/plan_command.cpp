@@ -19,6 +19,8 @@ struct PlanFlags {
   std::int64_t batch_size = 1;
   bool activation_checkpointing = false, decimal = false, cpu = false;
   double headroom = 0.10;
+  std::string peft;  // "lora" or empty
+  models::LoraOptions lora;
 };
 
 plan::PlanOptions to_options(const PlanFlags& f) {
@@ -61,6 +63,7 @@ plan::PlanOptions to_options(const PlanFlags& f) {
                     : f.cpu                ? plan::kCpuRuntimeBytes
                                            : 0;
   o.cpu_ranks = f.cpu;
+  if (f.peft == "lora") o.lora = f.lora;
   o.validate();
   return o;
 }
@@ -130,6 +133,12 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                 "The devices are CPU ranks of trainyard's engine on one machine: plan their peak "
                 "RSS (caching allocator pools, shared gradient buckets) and add the measured "
                 "runtime overhead");
+  cmd->add_option("--peft", f.peft, "lora: also count LoRA's adapters and a frozen base")
+      ->check(CLI::IsMember({"lora"}));
+  cmd->add_option("--lora-r", f.lora.r, "LoRA rank")->capture_default_str();
+  cmd->add_option("--lora-targets", f.lora.targets, "Linear layers LoRA adapts, or all-linear")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_flag("--decimal", f.decimal, "Sizes in GB (1e9 bytes) instead of GiB (2^30)");
   cmd->add_option("--format", f.format, "table, or csv (bytes, one line per strategy)")
       ->capture_default_str();

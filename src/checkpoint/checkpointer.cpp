@@ -38,6 +38,7 @@ struct Listing {
   std::set<std::int64_t> all;                               // every checkpoint with a stored file
   std::set<std::int64_t> complete;                          // with a manifest, not damaged
   std::set<std::int64_t> damaged;                           // marked DAMAGED by a load
+  std::set<std::int64_t> best;                              // marked BEST (mark_best)
   std::map<std::int64_t, std::vector<std::string>> claims;  // number -> claimers' tokens
   std::map<std::int64_t, std::vector<std::string>> files;   // number -> its stored files' names
 };
@@ -55,6 +56,7 @@ Listing scan(Storage& storage) {
     if (!file.starts_with(Checkpointer::kClaimPrefix)) out.files[number].emplace_back(file);
     if (file == Checkpointer::kManifest) manifests.insert(number);
     if (file == Checkpointer::kDamaged) out.damaged.insert(number);
+    if (file == Checkpointer::kBest) out.best.insert(number);
     if (file.starts_with(Checkpointer::kClaimPrefix)) {
       out.claims[number].emplace_back(file.substr(std::strlen(Checkpointer::kClaimPrefix)));
     }
@@ -73,11 +75,12 @@ void remove_checkpoint(Storage& storage, const std::string& name) {
 }
 
 void check_file_name(const std::string& file) {
-  TY_CHECK(
-      !file.empty() && file.find('/') == std::string::npos && file != Checkpointer::kManifest &&
-          file != Checkpointer::kDamaged && !file.starts_with(Checkpointer::kClaimPrefix),
-      "Bad checkpoint file name '", file, "': plain names other than ", Checkpointer::kManifest,
-      ", ", Checkpointer::kDamaged, " and ", Checkpointer::kClaimPrefix, "*.");
+  TY_CHECK(!file.empty() && file.find('/') == std::string::npos &&
+               file != Checkpointer::kManifest && file != Checkpointer::kDamaged &&
+               file != Checkpointer::kBest && !file.starts_with(Checkpointer::kClaimPrefix),
+           "Bad checkpoint file name '", file, "': plain names other than ",
+           Checkpointer::kManifest, ", ", Checkpointer::kDamaged, ", ", Checkpointer::kBest,
+           " and ", Checkpointer::kClaimPrefix, "*.");
 }
 
 nlohmann::json writer_json(const WriterIdentity& w) {
@@ -388,8 +391,10 @@ void Checkpointer::apply_retention(std::int64_t committed) {
         listing.complete.size() > static_cast<std::size_t>(options_.num_to_keep)) {
       const auto kept = std::prev(listing.complete.end(), options_.num_to_keep);
       for (auto it = listing.complete.begin(); it != kept; ++it)
-        doomed[*it] = detail::concat("complete, older than the newest ", options_.num_to_keep,
-                                     " that num_to_keep keeps (from ", checkpoint_name(*kept), ")");
+        if (!listing.best.contains(*it))  // the run's best stays (mark_best)
+          doomed[*it] =
+              detail::concat("complete, older than the newest ", options_.num_to_keep,
+                             " that num_to_keep keeps (from ", checkpoint_name(*kept), ")");
     }
     for (auto n : listing.all) {
       if (n >= committed || listing.complete.contains(n) || listing.damaged.contains(n)) continue;
@@ -563,6 +568,26 @@ void Checkpointer::mark_damaged(const std::string& name, const std::string& why)
   } catch (const std::exception& m) {
     logger("checkpoint")->warn("Could not mark {} as damaged: {}", name, m.what());
   }
+}
+
+void Checkpointer::mark_best(const std::string& name, const std::string& why) {
+  require_writer("mark_best");
+  const auto listing = scan(*storage_);
+  const auto number = checkpoint_number(name);
+  TY_CHECK(listing.complete.contains(number), "Cannot mark ", name,
+           " as the best checkpoint: it is not a complete checkpoint of this run.");
+  storage_->write(name + "/" + kBest, why + "\n");
+  for (auto other : listing.best)
+    if (other != number) storage_->remove(checkpoint_name(other) + "/" + kBest);
+  // The former best may now be beyond num_to_keep (Note [Retention]).
+  if (listing.best.size() > (listing.best.contains(number) ? 1u : 0u)) apply_retention(number);
+}
+
+std::optional<std::string> Checkpointer::best() {
+  const auto listing = scan(*storage_);
+  for (auto it = listing.best.rbegin(); it != listing.best.rend(); ++it)
+    if (listing.complete.contains(*it)) return checkpoint_name(*it);
+  return std::nullopt;
 }
 
 std::optional<LoadedCheckpoint> Checkpointer::load_latest() {

@@ -274,6 +274,13 @@ void PlanOptions::validate() const {
   TY_CHECK(parameter_count >= 0, "PlanOptions.parameter_count (--params) must be > 0, got ",
            parameter_count, ".");
   if (model) model->validate();
+  TY_CHECK(!lora || model,
+           "PlanOptions: LoRA (--peft lora) needs the model (--model), to find "
+           "the layers it adapts.");
+  if (lora) {
+    lora->validate();
+    models::lora_targets(*model, *lora);  // names a target the architecture lacks
+  }
   TY_CHECK(world_size >= 1, "PlanOptions.world_size (--gpus) must be >= 1, got ", world_size, ".");
   TY_CHECK(gpus_per_node >= 0, "PlanOptions.gpus_per_node (--gpus-per-node) must be >= 0, got ",
            gpus_per_node, ".");
@@ -597,6 +604,32 @@ std::string count_text(std::int64_t n) {
   return buf;
 }
 
+// Note [LoRA model states]
+// With LoRA the base gets no gradient and no optimizer state: trainyard's FSDP keeps its frozen
+// shards in the compute dtype (2 bytes a parameter under bf16-mixed, 4 in fp32: Note [Frozen
+// shards]), divided by the shard group, while the adapters hold fp32 parameters, gradients and
+// AdamW's two moments (16 bytes each). Activations are the full model's (the table above): the
+// input gradients still flow through every frozen layer.
+std::string lora_text(const PlanOptions& o, std::int64_t base, bool decimal) {
+  const auto adapters = models::lora_parameter_count(*o.model, *o.lora);
+  const double c = o.precision == Precision::kBf16Mixed ? 2 : 4;
+  const double shards = o.gpus_per_node > 0 ? o.gpus_per_node : o.world_size;
+  const double unit = decimal ? 1e9 : 1073741824.0;
+  std::string targets;
+  for (const auto& t : o.lora->targets) targets += (targets.empty() ? "" : ",") + t;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "\nLoRA (r %lld on %s): %s trainable parameters (%.3f%% of the base's %s).\n"
+                "  Model states per device under FULL_SHARD: base %.2f %s (%s, frozen, sharded %g "
+                "ways), adapters %.1f MiB (fp32 weights, gradients, AdamW).\n",
+                static_cast<long long>(o.lora->r), targets.c_str(), grouped(adapters).c_str(),
+                100.0 * static_cast<double>(adapters) / static_cast<double>(base),
+                grouped(base).c_str(), c * static_cast<double>(base) / shards / unit,
+                decimal ? "GB" : "GiB", c == 2 ? "bf16" : "fp32", shards,
+                16.0 * static_cast<double>(adapters) / shards / 1048576.0);
+  return line;
+}
+
 }  // namespace
 
 std::string format_plan(const MemoryPlan& plan, bool decimal) {
@@ -640,6 +673,8 @@ std::string format_plan(const MemoryPlan& plan, bool decimal) {
   if (!o.model)
     out << "  Activations and per-unit buffers (gathered units, flat gradients) need the model's "
            "shape: give --model\n  (a preset or a config.json) for them.\n";
+
+  if (o.lora) out << lora_text(o, plan.parameter_count, decimal);
 
   const auto k = zero_paper_state_bytes(o.precision);
   out << "\nModel states as the ZeRO paper counts them (" << k.params << " + " << k.grads

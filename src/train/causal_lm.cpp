@@ -435,7 +435,7 @@ struct EpochStats {
   double train_loss = 0;            // mean of the epoch's step losses (this attempt's steps)
   double eval_loss = std::nan("");  // mean over the validation batches; nan without them
   double time_s = 0;                // the epoch's training, without evaluation
-  double checkpoint_time_s = 0;     // end_epoch(): the epoch's checkpoint
+  double checkpoint_time_s = 0;     // saving the epoch's best checkpoint; 0 when not the best
 };
 
 // What this rank trained in this attempt.
@@ -447,8 +447,9 @@ struct TrainStats {
   std::int64_t steady_positions = 0;
   double last_loss = std::nan("");
   int last_epoch = 0;
-  std::int64_t last_step = -1;     // within its epoch, 0-based, as the seed's table shows it
-  std::vector<EpochStats> epochs;  // each epoch this attempt finished
+  std::int64_t last_step = -1;       // within its epoch, 0-based, as the seed's table shows it
+  std::vector<EpochStats> epochs;    // each epoch this attempt finished
+  double best_eval_loss = INFINITY;  // this attempt's; a resumed run starts over
 };
 
 // llama-recipes' evaluation: the mean loss of the validation batches over every rank, in eval
@@ -597,10 +598,19 @@ TrainStats train_epochs(const CausalLmOptions& o,
     stats.train_time += e.time_s;
     e.train_loss = epoch_steps > 0 ? loss_sum / static_cast<double>(epoch_steps) : std::nan("");
     if (data.validation.samples > 0) e.eval_loss = evaluate(data.validation, w, trainer, epoch);
-    if (!stop) {
+    if (!stop) trainer.end_epoch();
+    // llama-recipes saves when the eval loss improves; that checkpoint is kept as the best.
+    if (!std::isnan(e.eval_loss) && e.eval_loss < stats.best_eval_loss) {
+      stats.best_eval_loss = e.eval_loss;
       const auto t_checkpoint = Clock::now();
-      trainer.end_epoch();
+      const auto name = trainer.save_best_checkpoint(
+          detail::concat("eval_epoch_loss ", e.eval_loss, " after epoch ", epoch + 1));
       e.checkpoint_time_s = seconds_since(t_checkpoint);
+      if (rank == 0)
+        log->info(
+            "Epoch {}: eval loss {:.4f} is the best so far: {} is kept as the best "
+            "checkpoint",
+            epoch + 1, e.eval_loss, name);
     }
     if (rank == 0 && epoch_steps > 0) {
       // llama-recipes' epoch lines.

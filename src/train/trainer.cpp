@@ -470,6 +470,17 @@ void Trainer::save_checkpoint() {
                           now_s() - t0);
 }
 
+std::string Trainer::save_best_checkpoint(const std::string& why) {
+  save_checkpoint();
+  const auto name = io_->wait(*checkpointer_).value_or("");
+  if (rank() == 0 && !name.empty()) {
+    checkpointer_->mark_best(name, why);
+    last_checkpoint_ = name;
+  }
+  heartbeat();
+  return name;
+}
+
 std::string Trainer::finish_training() {
   TY_CHECK(io_ != nullptr, "Trainer::finish_training needs resume() first (it sets the io).");
   if (last_checkpoint_step_ != progress_.global_step) save_checkpoint();

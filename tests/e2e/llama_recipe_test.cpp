@@ -100,6 +100,11 @@ TEST(LlamaRecipe, SamsumOnTwoRanksLearnsAndPrintsEvalPerplexityPerEpochPackedAnd
   EXPECT_EQ(result["config"]["lr"].get<double>(), 3e-3);
   EXPECT_EQ(result["config"]["gamma"].get<double>(), 0.85) << "llama-recipes' StepLR default";
   EXPECT_NE(packed.out.find("avg_eval_prep"), std::string::npos) << "in the seed's table";
+  // Each epoch's better eval loss saved a checkpoint kept as the best; num_to_keep 1 then
+  // removed the first.
+  EXPECT_TRUE(fs::exists(dir.path() / "packed" / "checkpoint_000001" / "BEST.txt"));
+  EXPECT_FALSE(fs::exists(dir.path() / "packed" / "checkpoint_000000"));
+  EXPECT_EQ(result["checkpoint_dir_name"], "checkpoint_000001");
 
   // Padding: length-grouped batches; two micro-batches per step.
   auto padded = run_program(command(dir.path(), {"--batching", "padding", "--name", "padded",
@@ -117,7 +122,7 @@ TEST(LlamaRecipe, SamsumOnTwoRanksLearnsAndPrintsEvalPerplexityPerEpochPackedAnd
                        {}, 60s);
   ASSERT_TRUE(g.status.success()) << g.err;
   auto e = run_program({TRAINYARD_CLI_PATH, "export", "--checkpoint",
-                        (dir.path() / "packed" / "checkpoint_000000").string(), "--out",
+                        (dir.path() / "packed" / "checkpoint_000001").string(), "--out",
                         (dir.path() / "exported").string()},
                        {}, 60s);
   ASSERT_TRUE(e.status.success()) << e.err;

@@ -81,6 +81,27 @@ TEST(Checkpointer, KeepsTheNewestNumToKeep) {
   EXPECT_FALSE(fs::exists(dir.path() / "checkpoint_000001"));
 }
 
+// The run's best (mark_best) stays beyond num_to_keep until another is marked, which frees it.
+TEST(Checkpointer, KeepsTheBestBeyondNumToKeepUntilAnotherIsBest) {
+  TempDir dir;
+  Checkpointer c(dir.path().string(), {.num_to_keep = 1});
+  c.save(make(1));
+  c.mark_best("checkpoint_000000", "eval_epoch_loss 2.1");
+  c.save(make(2));
+  c.save(make(3));
+  EXPECT_EQ(c.list_complete(),
+            (std::vector<std::string>{"checkpoint_000000", "checkpoint_000002"}));
+  EXPECT_EQ(c.best(), "checkpoint_000000");
+  c.mark_best("checkpoint_000002", "eval_epoch_loss 1.9");
+  EXPECT_EQ(c.best(), "checkpoint_000002");
+  EXPECT_EQ(c.list_complete(), (std::vector<std::string>{"checkpoint_000002"}))
+      << "the former best goes at once";
+  c.save(make(4));
+  EXPECT_EQ(c.list_complete(),
+            (std::vector<std::string>{"checkpoint_000002", "checkpoint_000003"}));
+  EXPECT_THROW(c.mark_best("checkpoint_000009", "none"), InvalidArgumentError);
+}
+
 TEST(Checkpointer, SkipsACorruptNewestCheckpoint) {
   TempDir dir;
   Checkpointer c(dir.path().string());

@@ -7,6 +7,8 @@
 
 #include "trainyard/error.h"
 #include "trainyard/models/causal_lm_config.h"
+#include "trainyard/models/lora.h"
+#include "trainyard/plan/memory_plan.h"
 
 namespace {
 using namespace trainyard::models;
@@ -99,6 +101,30 @@ TEST(LlamaConfigTest, WhatTheModelLacksIsRefusedByName) {
   EXPECT_NE(unknown.find("\"llama\", \"mistral\", \"qwen2\""), std::string::npos) << unknown;
   const auto missing = expect_refused(R"({"model_type": "llama", "hidden_size": 32})");
   EXPECT_NE(missing.find("lacks \"vocab_size\""), std::string::npos) << missing;
+}
+
+}  // namespace
+
+namespace {
+
+// `trainyard plan --model llama-2-7b --peft lora`: the exact count, the adapters' count and share,
+// and LoRA's model states (Note [LoRA model states]).
+TEST(LlamaConfigTest, ThePlanCountsTheModelAndItsLoraAdapters) {
+  using namespace trainyard::plan;
+  PlanOptions options{.model = CausalLmConfig::preset("llama-2-7b"),
+                      .world_size = 2,
+                      .seq_len = 128,
+                      .lora = LoraOptions{}};
+  const auto text = format_plan(plan_memory(options));
+  EXPECT_NE(text.find("Model: 6,738,415,616 parameters"), std::string::npos) << text;
+  // 32 layers x (q_proj 16 x (4096 + 4096) + v_proj the same).
+  EXPECT_EQ(lora_parameter_count(*options.model, *options.lora), 8'388'608);
+  EXPECT_NE(text.find("LoRA (r 16 on q_proj,v_proj): 8,388,608 trainable parameters (0.124%"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("base 6.28 GiB (bf16, frozen, sharded 2 ways)"), std::string::npos) << text;
+  options.lora->targets = {"query_key_value"};
+  EXPECT_THROW(plan_memory(options), trainyard::InvalidArgumentError);
 }
 
 }  // namespace

@@ -132,6 +132,12 @@ class Checkpointer {
   // leave it alone; logs instead of throwing when the marker cannot be written. A reader only
   // logs.
   void mark_damaged(const std::string& name, const std::string& why) noexcept;
+  // Marks complete checkpoint `name` as the run's best (`why` is kept in the marker): retention
+  // keeps it beyond num_to_keep until another is marked best, which unmarks it (and removes it
+  // when num_to_keep no longer keeps it). Writers only.
+  void mark_best(const std::string& name, const std::string& why);
+  // The checkpoint marked best, if any.
+  std::optional<std::string> best();
 
   // Complete checkpoints (manifest present, not marked damaged, not verified), oldest first.
   std::vector<std::string> list_complete();
@@ -144,6 +150,7 @@ class Checkpointer {
 
   static constexpr const char* kManifest = "MANIFEST.json";
   static constexpr const char* kDamaged = "DAMAGED.txt";
+  static constexpr const char* kBest = "BEST.txt";
   static constexpr const char* kClaimPrefix = "_claim.";
 
  private:

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trainyard/models/causal_lm_config.h"
+#include "trainyard/models/lora.h"
 
 namespace trainyard::plan {
 
@@ -69,6 +70,9 @@ struct PlanOptions {
   // counts the caching allocator's pools and the node's shared gradient buckets (Note [CPU
   // ranks] in src/plan/memory_plan.cpp).
   bool cpu_ranks = false;
+  // LoRA fine-tuning (models/lora.h): format_plan adds the adapters' count and the model states
+  // of a frozen base (Note [LoRA model states]); needs `model`.
+  std::optional<models::LoraOptions> lora;
 
   // Throws InvalidArgumentError naming the field (and the command-line flag) that is wrong.
   void validate() const;

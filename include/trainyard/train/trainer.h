@@ -192,6 +192,10 @@ class Trainer {
 
   // Collective: saves a checkpoint now (it is written in the background where the io can).
   void save_checkpoint();
+  // Collective: saves a checkpoint now, waits for it, and (rank 0) marks it the run's best, so
+  // that retention keeps it beyond num_to_keep (checkpoint::Checkpointer::mark_best). Returns
+  // its name on rank 0.
+  std::string save_best_checkpoint(const std::string& why);
   // Collective: saves the final checkpoint unless the last step is saved, waits for every save,
   // and returns the newest checkpoint's name (on rank 0; "" elsewhere unless the io knows it).
   std::string finish_training();
