@@ -27,6 +27,7 @@
 #include "trainyard/models/causal_lm.h"
 #include "trainyard/nn/autocast.h"
 #include "trainyard/optim/fused_adamw.h"
+#include "trainyard/train/causal_lm.h"
 #include "trainyard/train/strategy.h"
 
 namespace fsdp = trainyard::fsdp;
@@ -115,10 +116,7 @@ int main(int argc, char** argv) try {
   } else {
     fsdp::FsdpOptions options{
         .sharding = *strategy.sharding,
-        .wrap = fsdp::wrap_any_of(
-            {fsdp::WrapPolicy{.wraps = [model](const std::string&, const torch::nn::Module& m,
-                                               std::int64_t) { return model->is_layer(m); }},
-             fsdp::wrap_modules_named(model->unit_names())}),
+        .wrap = trainyard::train::causal_lm_wrap_policy(model),
         .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
         .forward_prefetch = true,
         .limit_all_gathers = true,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "models/config_fields.h"
 #include "trainyard/error.h"
 
 namespace trainyard::models {
@@ -81,13 +82,7 @@ bool CausalLmConfig::is_preset(const std::string& name) {
 }
 
 CausalLmConfig CausalLmConfig::from_json(const std::string& json_text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InvalidArgumentError(detail::concat("config.json is not valid JSON: ", e.what()));
-  }
-  TY_CHECK(j.is_object(), "config.json must hold a JSON object, got ", j.type_name(), ".");
+  auto j = parse_config_object(json_text);
   // Without model_type: GPT-NeoX, which trainyard read before it knew other architectures.
   std::string type = "gpt_neox";
   if (j.contains("model_type")) {

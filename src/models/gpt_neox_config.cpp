@@ -27,10 +27,7 @@ GptNeoXConfig pythia(std::int64_t vocab,
                        .max_position_embeddings = 2048};
 }
 
-struct Preset {
-  const char* name;
-  GptNeoXConfig config;
-};
+using Preset = NamedPreset<GptNeoXConfig>;
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> all = {
@@ -69,28 +66,15 @@ void read_alias(const Json& j, const char* key, const char* alias, double& out) 
 // --- GptNeoXConfig -----------------------------------------------------------------------------
 
 GptNeoXConfig GptNeoXConfig::preset(const std::string& name) {
-  for (const auto& p : presets())
-    if (name == p.name) return p.config;
-  std::string known;
-  for (const auto& p : presets()) known += (known.empty() ? "" : ", ") + std::string(p.name);
-  throw InvalidArgumentError(
-      detail::concat("Unknown GPT-NeoX preset \"", name, "\"; known presets: ", known, "."));
+  return find_preset(presets(), name, "GPT-NeoX");
 }
 
 std::vector<std::string> GptNeoXConfig::preset_names() {
-  std::vector<std::string> names;
-  for (const auto& p : presets()) names.emplace_back(p.name);
-  return names;
+  return names_of(presets());
 }
 
 GptNeoXConfig GptNeoXConfig::from_json(const std::string& json_text) {
-  Json j;
-  try {
-    j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
-    throw InvalidArgumentError(detail::concat("config.json is not valid JSON: ", e.what()));
-  }
-  TY_CHECK(j.is_object(), "config.json must hold a JSON object, got ", j.type_name(), ".");
+  Json j = parse_config_object(json_text);
   if (j.contains("model_type")) {
     TY_CHECK(j["model_type"] == "gpt_neox", "config.json: \"model_type\" is ",
              j["model_type"].dump(), "; this reader takes \"gpt_neox\" only.");

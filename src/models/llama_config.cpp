@@ -8,19 +8,16 @@
 namespace trainyard::models {
 namespace {
 
-struct Preset {
-  const char* name;
-  LlamaConfig config;
-};
+using LlamaPreset = NamedPreset<LlamaConfig>;
 
 // Sizes from each model's config.json on the Hugging Face hub.
-const std::vector<Preset>& presets() {
+const std::vector<LlamaPreset>& llama_presets() {
   const RopeScaling llama32{.type = RopeScaling::Type::kLlama3,
                             .factor = 32,
                             .low_freq_factor = 1,
                             .high_freq_factor = 4,
                             .original_max_position_embeddings = 8192};
-  static const std::vector<Preset> all = {
+  static const std::vector<LlamaPreset> all = {
       {"llama-2-7b", LlamaConfig{.max_position_embeddings = 4096, .rms_norm_eps = 1e-5}},
       {"llama-2-13b", LlamaConfig{.hidden_size = 5120,
                                   .intermediate_size = 13824,
@@ -129,28 +126,15 @@ void read_rope(const Json& j, LlamaConfig& c) {
 }  // namespace
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
-  for (const auto& p : presets())
-    if (name == p.name) return p.config;
-  std::string known;
-  for (const auto& p : presets()) known += (known.empty() ? "" : ", ") + std::string(p.name);
-  throw InvalidArgumentError(
-      detail::concat("Unknown Llama preset \"", name, "\"; known presets: ", known, "."));
+  return find_preset(llama_presets(), name, "Llama");
 }
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  std::vector<std::string> names;
-  for (const auto& p : presets()) names.emplace_back(p.name);
-  return names;
+  return names_of(llama_presets());
 }
 
 LlamaConfig LlamaConfig::from_json(const std::string& json_text) {
-  Json j;
-  try {
-    j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
-    throw InvalidArgumentError(detail::concat("config.json is not valid JSON: ", e.what()));
-  }
-  TY_CHECK(j.is_object(), "config.json must hold a JSON object, got ", j.type_name(), ".");
+  Json j = parse_config_object(json_text);
   LlamaConfig c;
   c.model_type = j.value("model_type", std::string("llama"));
   TY_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2",

@@ -353,10 +353,7 @@ WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Tr
   const auto model = w.model;
   fsdp::FsdpOptions options{
       .sharding = *o.strategy.sharding,
-      .wrap = fsdp::wrap_any_of(
-          {fsdp::WrapPolicy{.wraps = [model](const std::string&, const torch::nn::Module& m,
-                                             std::int64_t) { return model->is_layer(m); }},
-           fsdp::wrap_modules_named(model->unit_names())}),
+      .wrap = causal_lm_wrap_policy(model),
       .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
       .forward_prefetch = true,
       .limit_all_gathers = true,
@@ -763,6 +760,13 @@ void CausalLmOptions::validate() const {
   check_model_flag(model);
   TY_CHECK(max_steps == -1 || max_steps >= 1,
            "--max-steps must be >= 1 (or omitted for all epochs), got ", max_steps, ".");
+}
+
+fsdp::WrapPolicy causal_lm_wrap_policy(const models::CausalLm& model) {
+  return fsdp::wrap_any_of(
+      {fsdp::WrapPolicy{.wraps = [model](const std::string&, const torch::nn::Module& m,
+                                         std::int64_t) { return model->is_layer(m); }},
+       fsdp::wrap_modules_named(model->unit_names())});
 }
 
 Result run_causal_lm_rank(const CausalLmOptions& o) {

@@ -17,6 +17,7 @@
 #include "trainyard/models/generate.h"
 #include "trainyard/models/hf_weights.h"
 #include "trainyard/models/llama.h"
+#include "trainyard/train/causal_lm.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -163,10 +164,7 @@ void expect_fsdp_matches_one_process(LlamaConfig config, int world, bool checkpo
         model,
         trainyard::fsdp::make_fsdp_groups(trainyard::fsdp::ShardingStrategy::kFullShard, pg, store,
                                           world),
-        {.wrap = trainyard::fsdp::wrap_any_of(
-             {{.wraps = [model](const std::string&, const torch::nn::Module& m,
-                                std::int64_t) { return model->is_layer(m); }},
-              trainyard::fsdp::wrap_modules_named(model->unit_names())}),
+        {.wrap = trainyard::train::causal_lm_wrap_policy(model),
          .activation_checkpointing = checkpointing,
          .param_init = [model](const std::string& n, torch::Tensor& t) {
            model->init_parameter(n, t);

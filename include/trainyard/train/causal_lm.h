@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "trainyard/data/instruction_data.h"
+#include "trainyard/fsdp/wrap_policy.h"
 #include "trainyard/models/causal_lm.h"
 #include "trainyard/models/hf_weights.h"
 #include "trainyard/models/lora.h"
@@ -110,6 +111,10 @@ LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed = 0)
 std::string export_checkpoint(const std::string& checkpoint_uri,
                               const std::string& out_dir,
                               const models::ExportOptions& options = {});
+
+// FSDP's units for a causal LM, the seed's transformer wrapping policy: one per transformer layer
+// (model->is_layer) and one per module model->unit_names() names (the untied embeddings).
+fsdp::WrapPolicy causal_lm_wrap_policy(const models::CausalLm& model);
 
 // Runs one rank of the job on the Trainer; the environment contract must be present. The result
 // holds epoch, step and train_loss (the table's rows), tokens/s and every rank's peak RSS.
