@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -570,23 +571,34 @@ void Checkpointer::mark_damaged(const std::string& name, const std::string& why)
   }
 }
 
-void Checkpointer::mark_best(const std::string& name, const std::string& why) {
+void Checkpointer::mark_best(const std::string& name, double metric, const std::string& why) {
   require_writer("mark_best");
   const auto listing = scan(*storage_);
   const auto number = checkpoint_number(name);
   TY_CHECK(listing.complete.contains(number), "Cannot mark ", name,
            " as the best checkpoint: it is not a complete checkpoint of this run.");
-  storage_->write(name + "/" + kBest, why + "\n");
+  storage_->write(name + "/" + kBest,
+                  nlohmann::json{{"metric", metric}, {"why", why}}.dump() + "\n");
   for (auto other : listing.best)
     if (other != number) storage_->remove(checkpoint_name(other) + "/" + kBest);
   // The former best may now be beyond num_to_keep (Note [Retention]).
   if (listing.best.size() > (listing.best.contains(number) ? 1u : 0u)) apply_retention(number);
 }
 
-std::optional<std::string> Checkpointer::best() {
+std::optional<Checkpointer::Best> Checkpointer::best() {
   const auto listing = scan(*storage_);
-  for (auto it = listing.best.rbegin(); it != listing.best.rend(); ++it)
-    if (listing.complete.contains(*it)) return checkpoint_name(*it);
+  for (auto it = listing.best.rbegin(); it != listing.best.rend(); ++it) {
+    if (!listing.complete.contains(*it)) continue;
+    const auto name = checkpoint_name(*it);
+    const auto text = storage_->read(name + "/" + kBest);
+    const auto j = nlohmann::json::parse(text.value_or(""), nullptr, /*allow_exceptions=*/false);
+    // A marker that cannot be read still marks the best; its metric is then unknown (+inf: any
+    // later result beats it).
+    const double metric = j.is_object() && j.contains("metric") && j["metric"].is_number()
+                              ? j["metric"].get<double>()
+                              : std::numeric_limits<double>::infinity();
+    return Best{name, metric};
+  }
   return std::nullopt;
 }
 

@@ -446,7 +446,7 @@ struct TrainStats {
   int last_epoch = 0;
   std::int64_t last_step = -1;       // within its epoch, 0-based, as the seed's table shows it
   std::vector<EpochStats> epochs;    // each epoch this attempt finished
-  double best_eval_loss = INFINITY;  // this attempt's; a resumed run starts over
+  double best_eval_loss = INFINITY;  // the run's best so far, earlier attempts' included
 };
 
 // llama-recipes' evaluation: the mean loss of the validation batches over every rank, in eval
@@ -489,6 +489,8 @@ TrainStats train_epochs(const CausalLmOptions& o,
   const bool bar_enabled = o.progress && rank == 0 && interactive_output();
   auto log = logger("train");
   TrainStats stats{.last_epoch = trainer.progress().epoch};
+  // A resumed run must beat the best its earlier attempts kept, or retention would drop it.
+  stats.best_eval_loss = trainer.best_checkpoint_metric().value_or(INFINITY);
   std::int64_t attempt_steps = 0;
   const std::int64_t samples_per_step = o.batch_size * accumulate;  // per rank
   bool stop = o.max_steps >= 0 && trainer.progress().global_step >= o.max_steps;
@@ -601,7 +603,7 @@ TrainStats train_epochs(const CausalLmOptions& o,
       stats.best_eval_loss = e.eval_loss;
       const auto t_checkpoint = Clock::now();
       const auto name = trainer.save_best_checkpoint(
-          detail::concat("eval_epoch_loss ", e.eval_loss, " after epoch ", epoch + 1));
+          e.eval_loss, detail::concat("eval_epoch_loss after epoch ", epoch + 1));
       e.checkpoint_time_s = seconds_since(t_checkpoint);
       if (rank == 0)
         log->info(

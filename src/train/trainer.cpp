@@ -470,11 +470,18 @@ void Trainer::save_checkpoint() {
                           now_s() - t0);
 }
 
-std::string Trainer::save_best_checkpoint(const std::string& why) {
+std::optional<double> Trainer::best_checkpoint_metric() {
+  TY_CHECK(checkpointer_ != nullptr, "Trainer::best_checkpoint_metric needs resume() first.");
+  const auto best = checkpointer_->best();
+  if (!best) return std::nullopt;
+  return best->metric;
+}
+
+std::string Trainer::save_best_checkpoint(double metric, const std::string& why) {
   save_checkpoint();
   const auto name = io_->wait(*checkpointer_).value_or("");
   if (rank() == 0 && !name.empty()) {
-    checkpointer_->mark_best(name, why);
+    checkpointer_->mark_best(name, metric, why);
     last_checkpoint_ = name;
   }
   heartbeat();

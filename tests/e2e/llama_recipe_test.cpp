@@ -105,6 +105,15 @@ TEST(LlamaRecipe, SamsumOnTwoRanksLearnsAndPrintsEvalPerplexityPerEpochPackedAnd
   EXPECT_TRUE(fs::exists(dir.path() / "packed" / "checkpoint_000001" / "BEST.txt"));
   EXPECT_FALSE(fs::exists(dir.path() / "packed" / "checkpoint_000000"));
   EXPECT_EQ(result["checkpoint_dir_name"], "checkpoint_000001");
+  // A resumed epoch that does worse (a learning rate that wrecks the model) must not replace
+  // the best its earlier attempt kept: the best stays and survives retention.
+  auto worse = run_program(command(dir.path(), {"--epochs", "3", "--name", "packed", "--lr", "10"}),
+                           {}, 120s);
+  ASSERT_TRUE(worse.status.success()) << worse.out << worse.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "packed" / "checkpoint_000001" / "BEST.txt"))
+      << worse.out << worse.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "packed" / "checkpoint_000002"));
+  EXPECT_FALSE(fs::exists(dir.path() / "packed" / "checkpoint_000002" / "BEST.txt"));
 
   // Padding: length-grouped batches; two micro-batches per step.
   auto padded = run_program(command(dir.path(), {"--batching", "padding", "--name", "padded",

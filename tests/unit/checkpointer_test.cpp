@@ -86,20 +86,23 @@ TEST(Checkpointer, KeepsTheBestBeyondNumToKeepUntilAnotherIsBest) {
   TempDir dir;
   Checkpointer c(dir.path().string(), {.num_to_keep = 1});
   c.save(make(1));
-  c.mark_best("checkpoint_000000", "eval_epoch_loss 2.1");
+  c.mark_best("checkpoint_000000", 2.1, "eval_epoch_loss after epoch 1");
   c.save(make(2));
   c.save(make(3));
   EXPECT_EQ(c.list_complete(),
             (std::vector<std::string>{"checkpoint_000000", "checkpoint_000002"}));
-  EXPECT_EQ(c.best(), "checkpoint_000000");
-  c.mark_best("checkpoint_000002", "eval_epoch_loss 1.9");
-  EXPECT_EQ(c.best(), "checkpoint_000002");
+  ASSERT_TRUE(c.best().has_value());
+  EXPECT_EQ(c.best()->name, "checkpoint_000000");
+  EXPECT_EQ(c.best()->metric, 2.1) << "what a resumed run must beat";
+  c.mark_best("checkpoint_000002", 1.9, "eval_epoch_loss after epoch 3");
+  EXPECT_EQ(c.best()->name, "checkpoint_000002");
+  EXPECT_EQ(c.best()->metric, 1.9);
   EXPECT_EQ(c.list_complete(), (std::vector<std::string>{"checkpoint_000002"}))
       << "the former best goes at once";
   c.save(make(4));
   EXPECT_EQ(c.list_complete(),
             (std::vector<std::string>{"checkpoint_000002", "checkpoint_000003"}));
-  EXPECT_THROW(c.mark_best("checkpoint_000009", "none"), InvalidArgumentError);
+  EXPECT_THROW(c.mark_best("checkpoint_000009", 1.0, "none"), InvalidArgumentError);
 }
 
 TEST(Checkpointer, SkipsACorruptNewestCheckpoint) {

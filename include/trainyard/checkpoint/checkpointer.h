@@ -132,12 +132,17 @@ class Checkpointer {
   // leave it alone; logs instead of throwing when the marker cannot be written. A reader only
   // logs.
   void mark_damaged(const std::string& name, const std::string& why) noexcept;
-  // Marks complete checkpoint `name` as the run's best (`why` is kept in the marker): retention
-  // keeps it beyond num_to_keep until another is marked best, which unmarks it (and removes it
-  // when num_to_keep no longer keeps it). Writers only.
-  void mark_best(const std::string& name, const std::string& why);
-  // The checkpoint marked best, if any.
-  std::optional<std::string> best();
+  // Marks complete checkpoint `name` as the run's best by `metric` (lower is better, e.g. an
+  // eval loss; kept in the marker with `why`): retention keeps it beyond num_to_keep until
+  // another is marked best, which unmarks it (and removes it when num_to_keep no longer keeps
+  // it). Writers only.
+  void mark_best(const std::string& name, double metric, const std::string& why);
+  // The checkpoint marked best and its metric, if any: what a resumed run has to beat.
+  struct Best {
+    std::string name;
+    double metric = 0;
+  };
+  std::optional<Best> best();
 
   // Complete checkpoints (manifest present, not marked damaged, not verified), oldest first.
   std::vector<std::string> list_complete();

@@ -195,7 +195,10 @@ class Trainer {
   // Collective: saves a checkpoint now, waits for it, and (rank 0) marks it the run's best, so
   // that retention keeps it beyond num_to_keep (checkpoint::Checkpointer::mark_best). Returns
   // its name on rank 0.
-  std::string save_best_checkpoint(const std::string& why);
+  std::string save_best_checkpoint(double metric, const std::string& why);
+  // The metric of the run's best checkpoint (lower is better), as mark_best recorded it: what a
+  // resumed run must beat to replace it; nullopt when none is marked. Reads the run's folder.
+  std::optional<double> best_checkpoint_metric();
   // Collective: saves the final checkpoint unless the last step is saved, waits for every save,
   // and returns the newest checkpoint's name (on rank 0; "" elsewhere unless the io knows it).
   std::string finish_training();
