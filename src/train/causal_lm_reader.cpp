@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -321,6 +322,16 @@ std::string export_checkpoint(const std::string& checkpoint_uri,
   check_not_a_run_folder(out_dir, options.overwrite);
   auto lm = untrained_model_of_run(run_uri, 0, /*deferred=*/true);
   checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});
+  const auto complete = checkpointer.list_complete();
+  if (std::find(complete.begin(), complete.end(), name) == complete.end()) {
+    std::string names;
+    for (const auto& n : complete) names += (names.empty() ? "" : ", ") + n;
+    throw InvalidArgumentError(detail::concat(
+        "--checkpoint ", checkpoint_uri, " is not a complete checkpoint of ", run_uri,
+        " (never saved, unfinished, damaged, or removed by retention: --num-to-keep). HINT: ",
+        names.empty() ? std::string("the run has no complete checkpoint yet.")
+                      : "export one of its complete checkpoints: " + names + "."));
+  }
   const auto manifest = checkpointer.read_manifest(name);
   const auto where = storage::join_uri(run_uri, manifest.name);
   TY_CHECK(!options.adapter_only || lm.model->lora(),

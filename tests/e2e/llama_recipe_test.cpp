@@ -114,6 +114,15 @@ TEST(LlamaRecipe, SamsumOnTwoRanksLearnsAndPrintsEvalPerplexityPerEpochPackedAnd
       << worse.out << worse.err;
   EXPECT_TRUE(fs::exists(dir.path() / "packed" / "checkpoint_000002"));
   EXPECT_FALSE(fs::exists(dir.path() / "packed" / "checkpoint_000002" / "BEST.txt"));
+  auto removed = run_program({TRAINYARD_CLI_PATH, "export", "--checkpoint",
+                              (dir.path() / "packed" / "checkpoint_000000").string(), "--out",
+                              (dir.path() / "removed").string()});
+  EXPECT_FALSE(removed.status.success());
+  EXPECT_NE(removed.err.find("is not a complete checkpoint of"), std::string::npos) << removed.err;
+  EXPECT_NE(removed.err.find("export one of its complete checkpoints: checkpoint_000001, "
+                             "checkpoint_000002"),
+            std::string::npos)
+      << removed.err;
 
   // Padding: length-grouped batches; two micro-batches per step.
   auto padded = run_program(command(dir.path(), {"--batching", "padding", "--name", "padded",
