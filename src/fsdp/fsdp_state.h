@@ -32,7 +32,7 @@ struct FlatParam {
   std::int64_t numel = 0;         // sum of the parameters' elements
   std::int64_t padded_numel = 0;  // numel rounded up to a multiple of the shard group size
   std::int64_t shard_numel = 0;   // padded_numel / shard group size
-  torch::Tensor shard;            // (shard_numel,) fp32, this rank's part
+  torch::Tensor shard;            // (shard_numel,) shard_dtype(), this rank's part
   c10::Storage gathered;          // padded_numel compute-dtype elements when gathered, else none
   bool aliases_shard = false;     // one shard in fp32: the parameters view the shard itself
   bool is_gathered = false;
@@ -61,7 +61,7 @@ struct Unit {
 struct PendingReduction {
   FlatParam* flat;
   torch::Tensor input;   // (padded_numel,) reduce dtype: alive until the collective completes
-  torch::Tensor output;  // (shard_numel,) fp32
+  torch::Tensor output;  // (shard_numel,) fp32, averaged into the shard's gradient
   c10::intrusive_ptr<c10d::Work> scatter;    // reduce-scatter in the shard group, or null
   c10::intrusive_ptr<c10d::Work> replicate;  // all-reduce across replicas, or null
 };
@@ -101,8 +101,11 @@ class FsdpState {
   // Frees `unit` once its backward is over: every trainable buffer reduced and, with frozen
   // parameters, its input's gradient computed. Never the root.
   void free_after_backward(Unit& unit);
-  // The dtype of a frozen flat buffer's shard: the compute dtype (Note [Frozen shards]).
-  torch::ScalarType frozen_dtype() const { return compute_dtype_; }
+  // The dtype of a flat buffer's shard: MixedPrecision.shard_dtype (fp32 by default) for
+  // trainable ones, the compute dtype for frozen ones (Note [Frozen shards]).
+  torch::ScalarType shard_dtype(bool trainable) const {
+    return trainable ? trainable_dtype_ : compute_dtype_;
+  }
 
  private:
   class Hook;
@@ -137,6 +140,7 @@ class FsdpState {
   int shard_size_ = 1;
   int replicate_size_ = 1;
   torch::Device device_ = torch::kCPU;  // of everything FSDP allocates: Note [FSDP device]
+  torch::ScalarType trainable_dtype_ = torch::kFloat32;  // Note [Pure bf16]
   torch::ScalarType compute_dtype_ = torch::kFloat32;
   torch::ScalarType reduce_dtype_ = torch::kFloat32;
   bool reshard_after_forward_ = true;

@@ -64,6 +64,17 @@ namespace trainyard::fsdp {
 // With FsdpOptions::checkpoint_frozen false, sharded checkpoints leave the frozen buffers out:
 // the model's source (its Hugging Face weights, or its seed) rebuilds them on every start.
 
+// Note [Pure bf16]
+// With MixedPrecision.shard_dtype bf16 the trainable shards themselves are bf16: the optimizer
+// updates bf16 weights and keeps bf16 moments (FusedAdamW does so in one pass, computing each
+// element in fp32 and rounding once), and no fp32 master copy exists: 2 + 2 bytes a sharded
+// element for weight and gradient instead of 4 + 4, and 4 instead of 8 for Adam's moments. Only
+// the reduction's output, one shard's worth, is fp32 (the collectives add in fp32); it is
+// averaged, then rounded into the shard's bf16 gradient. The price is precision: an update
+// smaller than half an ulp of its weight (2^-9 of it) is rounded away, so a small learning rate
+// stalls sooner than under bf16-mixed. Checkpoints store fp32 (exact for bf16 values) and load
+// into either kind of shard.
+
 // Note [FSDP device]
 // Everything FSDP allocates (shards, gathered parameters, flat gradients, reduction outputs,
 // mixed-precision copies) lives on one device: FsdpOptions.device if set, else the parameters'
@@ -142,12 +153,13 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
            " ranks and the replicate group ", replicate_size_,
            ". HINT: build the groups with make_fsdp_groups().");
   const auto& mp = options_.mixed_precision;
-  compute_dtype_ = mp.param_dtype.value_or(torch::kFloat32);
+  trainable_dtype_ = mp.shard_dtype.value_or(torch::kFloat32);
+  compute_dtype_ = mp.param_dtype.value_or(trainable_dtype_);
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
-  for (auto dtype : {compute_dtype_, reduce_dtype_})
+  for (auto dtype : {trainable_dtype_, compute_dtype_, reduce_dtype_})
     TY_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
-             "FsdpOptions.mixed_precision: param_dtype and reduce_dtype must be float32 or "
-             "bfloat16, got ",
+             "FsdpOptions.mixed_precision: shard_dtype, param_dtype and reduce_dtype must be "
+             "float32 or bfloat16, got ",
              dtype, ".");
   reshard_after_forward_ = options_.sharding == ShardingStrategy::kFullShard ||
                            options_.sharding == ShardingStrategy::kHybridShard;
@@ -319,7 +331,8 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
   flat->shard_numel = flat->padded_numel / shard_size_;
 
   torch::NoGradGuard no_grad;
-  flat->aliases_shard = shard_size_ == 1 && compute_dtype_ == torch::kFloat32;
+  const auto dtype = shard_dtype(trainable);
+  flat->aliases_shard = shard_size_ == 1 && compute_dtype_ == dtype;
   TY_CHECK(deferred || !options_.param_slice_init, where(),
            ": FsdpOptions.param_slice_init is set, but this unit's parameters already hold values "
            "(the model was not built deferred), so the slices would never be read. HINT: build "
@@ -334,17 +347,18 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
     TY_CHECK(std::all_of(slots.begin(), slots.end(),
                          [](const ParamSlot& s) { return is_deferred(s.param); }),
              where(), ": FsdpOptions.param_slice_init needs every parameter of a unit deferred.");
-    // CPU: Note [FSDP device]. A frozen shard is staged in a reused buffer and kept in the
-    // compute dtype (Note [Frozen shards]), so no fp32 copy of it stays behind in the heap.
-    auto shard = trainable ? torch::zeros({flat->shard_numel}, torch::kFloat32)
-                           : cached_buffer(flat->shard_numel, torch::kFloat32).zero_();
+    // CPU: Note [FSDP device]. A shard kept in bf16 (frozen: Note [Frozen shards]; pure bf16)
+    // is staged in a reused buffer, so no fp32 copy of it stays behind in the heap.
+    const bool staged = dtype != torch::kFloat32;
+    auto shard = staged ? cached_buffer(flat->shard_numel, torch::kFloat32).zero_()
+                        : torch::zeros({flat->shard_numel}, torch::kFloat32);
     const std::int64_t lo = shard_rank_ * flat->shard_numel, hi = lo + flat->shard_numel;
     for (const auto& s : slots) {
       const auto b = std::max(lo, s.offset), e = std::min(hi, s.offset + s.numel);
       if (b < e)
         options_.param_slice_init(s.name, b - s.offset, e - b, shard.data_ptr<float>() + (b - lo));
     }
-    flat->shard = trainable ? shard.to(device_) : shard.to(device_, frozen_dtype(), false, true);
+    flat->shard = staged ? shard.to(device_, dtype, false, true) : shard.to(device_);
   } else {
     // (padded_numel,) fp32 on device_: the unit's full values, alive only here.
     auto full = cached_buffer(flat->padded_numel, torch::kFloat32).zero_();
@@ -363,9 +377,8 @@ void FsdpState::build_flat(Unit& unit, std::vector<ParamSlot> slots, bool traina
     }
     if (!deferred) sync_initial_values(full);
     const auto own = full.narrow(0, shard_rank_ * flat->shard_numel, flat->shard_numel);
-    flat->shard = flat->aliases_shard ? full
-                  : trainable         ? own.clone()
-                                      : own.to(frozen_dtype(), false, true);
+    flat->shard =
+        flat->aliases_shard && dtype == torch::kFloat32 ? full : own.to(dtype, false, true);
   }
   if (flat->aliases_shard) {
     flat->gathered = flat->shard.storage();
@@ -761,7 +774,7 @@ void FsdpState::settle_reductions(bool all) {
     if (grad.defined())
       grad.add_(r.output);
     else
-      grad = r.output;
+      grad = r.output.to(trainable_dtype_);  // itself when fp32; Note [Pure bf16]
     reduction_bytes_ -= r.input.nbytes();
     settled_this_backward_ = true;
     pending_.pop_front();
@@ -883,7 +896,8 @@ std::int64_t FsdpState::sharded_state_bytes() const {
   for (auto& unit : units_)
     for (auto& flat : unit->flats) {
       bytes += flat->shard.numel() * static_cast<std::int64_t>(flat->shard.element_size());
-      if (flat->trainable && flat->shard.grad().defined()) bytes += flat->shard.grad().numel() * 4;
+      if (flat->trainable && flat->shard.grad().defined())
+        bytes += flat->shard.grad().numel() * static_cast<std::int64_t>(flat->shard.element_size());
     }
   return bytes;
 }

@@ -371,7 +371,9 @@ void apply(FsdpState& st, torch::optim::Optimizer* opt, Staged& staged) {
   torch::NoGradGuard no_grad;
   for (auto& sf : staged.flats) {
     sf.flat->shard.copy_(sf.values);
-    for (auto& [name, t] : sf.optimizer) t = t.to(sf.flat->shard.device());  // staged on the CPU
+    // Staged on the CPU in fp32; the moments take the shard's dtype (Note [Pure bf16]).
+    for (auto& [name, t] : sf.optimizer)
+      t = t.to(sf.flat->shard.device(), sf.flat->shard.scalar_type());
     if (opt != nullptr && sf.flat->trainable)
       set_optimizer_state(*opt, staged.optimizer_kind, sf.flat->shard, staged.optimizer_step,
                           sf.optimizer);
@@ -398,7 +400,7 @@ std::optional<std::pair<std::string, std::string>> sharded_state_file(
         auto slice = [&](const torch::Tensor& t) {  // on the CPU: Note [Sharded state]
           return t.detach()
               .narrow(0, piece.shard_offset, piece.size())
-              .to(torch::kCPU, torch::kFloat32);  // a frozen shard may be bf16
+              .to(torch::kCPU, torch::kFloat32);  // a shard may be bf16: stored exactly
         };
         const auto& name = piece.slot->name;
         tensors.emplace_back(name, slice(flat->shard));

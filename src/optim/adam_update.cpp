@@ -29,28 +29,30 @@ namespace {
 // The options are template parameters, so the loop has no branch per element and vectorises.
 // LibTorch's vectorised kernels may contract some of these into fused multiply-adds, so the two
 // agree to float rounding, not bit for bit.
-template <WeightDecay kWeightDecay, bool kAmsgrad>
-void update_range(const AdamBuffers& b, int64_t begin, int64_t end, const AdamCoefficients& c) {
-  float* __restrict p = b.param;
-  const float* __restrict grad = b.grad;
-  float* __restrict m = b.exp_avg;
-  float* __restrict v = b.exp_avg_sq;
-  float* __restrict v_max = b.max_exp_avg_sq;
+// In bf16 (T = c10::BFloat16) every load widens to float and every store rounds to nearest even
+// once, so the arithmetic is the float one.
+template <typename T, WeightDecay kWeightDecay, bool kAmsgrad>
+void update_range(const AdamBuffers<T>& b, int64_t begin, int64_t end, const AdamCoefficients& c) {
+  T* __restrict p = b.param;
+  const T* __restrict grad = b.grad;
+  T* __restrict m = b.exp_avg;
+  T* __restrict v = b.exp_avg_sq;
+  T* __restrict v_max = b.max_exp_avg_sq;
   const AdamCoefficients k = c;  // a local copy: the stores through p, m, v cannot change it
   for (int64_t i = begin; i < end; ++i) {
     float param = p[i];
     float g = grad[i];
     if constexpr (kWeightDecay == WeightDecay::kL2) g = g + k.weight_decay * param;
     if constexpr (kWeightDecay == WeightDecay::kDecoupled) param = param * k.decay;
-    const float mi = m[i] * k.beta1 + k.one_minus_beta1 * g;
-    const float vi = v[i] * k.beta2 + (k.one_minus_beta2 * g) * g;
+    const float mi = static_cast<float>(m[i]) * k.beta1 + k.one_minus_beta1 * g;
+    const float vi = static_cast<float>(v[i]) * k.beta2 + (k.one_minus_beta2 * g) * g;
     m[i] = mi;
     v[i] = vi;
     float second = vi;
     if constexpr (kAmsgrad) {
       // torch.maximum propagates a NaN from either side (std::max would drop one); written as a
       // select, which vectorises.
-      const float previous = v_max[i];
+      const float previous = static_cast<float>(v_max[i]);
       second = (vi > previous || vi != vi) ? vi : previous;
       v_max[i] = second;
     }
@@ -59,31 +61,42 @@ void update_range(const AdamBuffers& b, int64_t begin, int64_t end, const AdamCo
   }
 }
 
-using UpdateRange = void (*)(const AdamBuffers&, int64_t, int64_t, const AdamCoefficients&);
+template <typename T>
+using UpdateRange = void (*)(const AdamBuffers<T>&, int64_t, int64_t, const AdamCoefficients&);
 
-template <WeightDecay kWeightDecay>
-UpdateRange pick(bool amsgrad) {
-  return amsgrad ? &update_range<kWeightDecay, true> : &update_range<kWeightDecay, false>;
+template <typename T, WeightDecay kWeightDecay>
+UpdateRange<T> pick(bool amsgrad) {
+  return amsgrad ? &update_range<T, kWeightDecay, true> : &update_range<T, kWeightDecay, false>;
 }
 
-UpdateRange pick(const AdamCoefficients& c) {
+template <typename T>
+UpdateRange<T> pick(const AdamCoefficients& c) {
   switch (c.weight_decay_kind) {
     case WeightDecay::kL2:
-      return pick<WeightDecay::kL2>(c.amsgrad);
+      return pick<T, WeightDecay::kL2>(c.amsgrad);
     case WeightDecay::kDecoupled:
-      return pick<WeightDecay::kDecoupled>(c.amsgrad);
+      return pick<T, WeightDecay::kDecoupled>(c.amsgrad);
     case WeightDecay::kNone:
       break;
   }
-  return pick<WeightDecay::kNone>(c.amsgrad);
+  return pick<T, WeightDecay::kNone>(c.amsgrad);
+}
+
+template <typename T>
+void update(const AdamBuffers<T>& buffers, const AdamCoefficients& c) {
+  const UpdateRange<T> range = pick<T>(c);
+  at::parallel_for(0, buffers.numel, kAdamGrain,
+                   [&](int64_t begin, int64_t end) { range(buffers, begin, end, c); });
 }
 
 }  // namespace
 
-void adam_update(const AdamBuffers& buffers, const AdamCoefficients& c) {
-  const UpdateRange update = pick(c);
-  at::parallel_for(0, buffers.numel, kAdamGrain,
-                   [&](int64_t begin, int64_t end) { update(buffers, begin, end, c); });
+void adam_update(const AdamBuffers<float>& buffers, const AdamCoefficients& c) {
+  update(buffers, c);
+}
+
+void adam_update(const AdamBuffers<c10::BFloat16>& buffers, const AdamCoefficients& c) {
+  update(buffers, c);
 }
 
 }  // namespace trainyard::optim::detail

@@ -1,8 +1,11 @@
 // The element-wise Adam and AdamW update that FusedAdam and FusedAdamW share: one pass over a
-// parameter, its gradient and its moments, spread over the intra-op threads. Plain pointers and
-// floats, no LibTorch types, so that its translation unit can be built with OpenMP (see
-// Note [at::parallel_for needs OpenMP] in adam_update.cpp). Private to src/optim.
+// parameter, its gradient and its moments (all float32, or all bfloat16), spread over the
+// intra-op threads. Plain pointers and floats, no tensors, so that its translation unit can be
+// built with OpenMP (see Note [at::parallel_for needs OpenMP] in adam_update.cpp). Private to
+// src/optim.
 #pragma once
+
+#include <c10/util/BFloat16.h>
 
 #include <cstdint>
 
@@ -28,21 +31,25 @@ struct AdamCoefficients {
   float decay = 1;         // kDecoupled: 1 - lr * weight_decay
 };
 
-// One parameter's buffers, each `numel` contiguous floats; max_exp_avg_sq is null without amsgrad.
+// One parameter's buffers, each `numel` contiguous elements of T (float or c10::BFloat16);
+// max_exp_avg_sq is null without amsgrad.
+template <typename T>
 struct AdamBuffers {
-  float* param = nullptr;
-  const float* grad = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-  float* max_exp_avg_sq = nullptr;
+  T* param = nullptr;
+  const T* grad = nullptr;
+  T* exp_avg = nullptr;
+  T* exp_avg_sq = nullptr;
+  T* max_exp_avg_sq = nullptr;
   int64_t numel = 0;
 };
 
 // Updates the parameter and its moments in place, in one pass, split by at::parallel_for into
 // contiguous ranges, one per intra-op thread (at::get_num_threads()) but no more than
-// ceil(numel / kAdamGrain). Blocks until done; not to be called on the same buffers from two
-// threads at once.
-void adam_update(const AdamBuffers& buffers, const AdamCoefficients& c);
+// ceil(numel / kAdamGrain). bf16 buffers are computed in float and rounded to nearest once per
+// stored value (Note [Pure bf16] in src/fsdp/fully_sharded_data_parallel.cpp). Blocks until
+// done; not to be called on the same buffers from two threads at once.
+void adam_update(const AdamBuffers<float>& buffers, const AdamCoefficients& c);
+void adam_update(const AdamBuffers<c10::BFloat16>& buffers, const AdamCoefficients& c);
 
 // The parallel grain: a tensor of at most 64K elements (28 bytes of traffic each, 1.8 MB) is
 // updated on the calling thread, and a larger one gives each thread more than half of that: far

@@ -17,19 +17,33 @@
 
 namespace trainyard::optim::detail {
 
-// Dense contiguous float32 on the CPU, and so is the gradient: what adam_update can take.
+// Dense contiguous float32 or bfloat16 on the CPU, and so is the gradient, of the same dtype:
+// what adam_update can take.
 inline bool fusable(const torch::Tensor& p) {
   const auto& g = p.grad();
-  return p.device().is_cpu() && p.scalar_type() == torch::kFloat32 && p.is_contiguous() &&
-         g.layout() == torch::kStrided && g.scalar_type() == torch::kFloat32 && g.is_contiguous();
+  const auto dtype = p.scalar_type();
+  return p.device().is_cpu() && (dtype == torch::kFloat32 || dtype == torch::kBFloat16) &&
+         p.is_contiguous() && g.layout() == torch::kStrided && g.scalar_type() == dtype &&
+         g.is_contiguous();
 }
 
 // A moment loaded from a checkpoint must fit its parameter: adam_update writes it through a
-// pointer.
+// pointer of the parameter's type.
 inline bool fits(const torch::Tensor& moment, const torch::Tensor& p) {
   return moment.defined() && moment.sizes() == p.sizes() &&
-         moment.scalar_type() == torch::kFloat32 && moment.is_contiguous() &&
+         moment.scalar_type() == p.scalar_type() && moment.is_contiguous() &&
          moment.device().is_cpu();
+}
+
+// The buffers of `p` and its moments as T (the dtype fusable() checked).
+template <typename T, typename ParamState>
+AdamBuffers<T> adam_buffers(const torch::Tensor& p, ParamState& state, bool amsgrad) {
+  return {.param = p.data_ptr<T>(),
+          .grad = p.grad().data_ptr<T>(),
+          .exp_avg = state.exp_avg().template data_ptr<T>(),
+          .exp_avg_sq = state.exp_avg_sq().template data_ptr<T>(),
+          .max_exp_avg_sq = amsgrad ? state.max_exp_avg_sq().template data_ptr<T>() : nullptr,
+          .numel = p.numel()};
 }
 
 // One step of `name` (FusedAdam or FusedAdamW) over `groups`, whose options are Options, with the
@@ -95,15 +109,10 @@ torch::Tensor fused_adam_step(std::vector<torch::optim::OptimizerParamGroup>& gr
           .eps = static_cast<float>(options.eps()),
           .weight_decay = static_cast<float>(options.weight_decay()),
           .decay = static_cast<float>(1 - options.lr() * options.weight_decay())};
-      adam_update(
-          {.param = p.data_ptr<float>(),
-           .grad = p.grad().data_ptr<float>(),
-           .exp_avg = state.exp_avg().template data_ptr<float>(),
-           .exp_avg_sq = state.exp_avg_sq().template data_ptr<float>(),
-           .max_exp_avg_sq =
-               options.amsgrad() ? state.max_exp_avg_sq().template data_ptr<float>() : nullptr,
-           .numel = p.numel()},
-          c);
+      if (p.scalar_type() == torch::kBFloat16)
+        adam_update(adam_buffers<c10::BFloat16>(p, state, options.amsgrad()), c);
+      else
+        adam_update(adam_buffers<float>(p, state, options.amsgrad()), c);
     }
   }
   return loss;

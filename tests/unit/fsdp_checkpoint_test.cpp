@@ -48,6 +48,7 @@ struct Job {
   int world = 2;
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   int local_world_size = 0;  // HYBRID: ranks per node
+  bool pure_bf16 = false;    // bf16 shards and AdamW state (Note [Pure bf16])
 };
 
 struct Rank {
@@ -94,10 +95,16 @@ void with_ranks(const Job& job, const fs::path& run, const std::function<void(Ra
     GptNeoX model(testing::tiny_gpt_neox_config(), GptNeoXInit{.seed = kSeed});
     auto groups = make_fsdp_groups(job.strategy, pg, store,
                                    job.local_world_size ? job.local_world_size : job.world);
+    MixedPrecision precision;
+    if (job.pure_bf16)
+      precision = {.param_dtype = torch::kBFloat16,
+                   .reduce_dtype = torch::kBFloat16,
+                   .shard_dtype = torch::kBFloat16};
     FullyShardedDataParallel fsdp(
         model, groups,
         FsdpOptions{.sharding = job.strategy,
-                    .wrap = wrap_modules_of_type<models::GptNeoXLayerImpl>()});
+                    .wrap = wrap_modules_of_type<models::GptNeoXLayerImpl>(),
+                    .mixed_precision = precision});
     torch::optim::AdamW opt(fsdp.parameters(),
                             torch::optim::AdamWOptions(1e-2).eps(1e-3).weight_decay(0.01));
     Rank r{rank,
@@ -134,9 +141,9 @@ void expect_equal(const OptState& expected, const OptState& actual, const std::s
 }
 
 // Loads the newest checkpoint of `run` at world 1 and returns its parameters and optimizer state.
-std::pair<Params, OptState> load_at_one(const fs::path& run) {
+std::pair<Params, OptState> load_at_one(const fs::path& run, const Job& job = {.world = 1}) {
   std::pair<Params, OptState> out;
-  with_ranks({.world = 1}, run, [&](Rank& r) {
+  with_ranks(job, run, [&](Rank& r) {
     ASSERT_TRUE(load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer));
     out = {r.full(), r.optimizer_state()};
   });
@@ -192,6 +199,49 @@ TEST(FsdpCheckpoint, ShardedStateReshardsAcrossWorldSizesBitForBit) {
   auto [from_three, opt_from_three] = load_at_one(b.path());
   expect_equal(saved, from_three, "W=2 -> W=3 -> W=1 parameters");
   expect_equal(opt_at_one, opt_from_three, "W=2 -> W=3 -> W=1 optimizer state");
+}
+
+// Pure bf16 shards and moments are saved exactly (as fp32) and load bit for bit into bf16 shards at
+// another world size, or into fp32 shards; the next step after a resume at the same world size is
+// the uninterrupted run's.
+TEST(FsdpCheckpoint, PureBf16StateRoundTripsExactlyIntoEitherKindOfShard) {
+  TempDir a;
+  Params saved, next;
+  OptState saved_state;
+  with_ranks({.world = 2, .pure_bf16 = true}, a.path(), [&](Rank& r) {
+    r.train(0, 2);
+    for (auto& p : r.fsdp.parameters()) {
+      EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+      EXPECT_EQ(p.grad().scalar_type(), torch::kBFloat16);
+    }
+    save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 2);
+    auto p = r.full();
+    r.train(2, 3);
+    auto q = r.full();
+    if (r.rank == 0) saved = p, next = q;
+  });
+  with_ranks({.world = 2, .pure_bf16 = true}, a.path(), [&](Rank& r) {
+    ASSERT_TRUE(load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer));
+    r.train(2, 3);
+    auto q = r.full();
+    if (r.rank == 0) expect_equal(next, q, "pure bf16 W=2 -> W=2 next step");
+  });
+  auto [at_one, state_at_one] = load_at_one(a.path(), {.world = 1, .pure_bf16 = true});
+  expect_equal(saved, at_one, "pure bf16 W=2 -> W=1 parameters");
+  ASSERT_FALSE(state_at_one.empty());
+  for (const auto& shard : state_at_one) {
+    EXPECT_EQ(shard.at("exp_avg").scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(shard.at("exp_avg_sq").scalar_type(), torch::kBFloat16);
+  }
+  auto [as_fp32, fp32_state] = load_at_one(a.path());
+  expect_equal(saved, as_fp32, "pure bf16 W=2 -> fp32 W=1 parameters");
+  for (std::size_t i = 0; i < fp32_state.size(); ++i)
+    for (const auto& key : {"exp_avg", "exp_avg_sq"}) {
+      const auto& t = fp32_state[i].at(key);
+      EXPECT_EQ(t.scalar_type(), torch::kFloat32);
+      EXPECT_TRUE(torch::equal(t, state_at_one[i].at(key).to(torch::kFloat32)))
+          << "shard " << i << " " << key << ": the bf16 values, exactly";
+    }
 }
 
 // One process reads whole parameters out of a W=3 sharded checkpoint by ranges and gets the

@@ -4,10 +4,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "trainyard/optim/fused_adamw.h"
@@ -234,6 +236,60 @@ TEST(FusedAdamW, FallsBackToAdamWForOtherDtypes) {
   EXPECT_EQ(closure_calls, 3) << "the closure runs once per step, not again in AdamW::step";
   for (size_t i = 0; i < 2; ++i)
     EXPECT_TRUE(torch::equal(params.fused[i], params.reference[i])) << "the same code: bit equal";
+}
+
+// bf16 parameters (pure bf16: Note [Pure bf16]) keep bf16 moments and are updated as AdamW would
+// update their values widened to float, rounded to bf16 once: each step, from the fused state,
+// the reference runs AdamW in float and rounds. They may differ by one bf16 ulp (2^-7 of the
+// value at most) where a contracted multiply-add lands on the other side of a rounding boundary,
+// and by float rounding where the update cancels.
+TEST(FusedAdamW, Bf16ParametersAreTheFloatUpdateRoundedOnce) {
+  torch::manual_seed(11);
+  auto p = torch::randn({1000}).to(torch::kBFloat16).set_requires_grad(true);
+  const auto options = AdamWOptions(1e-2).weight_decay(0.1).eps(1e-8);
+  FusedAdamW fused({p}, options);
+  for (int step = 1; step <= 4; ++step) {
+    const auto g = torch::randn({1000}).to(torch::kBFloat16);
+    // The reference: this step of AdamW in float from the fused optimizer's bf16 state.
+    auto q = p.detach().to(torch::kFloat32).set_requires_grad(true);
+    torch::optim::AdamW reference({q}, options);
+    if (step > 1) {
+      auto& f = static_cast<AdamWParamState&>(*fused.state().at(key(p)));
+      auto state = std::make_unique<AdamWParamState>();
+      state->step(f.step());
+      state->exp_avg(f.exp_avg().to(torch::kFloat32));
+      state->exp_avg_sq(f.exp_avg_sq().to(torch::kFloat32));
+      reference.state()[key(q)] = std::move(state);
+    }
+    q.mutable_grad() = g.to(torch::kFloat32);
+    reference.step();
+    p.mutable_grad() = g;
+    fused.step();
+
+    auto& f = static_cast<AdamWParamState&>(*fused.state().at(key(p)));
+    auto& r = static_cast<AdamWParamState&>(*reference.state().at(key(q)));
+    ASSERT_EQ(p.scalar_type(), torch::kBFloat16);
+    ASSERT_EQ(f.exp_avg().scalar_type(), torch::kBFloat16) << "the moments stay bf16";
+    ASSERT_EQ(f.exp_avg_sq().scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(f.step(), step);
+    const std::pair<torch::Tensor, torch::Tensor> pairs[] = {
+        {p.detach(), q.detach()}, {f.exp_avg(), r.exp_avg()}, {f.exp_avg_sq(), r.exp_avg_sq()}};
+    for (const auto& [mine, want] : pairs) {
+      const auto rounded = want.to(torch::kBFloat16).to(torch::kFloat32);
+      const auto diff = (mine.to(torch::kFloat32) - rounded).abs();
+      // One bf16 ulp of the value, or float rounding of the tensor's scale where the update
+      // cancels (a moment of 1e-8 left from terms of 0.1 carries their float rounding).
+      const double scale = want.abs().max().item<double>();
+      const auto bad = diff > rounded.abs() * std::ldexp(1.0, -7) + scale * 1e-6;
+      EXPECT_FALSE(bad.any().item<bool>())
+          << "step " << step << ": fused " << mine.to(torch::kFloat32).masked_select(bad)
+          << " AdamW in float " << want.masked_select(bad);
+      EXPECT_GT(
+          torch::eq(mine.to(torch::kFloat32), rounded).to(torch::kFloat32).mean().item<float>(),
+          0.95f)
+          << "step " << step << ": nearly every element rounds alike";
+    }
+  }
 }
 
 TEST(FusedAdamW, SkipsAParameterWithoutGradient) {

@@ -1,10 +1,11 @@
 // FullyShardedDataParallel<M>: ZeRO-3 for LibTorch modules. The model's parameters are grouped
 // into units (a wrap policy picks them; the root keeps the rest); each unit's parameters live as
 // one flat buffer, padded to a multiple of the shard group's size, of which a rank keeps only its
-// 1/W shard in fp32. A unit's full parameters are all-gathered just before its forward (and,
-// under FULL_SHARD, again before its backward) and freed after; its gradients are
-// reduce-scattered into the shards as soon as backward has produced them. The optimizer steps the
-// local shards: see Note [FSDP lifecycle] in src/fsdp/fully_sharded_data_parallel.cpp.
+// 1/W shard in fp32 (or bf16: MixedPrecision.shard_dtype). A unit's full parameters are
+// all-gathered just before its forward (and, under FULL_SHARD, again before its backward) and
+// freed after; its gradients are reduce-scattered into the shards as soon as backward has
+// produced them. The optimizer steps the local shards: see Note [FSDP lifecycle] in
+// src/fsdp/fully_sharded_data_parallel.cpp.
 //
 //   trainyard::fsdp::FullyShardedDataParallel fsdp(model, dist, {
 //       .sharding = ShardingStrategy::kFullShard,
@@ -46,8 +47,8 @@ enum class BackwardPrefetch {
 };
 
 struct MixedPrecision {
-  // Dtype of the gathered parameters, so of the forward and backward compute (e.g. bf16). The
-  // shards the optimizer updates stay fp32. nullopt: fp32.
+  // Dtype of the gathered parameters, so of the forward and backward compute (e.g. bf16).
+  // nullopt: shard_dtype.
   std::optional<torch::ScalarType> param_dtype;
   // Dtype gradients are communicated in; shared-memory reductions accumulate bf16 in fp32
   // (Note [Flat collectives in shared memory] in src/comm/shm_process_group.cpp), the Gloo ring
@@ -55,6 +56,11 @@ struct MixedPrecision {
   std::optional<torch::ScalarType> reduce_dtype;
   // Dtype the module's buffers are cast to at construction. nullopt: unchanged.
   std::optional<torch::ScalarType> buffer_dtype;
+  // Dtype of the trainable shards the optimizer updates, so of their gradients and of the
+  // optimizer's state. nullopt: fp32, a master copy whatever param_dtype is. bf16 with
+  // param_dtype and reduce_dtype bf16 is "pure bf16" (llama-recipes' --pure_bf16): 2 + 2 bytes a
+  // sharded element instead of 4 + 4, plus the optimizer's bf16 moments; see Note [Pure bf16].
+  std::optional<torch::ScalarType> shard_dtype;
 };
 
 // Gives a parameter created on the meta device its initial values (filled in place into an fp32
@@ -148,8 +154,9 @@ class FullyShardedDataParallelBase {
   FullyShardedDataParallelBase(const FullyShardedDataParallelBase&) = delete;
   FullyShardedDataParallelBase& operator=(const FullyShardedDataParallelBase&) = delete;
 
-  // The local fp32 shards of the trainable parameters, one flat tensor per unit: give these to
-  // the optimizer. Their .grad is the averaged gradient after a synchronised backward.
+  // The local shards of the trainable parameters (fp32 unless MixedPrecision.shard_dtype), one
+  // flat tensor per unit: give these to the optimizer. Their .grad is the averaged gradient after a
+  // synchronised backward.
   std::vector<torch::Tensor> parameters() const;
 
   // Clips the gradients by their global norm across all shards, as one process clipping the full
@@ -181,8 +188,8 @@ class FullyShardedDataParallelBase {
   // Qualified names of the units in their current order (the root, named "", first).
   std::vector<std::string> unit_names() const;
   const FsdpStats& last_stats() const;
-  // Bytes this rank holds for the model between steps: its parameter shards and their gradients
-  // (fp32), excluding optimizer state.
+  // Bytes this rank holds for the model between steps: its parameter shards and their gradients,
+  // excluding optimizer state.
   std::int64_t sharded_state_bytes() const;
   const FsdpOptions& options() const;
   // The engine, for FSDP's own code (state dicts); its type is not public.

@@ -14,9 +14,10 @@ class FusedAdam : public torch::optim::Adam {
  public:
   using torch::optim::Adam::Adam;
 
-  // One Adam step. Dense float32 CPU parameters take the fused path, each split over the intra-op
-  // threads (at::set_num_threads); for any other parameter (another dtype or device, a sparse
-  // gradient) the whole step falls back to Adam::step.
+  // One Adam step. Dense float32 or bfloat16 CPU parameters (gradient and moments of the same
+  // dtype; bf16 computed in float, rounded once) take the fused path, each split over the
+  // intra-op threads (at::set_num_threads); for any other parameter (another dtype or device, a
+  // sparse gradient) the whole step falls back to Adam::step.
   torch::Tensor step(LossClosure closure = nullptr) override;
 };
 

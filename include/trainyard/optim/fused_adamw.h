@@ -14,7 +14,8 @@ class FusedAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
 
-  // One AdamW step. Dense float32 CPU parameters take the fused path, each split over the
+  // One AdamW step. Dense float32 or bfloat16 CPU parameters (gradient and moments of the same
+  // dtype; bf16 computed in float, rounded once) take the fused path, each split over the
   // intra-op threads (at::set_num_threads); for any other parameter (another dtype or device, a
   // sparse gradient) the whole step falls back to AdamW::step. Parameters without a gradient are
   // skipped, as AdamW skips them.
