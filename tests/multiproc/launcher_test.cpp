@@ -606,8 +606,9 @@ TEST(LauncherCli, NprocPerNodeTakesAutoCpuAndGpuAsTorchrunDoes) {
                       R"(if [ "$RANK" = 0 ]; then echo "world $WORLD_SIZE"; fi)"},
                      {{"PET_NPROC_PER_NODE", value}});
     ASSERT_EQ(r.status.exit_code, 0) << value << ": " << r.err;
-    if (std::string(value) == "cpu" || gpus.empty())
+    if (std::string(value) == "cpu" || gpus.empty()) {
       EXPECT_TRUE(contains(r.out, "world " + count + "\n")) << value << ": " << r.out;
+    }
   }
   if (gpus.empty()) {
     auto r = run_cli({"run", "--nproc-per-node", "gpu", "/bin/true"});
