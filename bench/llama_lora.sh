@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # llama_lora.sh — LoRA fine-tuning with trainyard's causal-lm recipe (issue 27): the Llama-2-7B
-# size on this 24 GiB, 2-core machine, and LoRA against full fine-tuning at smollm2-135m, each
-# run through the real CLI, 2 ranks x 1 thread, FULL_SHARD, bf16-mixed, packed samsum-style
-# records (a generated set: bench data, not a model's quality).
+# size on this 24 GiB, 2-core machine, and LoRA and pure bf16 against full fine-tuning at
+# smollm2-135m, each run through the real CLI, 2 ranks x 1 thread, FULL_SHARD, bf16-mixed unless
+# said, packed samsum-style records (a generated set: bench data, not a model's quality).
 #
 #   7b:      --model llama-2-7b --peft lora (random initialisation: the bf16 frozen base) with
 #            --tokenizer tests/data/hf/tiny_llama2_tokenizer.json (Llama 2's layout), seq 128,
@@ -11,8 +11,9 @@
 #            (the recipe's getrusage), and the checkpoint's size (the adapters and their AdamW
 #            state only). Bar: peak RSS <= 9 GiB a rank.
 #   smollm2: the same data, seq 256, batch 4 per rank, --max-steps STEPS, full fine-tuning
-#            against --peft lora (r 16, q_proj,v_proj), alternating ROUNDS times: steady tokens/s
-#            (after the first step) and peak RSS of each, and their ratios.
+#            (bf16-mixed) against --peft lora (r 16, q_proj,v_proj) and against full fine-tuning
+#            with --pure-bf16 (bf16 weights, gradients and AdamW state), alternating ROUNDS times:
+#            steady tokens/s (after the first step) and peak RSS of each, and their ratios.
 #
 #   bench/llama_lora.sh                   # both: ~6 minutes on a quiet machine
 #   bench/llama_lora.sh --parts smollm2 --rounds 3
@@ -59,7 +60,7 @@ run() {
   local name=$1; shift
   local start; start=$(date +%s.%N)
   "$TRAINYARD" train causal-lm --data "$TMP/samsum.jsonl" --data-format samsum --batching packing \
-      --workers 2 --threads 1 --strategy full_shard --precision bf16-mixed --no-progress \
+      --workers 2 --threads 1 --strategy full_shard --no-progress \
       --storage "$TMP/runs" --name "$name" "$@" 2>&1 |
     while IFS= read -r line; do
       printf '%.3f %s\n' "$(echo "$(date +%s.%N) - $start" | bc)" "$line"
@@ -76,7 +77,7 @@ PY
 
 if [[ ,$PARTS, == *,7b,* ]]; then
   echo "== llama-2-7b, --peft lora (r 16, q_proj,v_proj), 2 ranks FULL_SHARD bf16-mixed, seq 128, batch 1, activation checkpointing, 2 steps"
-  read -r first per r0 r1 _ < <(run lora7b --model llama-2-7b --peft lora \
+  read -r first per r0 r1 _ < <(run lora7b --model llama-2-7b --peft lora --precision bf16-mixed \
       --tokenizer "$ROOT/tests/data/hf/tiny_llama2_tokenizer.json" --seq-len 128 --batch-size 1 \
       --activation-checkpointing --max-steps 2)
   ckpt=$(du -sm "$TMP/runs/lora7b/checkpoint_000000" | cut -f1)
@@ -84,11 +85,13 @@ if [[ ,$PARTS, == *,7b,* ]]; then
 fi
 
 if [[ ,$PARTS, == *,smollm2,* ]]; then
-  echo "== smollm2-135m, full fine-tuning vs --peft lora, seq 256, batch 4 per rank, $STEPS steps, $ROUNDS rounds"
+  echo "== smollm2-135m, full fine-tuning (bf16-mixed) vs --peft lora vs --pure-bf16, seq 256, batch 4 per rank, $STEPS steps, $ROUNDS rounds"
   printf '%-6s %-5s %12s %12s %12s\n' round kind tokens/s rss0_MiB rss1_MiB
   for ((k = 1; k <= ROUNDS; ++k)); do
-    for kind in full lora; do
-      extra=(); [[ $kind == lora ]] && extra=(--peft lora)
+    for kind in full lora pure; do
+      extra=(--precision bf16-mixed)
+      [[ $kind == lora ]] && extra+=(--peft lora)
+      [[ $kind == pure ]] && extra=(--pure-bf16)
       read -r _ _ r0 r1 tps < <(run "s$k$kind" --model smollm2-135m --seq-len 256 --batch-size 4 \
           --max-steps "$STEPS" "${extra[@]}")
       printf '%-6s %-5s %12s %12s %12s\n' "$k" "$kind" "$tps" "$r0" "$r1"
@@ -101,5 +104,6 @@ rows = [l.split() for l in open(sys.argv[1])]
 med = lambda kind, i: statistics.median(float(r[i]) for r in rows if r[0] == kind)
 print(f"median tokens/s: full {med('full', 1):.1f}, lora {med('lora', 1):.1f}, lora/full {med('lora', 1) / med('full', 1):.2f}")
 print(f"median peak RSS rank 0: full {med('full', 2):.0f} MiB, lora {med('lora', 2):.0f} MiB, lora/full {med('lora', 2) / med('full', 2):.2f}")
+print(f"pure bf16: median tokens/s {med('pure', 1):.1f} (pure/full {med('pure', 1) / med('full', 1):.2f}), peak RSS rank 0 {med('pure', 2):.0f} MiB (pure/full {med('pure', 2) / med('full', 2):.2f})")
 PY
 fi

@@ -33,7 +33,7 @@ plan::PlanOptions to_options(const PlanFlags& f) {
   TY_CHECK(!o.model || o.parameter_count == 0 || o.parameter_count == o.model->parameter_count(),
            "--params (", o.parameter_count, ") disagrees with --model ", f.model, " (",
            o.model ? o.model->parameter_count() : 0, " parameters). HINT: give one of them.");
-  o.precision = plan::parse_precision(f.precision, "--precision");
+  o.precision = parse_precision(f.precision, "--precision");
   TY_CHECK(f.gpus >= 1, "--gpus must be >= 1, got ", f.gpus, ".");
   TY_CHECK(f.gpus_per_node >= 0, "--gpus-per-node must be >= 1, got ", f.gpus_per_node, ".");
   o.world_size = f.gpus;
@@ -122,7 +122,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--batch-size", f.batch_size, "Micro-batch: sequences per device per forward")
       ->capture_default_str();
   cmd->add_option("--precision", f.precision,
-                  "fp32, or bf16-mixed (bf16 compute, fp32 master weights and Adam state)")
+                  "fp32, or bf16-mixed (bf16 compute, fp32 master weights and Adam state); "
+                  "pure-bf16 is not planned")
       ->capture_default_str();
   cmd->add_flag("--activation-checkpointing", f.activation_checkpointing,
                 "Recompute each layer in backward, keeping only its input");

@@ -154,7 +154,17 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
          [this](const std::string& name) { options_.strategy = Strategy::parse(name); },
          Strategy::names())
         ->default_str(std::string(to_string(options_.strategy)));
-    c.add_option("--precision", options_.precision, "bf16-mixed or fp32")->capture_default_str();
+    auto* precision =
+        c.add_option_function<std::string>(
+             "--precision",
+             [this](const std::string& text) { options_.precision = parse_precision(text); },
+             "bf16-mixed (bf16 compute, fp32 master weights and AdamW state), fp32, or pure-bf16")
+            ->default_str(std::string(to_string(options_.precision)));
+    c.add_flag_callback(
+         "--pure-bf16", [this] { options_.precision = Precision::kPureBf16; },
+         "bf16 parameters, gradients and AdamW state, no fp32 master copy (llama-recipes' "
+         "--pure_bf16; FSDP strategies only); the same as --precision pure-bf16")
+        ->excludes(precision);
     c.add_flag("--activation-checkpointing", options_.activation_checkpointing,
                "Recompute each transformer layer in backward instead of keeping its activations");
     c.add_option("--seq-len", options_.seq_len, "Tokens per line (truncated or padded)")

@@ -251,18 +251,6 @@ Strategy parse_strategy(std::string_view text, std::string_view flag) {
       detail::concat(flag, " is '", text, "'; expected one of ", known, "."));
 }
 
-Precision parse_precision(std::string_view text, std::string_view flag) {
-  if (text == "fp32") return Precision::kFp32;
-  if (text == "bf16-mixed") return Precision::kBf16Mixed;
-  throw InvalidArgumentError(detail::concat(flag, " is '", text,
-                                            "'; expected fp32 or bf16-mixed (bf16 compute with "
-                                            "fp32 master weights and Adam state)."));
-}
-
-std::string_view to_string(Precision precision) {
-  return precision == Precision::kFp32 ? "fp32" : "bf16-mixed";
-}
-
 StateBytes zero_paper_state_bytes(Precision precision) {
   if (precision == Precision::kFp32) return {.params = 4, .grads = 4, .optimizer = 8};
   return {.params = 2, .grads = 2, .optimizer = 12};
@@ -273,6 +261,10 @@ void PlanOptions::validate() const {
            "PlanOptions: give a model (--model) or a parameter count (--params).");
   TY_CHECK(parameter_count >= 0, "PlanOptions.parameter_count (--params) must be > 0, got ",
            parameter_count, ".");
+  TY_CHECK(precision != Precision::kPureBf16,
+           "PlanOptions.precision (--precision) pure-bf16 is not planned: the planner models fp32 "
+           "and bf16-mixed. HINT: plan bf16-mixed; pure-bf16 holds FSDP's shards, gradients and "
+           "Adam moments in bf16, half of bf16-mixed's 16 bytes per sharded parameter.");
   if (model) model->validate();
   TY_CHECK(!lora || model,
            "PlanOptions: LoRA (--peft lora) needs the model (--model), to find "

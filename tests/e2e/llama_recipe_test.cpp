@@ -3,6 +3,8 @@
 // packed and padded, with eval perplexity per epoch; then generated from and exported.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -147,6 +149,42 @@ TEST(LlamaRecipe, SamsumOnTwoRanksLearnsAndPrintsEvalPerplexityPerEpochPackedAnd
   EXPECT_EQ(nlohmann::json::parse(read_file(dir.path() / "exported" / "config.json"))["model_type"],
             "llama");
   EXPECT_TRUE(fs::exists(dir.path() / "exported" / "tokenizer.json"));
+}
+
+// command() without its --precision (and the value after it).
+std::vector<std::string> without_precision(std::vector<std::string> args) {
+  const auto it = std::find(args.begin(), args.end(), "--precision");
+  if (it != args.end()) args.erase(it, it + 2);
+  return args;
+}
+
+// --pure-bf16 (llama-recipes' --pure_bf16) on two ranks: learns, records its precision, resumes
+// from its bf16 state; DDP and a second precision flag are refused before any rank starts.
+TEST(LlamaRecipe, PureBf16LearnsOnTwoRanksAndIsRefusedWithDdp) {
+  TempDir dir;
+  write_fixture(dir.path());
+  auto run = [&](const std::string& epochs, std::vector<std::string> more = {}) {
+    more.insert(more.end(), {"--pure-bf16", "--epochs", epochs, "--name", "pure"});
+    return run_program(without_precision(command(dir.path(), more)), {}, 120s);
+  };
+  auto first = run("1");
+  ASSERT_TRUE(first.status.success()) << first.out << first.err;
+  const auto losses = printed(first.out, R"(step \d+/\d+: loss ([0-9.]+))");
+  ASSERT_GE(losses.size(), 10u) << first.out;
+  EXPECT_LT(losses.back(), losses.front() * 0.8) << first.out;
+  const auto result = nlohmann::json::parse(read_file(dir.path() / "pure" / "result.json"));
+  EXPECT_EQ(result["config"]["precision"], "pure-bf16");
+  auto second = run("2");
+  ASSERT_TRUE(second.status.success()) << second.out << second.err;
+  EXPECT_NE(second.err.find("checkpoint_000000"), std::string::npos) << "resumed from it";
+  EXPECT_NE(second.out.find("Epoch 2:"), std::string::npos) << second.out;
+
+  auto ddp = run("1", {"--strategy", "ddp"});
+  EXPECT_FALSE(ddp.status.success());
+  EXPECT_NE(ddp.err.find("--pure-bf16 needs an FSDP --strategy"), std::string::npos) << ddp.err;
+  auto both = run_program(command(dir.path(), {"--pure-bf16"}));
+  EXPECT_FALSE(both.status.success());
+  EXPECT_NE(both.err.find("--precision excludes --pure-bf16"), std::string::npos) << both.err;
 }
 
 TEST(LlamaRecipe, BadRecordsAndFlagsAreRefusedNamingTheFileAndLine) {

@@ -13,6 +13,7 @@
 
 #include "trainyard/models/causal_lm_config.h"
 #include "trainyard/models/lora.h"
+#include "trainyard/precision.h"
 
 namespace trainyard::plan {
 
@@ -31,14 +32,6 @@ std::string_view to_string(Strategy strategy);  // "DDP", "ZeRO-1", "SHARD_GRAD_
 // train_gpt_fsdp's --strategy names: "ddp", "zero1", "shard_grad_op", "hybrid_shard",
 // "full_shard", "no_shard"; anything else throws InvalidArgumentError naming `flag`.
 Strategy parse_strategy(std::string_view text, std::string_view flag = "--strategy");
-
-enum class Precision {
-  kFp32,      // fp32 parameters, gradients and compute
-  kBf16Mixed  // bf16 compute (FSDP param_dtype, DDP autocast), fp32 master weights and Adam
-};
-// "fp32" or "bf16-mixed"; anything else throws InvalidArgumentError naming `flag`.
-Precision parse_precision(std::string_view text, std::string_view flag = "--precision");
-std::string_view to_string(Precision precision);
 
 // Bytes per parameter of each model state (the ZeRO paper's 2 + 2 + K for mixed-precision Adam).
 struct StateBytes {

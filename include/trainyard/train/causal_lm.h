@@ -20,6 +20,7 @@
 #include "trainyard/models/causal_lm.h"
 #include "trainyard/models/hf_weights.h"
 #include "trainyard/models/lora.h"
+#include "trainyard/precision.h"
 
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
@@ -47,7 +48,9 @@ struct CausalLmOptions {
   // tokenizer.json; empty: the model folder's, else bytes as tokens (ids 0-255).
   std::string tokenizer;
   Strategy strategy;  // FSDP's FULL_SHARD unless --strategy names another, or ddp
-  std::string precision = "bf16-mixed";  // or fp32
+  // bf16-mixed: FSDP's MixedPrecision (bf16 gathers, fp32 shards and reductions) or DDP's
+  // autocast; pure-bf16 (FSDP only): bf16 shards, gradients, reductions and AdamW state.
+  Precision precision = Precision::kBf16Mixed;
   bool activation_checkpointing = false;
   std::int64_t seq_len = 256;
   std::int64_t batch_size = 14;  // sequences per rank and step
