@@ -1,4 +1,5 @@
 #include "trainyard/blas_core.h"
+#include "trainyard/env.h"
 
 #include <dlfcn.h>
 #include <strings.h>
@@ -87,14 +88,14 @@ std::optional<std::string> blas_core_override() {
 namespace {
 
 bool fix_disabled() {
-  const char* fix = std::getenv("TRAINYARD_BLAS_CORE_FIX");
+  const char* fix = std::getenv(kBlasCoreFixEnv);
   return fix != nullptr && std::strcmp(fix, "0") == 0;
 }
 
 // The kernels to export, or nullopt; in a process started with them, checks they were taken.
 std::optional<std::string> core_to_export() {
   if (fix_disabled()) return std::nullopt;
-  if (const char* asked = std::getenv("TRAINYARD_BLAS_CORE_SET"); asked != nullptr) {
+  if (const char* asked = std::getenv(kBlasCoreSetEnv); asked != nullptr) {
     // Started with the variables a trainyard parent (or the re-exec) set: never export again.
     const char* set = std::getenv("OPENBLAS_CORETYPE");
     if (set != nullptr && std::strcmp(set, asked) == 0 && !one_of(blas_core_name(), {asked}))
@@ -111,7 +112,7 @@ void export_core(const std::string& core) {
       "OPENBLAS_CORETYPE to choose, or TRAINYARD_BLAS_CORE_FIX=0 to keep the detected kernels)",
       blas_core_name(), core == "SkylakeX" ? "AVX-512" : "AVX2", core);
   ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
-  ::setenv("TRAINYARD_BLAS_CORE_SET", core.c_str(), 1);
+  ::setenv(kBlasCoreSetEnv, core.c_str(), 1);
 }
 
 }  // namespace
@@ -128,7 +129,7 @@ void reexec_if_blas_core_misdetected(char** argv) {
   ::execv("/proc/self/exe", argv);
   const int error = errno;
   ::unsetenv("OPENBLAS_CORETYPE");
-  ::unsetenv("TRAINYARD_BLAS_CORE_SET");
+  ::unsetenv(kBlasCoreSetEnv);
   logger("blas")->warn(
       "re-executing with OPENBLAS_CORETYPE={} failed ({}); going on with OpenBLAS's {} kernels",
       *core, std::strerror(error), blas_core_name());

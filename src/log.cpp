@@ -6,6 +6,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "trainyard/env.h"
+
 namespace trainyard {
 namespace {
 
@@ -21,7 +23,7 @@ Registry& registry() {
 }
 
 spdlog::level::level_enum level_from_env() {
-  const char* v = std::getenv("TRAINYARD_LOG_LEVEL");
+  const char* v = std::getenv(kLogLevelEnv);
   if (v == nullptr || *v == '\0') return spdlog::level::info;
   auto level = spdlog::level::from_str(v);
   // from_str answers "off" for anything it does not know; only "off" itself means off.

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/launch_flags.h"
 #include "tools/scaling_chart.h"
 #include "trainyard/elastic/launcher.h"
 #include "trainyard/elastic/subprocess.h"
@@ -35,7 +36,7 @@ struct ScalingFlags {
   bool measure_busbw = false;
   std::string gradient_bytes;  // empty: from the run's config.json
   std::string predict;
-  double timeout_s = 1800;    // per run
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // per run
   std::string nodes_via;      // empty: local ranks; else a per-node launcher prefix
   std::string rdzv_endpoint;  // with nodes_via: HOST:PORT of node 0
   std::vector<std::string> command;
@@ -65,17 +66,16 @@ struct Logged {
   fs::path log;
 };
 
-// Runs every process at once and waits at most timeout_s for all of them. When one fails (or the
+// Runs every process at once and waits at most `timeout` for all of them. When one fails (or the
 // time is up) the others are stopped. Throws TimeoutError or Error (with the failed one's log's
 // tail) unless all exit 0.
-void run_all_logged(const std::vector<Logged>& procs, double timeout_s) {
+void run_all_logged(const std::vector<Logged>& procs, std::chrono::milliseconds timeout) {
   std::vector<elastic::Subprocess> children;
   for (const auto& p : procs)
     children.emplace_back(elastic::SubprocessOptions{
         .argv = {"/bin/sh", "-c",
                  "exec " + p.shell + " >" + elastic::shell_quote({p.log.string()}) + " 2>&1"}});
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto stop_all = [&] {
     for (auto& c : children) c.terminate(std::chrono::seconds(10));
   };
@@ -99,8 +99,8 @@ void run_all_logged(const std::vector<Logged>& procs, double timeout_s) {
       for (const auto& p : procs) logs += (logs.empty() ? "" : ", ") + p.log.string();
       throw TimeoutError(detail::concat(
           "`", procs.front().shell, "`", procs.size() > 1 ? " and the other nodes" : "",
-          " did not finish within ", timeout_s, " s; stopped. The output is in ", logs,
-          ". HINT: raise --timeout",
+          " did not finish within ", static_cast<double>(timeout.count()) / 1000,
+          " s; stopped. The output is in ", logs, ". HINT: raise --timeout",
           procs.size() > 1 ? "; or, if the logs show the nodes waiting "
                              "for the rendezvous store, give --rdzv-endpoint an address of node 0, "
                              "whose agent serves it"
@@ -117,7 +117,7 @@ struct Launch {
   std::string self;           // this trainyard binary
   std::string nodes_via;      // empty: local ranks
   std::string rdzv_endpoint;  // node 0's HOST:PORT, with nodes_via
-  double timeout_s = 0;
+  std::chrono::milliseconds timeout{0};
 
   bool nodes() const { return !nodes_via.empty(); }
   std::string unit(int w) const {
@@ -194,7 +194,7 @@ void run_job(const Launch& launch,
           {expand_nodes_via(launch.nodes_via, node, world_size) + " " + elastic::shell_quote(argv),
            log_stem.string() + ".node" + std::to_string(node) + ".log"});
   }
-  run_all_logged(procs, launch.timeout_s);
+  run_all_logged(procs, launch.timeout);
 }
 
 // The log of a job run by run_job that holds rank 0's output: the only one for local ranks; for
@@ -307,7 +307,6 @@ int run_scaling(const ScalingFlags& f) {
   const auto predict = plan::parse_world_sizes(f.predict, "--predict");
   TY_CHECK(f.busbw_gbps >= 0, "--busbw must be > 0 GB/s, got ", f.busbw_gbps, ".");
   TY_CHECK(!(f.busbw_gbps > 0 && f.measure_busbw), "Give --busbw or --measure-busbw, not both.");
-  TY_CHECK(f.timeout_s > 0, "--timeout must be > 0 seconds, got ", f.timeout_s, ".");
   TY_CHECK(!f.command.empty(),
            "trainyard bench scaling needs the recipe to run after `--`. HINT: trainyard bench "
            "scaling --world-sizes 1,2 -- train fashion-mnist --epochs 1 --limit 1024");
@@ -318,7 +317,7 @@ int run_scaling(const ScalingFlags& f) {
   const Launch launch{.self = elastic::self_executable(),
                       .nodes_via = f.nodes_via,
                       .rdzv_endpoint = f.rdzv_endpoint,
-                      .timeout_s = f.timeout_s};
+                      .timeout = f.timeout};
   const fs::path out = fs::absolute(f.out);
   const fs::path runs = out / "runs";
   fs::create_directories(runs);
@@ -476,8 +475,11 @@ void add_bench_scaling_command(CLI::App& bench, int& exit_code) {
                 "Bytes all-reduced per step (K, M, G: powers of 1024); default: 4 x the "
                 "\"parameters\" of the run's config.json");
   c->add_option("--predict", f.predict, "Comma-separated world sizes to predict efficiency at");
-  c->add_option("--timeout", f.timeout_s, "Seconds each run may take before it is stopped")
-      ->capture_default_str();
+  add_seconds_option(*c, f.timeout,
+                     {.names = "--timeout",
+                      .description = "Seconds each run may take before it is stopped",
+                      .min = 0.001,
+                      .max = 1e6});
   c->add_option(
        "--nodes-via", f.nodes_via,
        "Run each world size N as N nodes: N `trainyard run --nnodes N --nproc-per-node 1 "

@@ -21,6 +21,7 @@
 #include "trainyard/cluster/head_client.h"
 #include "trainyard/cluster/worker.h"
 #include "trainyard/comm/address.h"
+#include "trainyard/env.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/seconds.h"
@@ -140,7 +141,7 @@ void add_head(CLI::App& app, int& exit_code) {
       // The head's own token only: a local head's generated one is not this head's.
       if (!f->token_file.empty()) {
         token = cluster::load_token(f->token_file);
-      } else if (const char* env = std::getenv(cluster::kTokenEnv); env && *env) {
+      } else if (const char* env = std::getenv(kTokenEnv); env && *env) {
         token = env;
       }
     }
@@ -162,7 +163,7 @@ void add_head(CLI::App& app, int& exit_code) {
           "The cluster token is in %s (only you can read it). Clients and workers on this host "
           "find it there when the head uses its default --state-dir; elsewhere give them a copy "
           "with --token-file, or its text in %s.\n",
-          head.generated_token_file().c_str(), cluster::kTokenEnv);
+          head.generated_token_file().c_str(), kTokenEnv);
     }
     std::fflush(stdout);
     // The head's own node runs ranks as a worker of itself, as the seeds' Ray head task trains.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "trainyard/elastic/launcher.h"
 #include "trainyard/train/run_config.h"
 
 namespace CLI {
@@ -33,6 +34,8 @@ class Recipe {
   // The shared configs, bound to the common flags; each recipe sets its defaults (the run's name).
   train::RunConfig run;
   train::ScalingConfig scaling;
+  // Run bare: the launcher's restart policy (launch_flags.h: add_restart_flags).
+  elastic::LaunchOptions launch;
   bool progress = true;  // a progress bar on rank 0 when the output is a terminal
 };
 

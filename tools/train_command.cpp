@@ -1,32 +1,31 @@
 #include "tools/train_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
+#include "tools/launch_flags.h"
 #include "tools/recipe.h"
 #include "tools/stop_signals.h"
 #include "trainyard/blas_core.h"
 #include "trainyard/comm/dist_env.h"
 #include "trainyard/elastic/launcher.h"
+#include "trainyard/env.h"
 #include "trainyard/storage/storage.h"
 #include "trainyard/train/result.h"
 
 namespace trainyard::cli {
 namespace {
 
-constexpr const char* kParentEnv = "TRAINYARD_RECIPE_PARENT";
-
 // Bare start: run the recipe's ranks through the launcher, then print the result table.
 int launch_recipe(const Recipe& recipe, const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
-  elastic::LaunchOptions launch;
+  elastic::LaunchOptions launch = recipe.launch;
   launch.nproc_per_node = recipe.scaling.workers;
   launch.run_id = recipe.run.name;
-  launch.max_restarts = recipe.scaling.max_restarts;
-  launch.hang_timeout =
-      std::chrono::milliseconds(static_cast<std::int64_t>(recipe.scaling.hang_timeout_s * 1000));
-  launch.extra_env = {{kParentEnv, "1"}};
+  launch.restart_backoff_max = std::max(launch.restart_backoff_max, launch.restart_backoff);
+  launch.extra_env = {{kRecipeParentEnv, "1"}};
   // The ranks run this same command line; under the launcher's environment each is one rank.
   launch.command = {elastic::self_executable()};
   launch.command.insert(launch.command.end(), args.begin() + 1, args.end());
@@ -57,24 +56,21 @@ void add_shared_flags(CLI::App& c, Recipe& r, bool& no_progress) {
       ->capture_default_str();
   c.add_option("--num-to-keep", r.run.num_to_keep, "Keep the newest K checkpoints (0: all)")
       ->capture_default_str();
-  c.add_option("--max-restarts", r.scaling.max_restarts,
-               "Run bare: restart the ranks up to N times after a failure")
-      ->capture_default_str();
   c.add_option("--threads", r.scaling.threads, "Intra-op threads per rank (0: usable CPUs / ranks)")
       ->capture_default_str();
   c.add_option("--device", r.scaling.device,
                "cpu, or cuda: each rank on the GPU numbered LOCAL_RANK, collectives on NCCL")
       ->envname(kDeviceEnv)
       ->capture_default_str();
-  c.add_option("--collective-timeout", r.run.collective_timeout_s,
-               "Seconds a collective or store wait may take before it fails")
-      ->envname(kCollectiveTimeoutEnv)
-      ->capture_default_str();
-  c.add_option("--hang-timeout", r.scaling.hang_timeout_s,
-               "Run bare: restart (or stop) the ranks when one makes no progress for this many "
-               "seconds; 0: off")
-      ->envname(elastic::kHangTimeoutEnv)
-      ->capture_default_str();
+  add_seconds_option(c, r.run.collective_timeout,
+                     {.names = "--collective-timeout",
+                      .description = "Seconds a collective or store wait may take before it fails",
+                      .min = 0.001,
+                      .max = 1e6,
+                      .env = kCollectiveTimeoutEnv});
+  // Run bare, the recipe is the launcher: --max-restarts, --hang-timeout, ... as `trainyard run`
+  // takes them.
+  add_restart_flags(c, r.launch);
   c.add_flag("--no-progress", no_progress, "Never draw a progress bar");
 }
 
@@ -110,7 +106,7 @@ void add_train_command(CLI::App& app, std::vector<std::string> args, int& exit_c
       reexec_if_blas_core_misdetected(self_argv.data());
       recipe.run_rank();
       // Rank 0 prints the table, unless the bare parent that launched this job prints it.
-      if (parse_dist_env().rank == 0 && std::getenv(kParentEnv) == nullptr)
+      if (parse_dist_env().rank == 0 && std::getenv(kRecipeParentEnv) == nullptr)
         train::print_training_result(recipe.run.uri());
       exit_code = 0;
     });

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "trainyard/comm/env_contract.h"  // kHeartbeatFileEnv: the path of a rank's file
+#include "trainyard/env.h"  // kHeartbeatFileEnv: the path of a rank's file
 
 namespace trainyard {
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "trainyard/cluster/auth.h"
+#include "trainyard/env.h"
 #include "trainyard/net/base_url.h"
 #include "trainyard/net/http_client.h"
 

@@ -49,7 +49,7 @@
 #include "trainyard/cluster/state_dir.h"
 #include "trainyard/cluster/wire.h"
 #include "trainyard/comm/address.h"
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/elastic/agent.h"
 #include "trainyard/elastic/agent_metrics.h"
 #include "trainyard/elastic/head_backend.h"
@@ -596,7 +596,7 @@ void Worker::Impl::start_job(const wire::Assignment& a) {
     o.term_timeout = options.stop_timeout;
     o.rendezvous = std::make_shared<elastic::Rendezvous>(std::move(backend), r);
     for (const auto& [k, v] : a.env) o.extra_env.emplace_back(k, v);
-    o.extra_env.emplace_back("TRAINYARD_JOB_ID", job->id);
+    o.extra_env.emplace_back(kJobIdEnv, job->id);
     o.extra_env.push_back(job->metrics->env());
     // `trainyard ...` in an entrypoint is this very binary, as `ray` is in a Ray job's.
     const char* path = std::getenv("PATH");

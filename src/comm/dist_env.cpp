@@ -38,14 +38,6 @@ long optional_int(const EnvLookup& env, const std::string& name, long fallback, 
 
 }  // namespace
 
-EnvLookup process_env() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* v = std::getenv(name.c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
-}
-
 bool dist_env_present(const EnvLookup& env) {
   return env(kRankEnv).has_value() && env(kWorldSizeEnv).has_value();
 }

@@ -15,7 +15,7 @@
 #include "trainyard/comm/address.h"
 #include "trainyard/comm/collectives.h"
 #include "trainyard/comm/device_work_beacon.h"
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
@@ -291,7 +291,7 @@ std::shared_ptr<Distributed> init(const DistEnv& env, const InitOptions& options
         "Rank ", env.rank, "/", env.world_size, " could not form the ", nccl ? "NCCL" : "Gloo",
         " process group through ", env.master_addr, ":", env.master_port, ": ", e.what()));
   }
-  const char* shm_env = std::getenv("TRAINYARD_SHM");
+  const char* shm_env = std::getenv(kShmEnv);
   const bool shm_allowed = shm_env == nullptr || std::string(shm_env) != "0";
   // Shared memory carries CPU tensors only: ranks on GPUs keep the plain group.
   if (!nccl && device.is_cpu() && options.shared_memory && shm_allowed && env.world_size > 1 &&

@@ -37,7 +37,7 @@
 #include "elastic/line_forwarder.h"
 #include "elastic/rank_monitor.h"
 #include "elastic/stop_channel.h"
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/error.h"

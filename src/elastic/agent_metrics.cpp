@@ -4,7 +4,7 @@
 #include <string>
 
 #include "elastic/rank_monitor.h"
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/metrics/names.h"
 #include "trainyard/metrics/rank_files.h"
 

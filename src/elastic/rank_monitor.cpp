@@ -16,7 +16,7 @@
 #include <utility>
 
 #include "trainyard/comm/address.h"
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"

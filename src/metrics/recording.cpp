@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 
 namespace trainyard::metrics {
 namespace {

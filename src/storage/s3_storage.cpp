@@ -2,6 +2,7 @@
 // net::HttpClient, where libcurl signs each one (CURLOPT_AWS_SIGV4); the few XML answers S3 gives
 // (ListObjectsV2, multipart upload, errors) are read by a small parser below. See s3_storage.h for
 // the behaviour.
+#include "trainyard/env.h"
 #include "trainyard/storage/s3_storage.h"
 
 #include <openssl/evp.h>

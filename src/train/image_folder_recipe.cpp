@@ -100,7 +100,7 @@ nlohmann::ordered_json config_json(const ImageFolderRecipeOptions& o,
       {"name", o.run.name},
       {"checkpoint_every", o.run.checkpoint_every},
       {"num_to_keep", o.run.num_to_keep},
-      {"collective_timeout_s", o.run.collective_timeout_s}};
+      {"collective_timeout_s", static_cast<double>(o.run.collective_timeout.count()) / 1000}};
 }
 
 // One evaluation on val/, the same on every rank.

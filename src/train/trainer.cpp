@@ -12,7 +12,7 @@
 
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/comm/collectives.h"
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/cpu_count.h"
 #include "trainyard/error.h"
@@ -260,8 +260,7 @@ Trainer::Trainer(std::string recipe, RunConfig run, ScalingConfig scaling)
   scaling_.validate();
   start_s_ = now_s();
   auto init_options = init_options_from_env();  // the join timeout, TRAINYARD_BACKEND
-  init_options.timeout =
-      std::chrono::milliseconds(static_cast<std::int64_t>(run_.collective_timeout_s * 1000));
+  init_options.timeout = run_.collective_timeout;
   init_options.device = scaling_.device;
   dist_ = init(init_options);
   if (scaling_.threads > 0) {

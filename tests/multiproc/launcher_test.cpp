@@ -597,6 +597,82 @@ TEST(LauncherCli, FlagsFromPetEnvironmentAndUnderscoreSpellings) {
   EXPECT_TRUE(contains(r.err, "PET_NPROC_PER_NODE")) << r.err;
 }
 
+// --dry-run: what each engine's variables resolve to, one `key: value (from SOURCE)` a line, and
+// nothing started; a flag wins over an engine's variable; contradicting variables are an error.
+TEST(LauncherCli, DryRunPrintsWhatEachEngineResolvesToAndFromWhere) {
+  struct Case {
+    std::map<std::string, std::string> env;
+    std::vector<std::string> flags;
+    std::vector<std::string> lines;
+  };
+  const std::vector<Case> cases = {
+      {{},
+       {},
+       {"engine: torchrun flags (from no engine's variables)\n", "nnodes: 1 (from default)\n",
+        "rdzv_backend: static (from default)\n"}},
+      {{{"SLURM_JOB_ID", "4242"},
+        {"SLURM_NNODES", "3"},
+        {"SLURM_NODEID", "1"},
+        {"SLURM_JOB_NODELIST", "node[07-08],gpu1"}},
+       {},
+       {"engine: slurm (from SLURM_JOB_ID)\n", "nnodes: 3 (from SLURM_NNODES)\n",
+        "node_rank: 1 (from SLURM_NODEID)\n",
+        "rdzv_endpoint: node07:29500 (from the first host of SLURM_JOB_NODELIST, port default)\n",
+        "run_id: 4242 (from SLURM_JOB_ID)\n"}},
+      {{{"KUBERNETES_SERVICE_HOST", "10.96.0.1"},
+        {"PET_NNODES", "2"},
+        {"PET_NPROC_PER_NODE", "cpu"},
+        {"PET_NODE_RANK", "1"},
+        {"PET_MASTER_ADDR", "job-node-0-0.job"},
+        {"PET_MASTER_PORT", "29500"}},
+       {},
+       {"engine: kubeflow (from PET_* variables)\n", "nnodes: 2 (from PET_NNODES)\n",
+        "rdzv_endpoint: job-node-0-0.job:29500 (from PET_MASTER_ADDR, port PET_MASTER_PORT)\n"}},
+      {{{"SKYPILOT_NODE_IPS", "198.18.0.1\n198.18.0.2"},
+        {"SKYPILOT_NODE_RANK", "1"},
+        {"SKYPILOT_NUM_NODES", "2"},
+        {"SKYPILOT_NUM_GPUS_PER_NODE", "0"}},
+       {"--nproc-per-node", "2"},
+       {"engine: skypilot (from SKYPILOT_NODE_RANK)\n",
+        "nproc_per_node: 2 (from --nproc-per-node)\n",
+        "rdzv_endpoint: 198.18.0.1:29500 (from the first host of SKYPILOT_NODE_IPS, port "
+        "default)\n"}},
+      {{{"DSTACK_MASTER_NODE_IP", "198.18.0.1"},
+        {"DSTACK_NODES_IPS", "198.18.0.1\n198.18.0.2"},
+        {"DSTACK_NODE_RANK", "0"},
+        {"DSTACK_NODES_NUM", "2"},
+        {"DSTACK_RUN_NAME", "ft"}},
+       {"--nnodes", "2", "--node-rank", "1"},
+       {"engine: dstack (from DSTACK_NODE_RANK)\n", "node_rank: 1 (from --node-rank)\n",
+        "run_id: ft (from DSTACK_RUN_NAME)\n"}},
+      {{{"VC_TASK_INDEX", "0"},
+        {"MASTER_ADDR", "job-master-0.job"},
+        {"MASTER_PORT", "23456"},
+        {"WORLD_SIZE", "2"},
+        {"RANK", "1"}},
+       {},
+       {"engine: volcano (from VC_TASK_INDEX)\n", "nnodes: 2 (from WORLD_SIZE)\n",
+        "node_rank: 1 (from RANK)\n",
+        "rdzv_endpoint: job-master-0.job:23456 (from MASTER_ADDR, port MASTER_PORT)\n"}},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {"run", "--dry-run"};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    args.insert(args.end(), {"--", "/bin/sh", "-c", "echo started"});
+    auto r = run_cli(args, {c.env.begin(), c.env.end()});
+    ASSERT_EQ(r.status.exit_code, 0) << r.err;
+    EXPECT_FALSE(contains(r.out, "started")) << "nothing is launched";
+    for (const auto& line : c.lines) EXPECT_TRUE(contains(r.out, line)) << line << "\n" << r.out;
+  }
+  auto bad = run_cli({"run", "--dry-run", "--", "/bin/true"}, {{"SLURM_JOB_ID", "7"},
+                                                               {"SLURM_NNODES", "2"},
+                                                               {"SLURM_NODEID", "0"},
+                                                               {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                                               {"PET_NNODES", "3"}});
+  EXPECT_NE(bad.status.exit_code, 0);
+  EXPECT_TRUE(contains(bad.err, "SLURM_NNODES=2 and PET_NNODES=3 disagree")) << bad.err;
+}
+
 TEST(LauncherCli, NprocPerNodeTakesAutoCpuAndGpuAsTorchrunDoes) {
   // Kubeflow Trainer v2 sets PET_NPROC_PER_NODE=auto on GPU pods; torchrun also takes cpu and gpu.
   const std::string count = std::to_string(usable_cpu_count());

@@ -32,6 +32,7 @@
 
 #include "multiproc_util.h"
 #include "trainyard/elastic/subprocess.h"
+#include "trainyard/env.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -41,7 +42,6 @@
 
 namespace trainyard::checkpoint {
 namespace {
-using storage::kS3RetryDeadlineEnv;
 using storage::make_s3_storage;
 using storage::S3Config;
 

@@ -24,7 +24,7 @@
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/comm/collective_metrics.h"
 #include "trainyard/comm/collectives.h"
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/metrics/names.h"
 #include "trainyard/metrics/rank_files.h"

@@ -110,7 +110,8 @@ TEST(RunConfigs, BadValuesNameTheFlag) {
             std::string::npos);
   EXPECT_NE(message(ScalingConfig{.device = "gpu"}).find("--device must be cpu or cuda, got 'gpu'"),
             std::string::npos);
-  EXPECT_NE(message(ScalingConfig{.hang_timeout_s = -1}).find("--hang-timeout must be in"),
+  EXPECT_NE(message(RunConfig{.name = "a", .collective_timeout = std::chrono::milliseconds(0)})
+                .find("--collective-timeout must be more than 0 seconds"),
             std::string::npos);
   EXPECT_EQ((RunConfig{.storage = "s3://b/runs", .name = "x"}.uri()), "s3://b/runs/x");
 }

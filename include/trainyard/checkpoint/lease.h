@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "trainyard/storage/storage.h"
-#include "trainyard/comm/dist_env.h"
+#include "trainyard/env.h"
 
 namespace trainyard::checkpoint {
 
-// The job instance comes from kJobInstanceEnv (comm/dist_env.h): the same value in every rank
+// The job instance comes from kJobInstanceEnv (env.h): the same value in every rank
 // process of one job, across its restarts, and different between two separately launched jobs.
 // Set by the launcher; when absent, a process is a job of its own.
 using trainyard::kJobInstanceEnv;

@@ -61,8 +61,7 @@ inline std::string rdzv_path(const std::string& run_id) {
 inline constexpr std::string_view kAuthorizationHeader = "Authorization";
 inline constexpr std::string_view kRayAuthorizationHeader = "X-Ray-Authorization";
 inline constexpr std::string_view kBearerPrefix = "Bearer ";
-// The token for clients that have no --token-file (written once: the CLI and the daemons read it).
-inline constexpr const char* kTokenEnv = "TRAINYARD_TOKEN";
+// The token for clients that have no --token-file: kTokenEnv (env.h).
 
 // --- job statuses (Ray's) and JobReport states (the worker's) ------------------------------------
 inline constexpr std::string_view kPending = "PENDING";

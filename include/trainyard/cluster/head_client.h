@@ -21,9 +21,8 @@ namespace trainyard::cluster {
 // The head's default port: Ray's dashboard/Jobs API port, so that `ray job submit --address
 // http://head:8265` finds a trainyard head where it would find a Ray one.
 inline constexpr int kDefaultHeadPort = 8265;
-// Where client commands look for the head and the token when no flag gives them.
-inline constexpr const char* kAddressEnv = "TRAINYARD_ADDRESS";
-using api::kTokenEnv;
+// Where client commands look for the head and the token when no flag gives them:
+// kAddressEnv and kTokenEnv (env.h).
 
 // The head answered 404: no such job (or node).
 class NotFoundError : public Error {

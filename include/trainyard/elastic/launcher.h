@@ -1,5 +1,5 @@
 // The local launcher's options and its blocking entry point: LaunchOptions says what to run on
-// this node (N ranks of a program with the torchrun environment contract, comm/env_contract.h),
+// this node (N ranks of a program with the torchrun environment contract, env.h),
 // how to restart it and where its output and events go; launch() runs it to the end. The work
 // itself is elastic::Agent (agent.h), which a daemon runs several of at once.
 #pragma once
@@ -21,9 +21,6 @@ class Rendezvous;
 // A rank that has sent a heartbeat and then sends none for this long is reported as hung and its
 // group is stopped (and restarted while restarts are left). See Note [Hang watchdog].
 inline constexpr std::chrono::seconds kDefaultHangTimeout{30};
-// Seconds: the hang timeout for launchers started by trainyard's commands (PET_HANG_TIMEOUT and
-// the flag take precedence for `trainyard run`).
-inline constexpr const char* kHangTimeoutEnv = "TRAINYARD_HANG_TIMEOUT";
 
 struct LaunchOptions {
   std::vector<std::string> command{};  // program and its arguments; command[0] is looked up in PATH

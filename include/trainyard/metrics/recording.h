@@ -6,7 +6,7 @@
 
 namespace trainyard::metrics {
 
-// False when the environment sets TRAINYARD_METRICS=0 (kMetricsEnv in comm/env_contract.h):
+// False when the environment sets TRAINYARD_METRICS=0 (kMetricsEnv in env.h):
 // the step timer and the collective counters then record nothing, which is how their overhead is
 // measured (bench/metrics_overhead.sh). Read once per process; thread-safe.
 bool recording_enabled();

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/comm/dist_env.h"
+#include "trainyard/env.h"
 #include "trainyard/net/http_client.h"
 
 namespace trainyard::storage {

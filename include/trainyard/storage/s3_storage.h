@@ -13,14 +13,11 @@
 #include <memory>
 #include <string>
 
-#include "trainyard/comm/dist_env.h"
+#include "trainyard/env.h"
 #include "trainyard/storage/aws_credentials.h"
 #include "trainyard/storage/storage.h"
 
 namespace trainyard::storage {
-
-// Seconds for S3Config.retry_deadline, read by S3Config::from_uri.
-constexpr const char* kS3RetryDeadlineEnv = "TRAINYARD_S3_RETRY_DEADLINE";
 
 struct S3Config {
   std::string bucket;

@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "trainyard/comm/env_contract.h"
+#include "trainyard/env.h"
 #include "trainyard/metrics/names.h"
 #include "trainyard/metrics/rank_files.h"
 #include "trainyard/metrics/registry.h"
