@@ -54,13 +54,15 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"id": str(i), "dialogue": d, "summary": f"{b} will bring {t} to {a} {w}."}) + "\n")
 PY
 
-# run NAME ARGS...: the recipe, rank 0's lines stamped with seconds since the start; prints
+# run NAME ARGS...: the recipe, rank 0's lines stamped with seconds since the start, without the
+# hang watchdog (one operation may outlast its 30 s here: on a CPU without AVX-512 smollm2's bf16
+# output layer and loss alone take ~36 s, emulated); prints
 # "first_step_s per_step_s peak_rss_rank0 peak_rss_rank1 steady_tokens_per_s".
 run() {
   local name=$1; shift
   local start; start=$(date +%s.%N)
   "$TRAINYARD" train causal-lm --data "$TMP/samsum.jsonl" --data-format samsum --batching packing \
-      --workers 2 --threads 1 --strategy full_shard --no-progress \
+      --workers 2 --threads 1 --strategy full_shard --no-progress --hang-timeout 0 \
       --storage "$TMP/runs" --name "$name" "$@" 2>&1 |
     while IFS= read -r line; do
       printf '%.3f %s\n' "$(echo "$(date +%s.%N) - $start" | bc)" "$line"
