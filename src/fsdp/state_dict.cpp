@@ -13,6 +13,7 @@
 #include "trainyard/checkpoint/multi_writer_save.h"
 #include "trainyard/checkpoint/safetensors.h"
 #include "trainyard/error.h"
+#include "trainyard/hf/dtype.h"
 #include "trainyard/log.h"
 #include "trainyard/optim/state_key.h"
 #include "trainyard/storage/storage.h"
@@ -398,9 +399,9 @@ std::optional<std::pair<std::string, std::string>> sharded_state_file(
       if (optimizer != nullptr && flat->trainable) state = optimizer_state(*optimizer, flat->shard);
       for (const auto& piece : pieces_of(*flat, st.shard_rank())) {
         auto slice = [&](const torch::Tensor& t) {  // on the CPU: Note [Sharded state]
-          return t.detach()
-              .narrow(0, piece.shard_offset, piece.size())
-              .to(torch::kCPU, torch::kFloat32);  // a shard may be bf16: stored exactly
+          // In the shard's dtype: fp32, or bf16 (a frozen shard; Note [Pure bf16]), which loads
+          // into either kind of shard. No fp32 copy of a bf16 shard's state is made to save it.
+          return t.detach().narrow(0, piece.shard_offset, piece.size()).to(torch::kCPU);
         };
         const auto& name = piece.slot->name;
         tensors.emplace_back(name, slice(flat->shard));
@@ -626,8 +627,13 @@ namespace trainyard::fsdp {
 struct ShardedParameterReader::Impl {
   struct Slice {
     std::string file;
-    std::int64_t begin = 0, end = 0;  // elements of the flattened parameter
-    std::uint64_t offset = 0;         // bytes into the file
+    std::int64_t begin = 0, end = 0;   // elements of the flattened parameter
+    std::uint64_t offset = 0;          // bytes into the file
+    hf::Dtype dtype = hf::Dtype::F32;  // as saved: F32, or BF16 (a bf16 shard's)
+  };
+  struct Extent {
+    std::uint64_t begin = 0, end = 0;  // bytes from the file's start
+    hf::Dtype dtype = hf::Dtype::F32;
   };
   RangeReader read;
   std::string what;
@@ -638,9 +644,8 @@ struct ShardedParameterReader::Impl {
     throw CheckpointCorruptError(detail::concat(what, "/", file, ": ", why));
   }
 
-  // name -> (begin, end) byte offsets from the file's start, from its header.
-  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> header_of(
-      const std::string& file, std::uint64_t file_bytes) const {
+  // name -> its bytes and dtype, from the file's header.
+  std::map<std::string, Extent> header_of(const std::string& file, std::uint64_t file_bytes) const {
     const auto prefix = read(file, 0, 8);
     if (prefix.size() != 8) corrupt(file, "shorter than a safetensors header.");
     std::uint64_t n = 0;
@@ -654,15 +659,17 @@ struct ShardedParameterReader::Impl {
     } catch (const std::exception& e) {
       corrupt(file, detail::concat("the header is not JSON (", e.what(), ")."));
     }
-    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> out;
+    std::map<std::string, Extent> out;
     std::uint64_t extent = 8 + n;
     for (const auto& [name, info] : header.items()) {
       if (name == "__metadata__") continue;
       try {
-        if (info.at("dtype") != "F32") corrupt(file, "tensor " + name + " is not F32.");
+        const auto dtype = hf::parse_dtype(info.at("dtype").get<std::string>());
+        if (dtype != hf::Dtype::F32 && dtype != hf::Dtype::BF16)
+          corrupt(file, "tensor " + name + " is neither F32 nor BF16.");
         const auto r = info.at("data_offsets").get<std::vector<std::uint64_t>>();
         if (r.size() != 2 || r[1] < r[0]) corrupt(file, "tensor " + name + "'s data_offsets.");
-        out[name] = {8 + n + r[0], 8 + n + r[1]};
+        out[name] = {8 + n + r[0], 8 + n + r[1], *dtype};
         extent = std::max(extent, 8 + n + r[1]);
       } catch (const nlohmann::json::exception& e) {
         corrupt(file, detail::concat("tensor ", name, ": ", e.what()));
@@ -699,11 +706,13 @@ ShardedParameterReader::ShardedParameterReader(const std::string& metadata,
         const auto range = slice.value().get<std::vector<std::int64_t>>();
         auto entry = header.find(slice.key());
         if (entry == header.end() || range.size() != 2 ||
-            entry->second.second - entry->second.first !=
-                static_cast<std::uint64_t>(range[1] - range[0]) * sizeof(float))
+            entry->second.end - entry->second.begin !=
+                static_cast<std::uint64_t>(range[1] - range[0]) *
+                    hf::element_size(entry->second.dtype))
           impl_->corrupt(file.key(), "the slice of \"" + slice.key() + "\" does not match " +
                                          kShardedMetadataFile + ".");
-        impl_->slices[slice.key()].push_back({file.key(), range[0], range[1], entry->second.first});
+        impl_->slices[slice.key()].push_back(
+            {file.key(), range[0], range[1], entry->second.begin, entry->second.dtype});
       }
     }
   } catch (const nlohmann::json::exception& e) {
@@ -728,11 +737,12 @@ void ShardedParameterReader::read(const std::string& name, float* dst) const {
   auto it = impl_->slices.find(name);
   if (it != impl_->slices.end()) {
     for (const auto& s : it->second) {
-      const auto bytes = static_cast<std::uint64_t>(s.end - s.begin) * sizeof(float);
+      const auto count = static_cast<std::size_t>(s.end - s.begin);
+      const auto bytes = count * hf::element_size(s.dtype);
       const auto data = impl_->read(s.file, s.offset, bytes);
       if (data.size() != bytes)
         impl_->corrupt(s.file, "the slice of \"" + name + "\" is cut short.");
-      std::memcpy(dst + s.begin, data.data(), bytes);
+      hf::convert(data.data(), s.dtype, dst + s.begin, hf::Dtype::F32, count);
       covered += s.end - s.begin;
     }
   }

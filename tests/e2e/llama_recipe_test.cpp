@@ -178,6 +178,11 @@ TEST(LlamaRecipe, PureBf16LearnsOnTwoRanksAndIsRefusedWithDdp) {
   ASSERT_TRUE(second.status.success()) << second.out << second.err;
   EXPECT_NE(second.err.find("checkpoint_000000"), std::string::npos) << "resumed from it";
   EXPECT_NE(second.out.find("Epoch 2:"), std::string::npos) << second.out;
+  // Its checkpoint holds bf16 slices, which generation reads by ranges like fp32 ones.
+  auto g = run_program({TRAINYARD_CLI_PATH, "generate", "--model", (dir.path() / "pure").string(),
+                        "--prompt", "Summarize", "--max-new-tokens", "4"},
+                       {}, 60s);
+  ASSERT_TRUE(g.status.success()) << g.err;
 
   auto ddp = run("1", {"--strategy", "ddp"});
   EXPECT_FALSE(ddp.status.success());
