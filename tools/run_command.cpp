@@ -175,7 +175,9 @@ Resolution resolve(const LaunchFlags& f, const CLI::App& cmd) {
            "trainyard run needs a program to launch after its flags. HINT: trainyard run "
            "--nproc-per-node 2 -- python3 train.py");
   o.restart_backoff_max = std::max(o.restart_backoff_max, o.restart_backoff);
-  const auto contract = elastic::detect_launch_contract();
+  // --standalone is one node whatever started it: an engine's variables (srun's, say) say nothing.
+  const auto contract =
+      f.standalone ? elastic::LaunchContract{} : elastic::detect_launch_contract();
   // The flag when given, else the contract's setting, else the default: the value and its source.
   auto pick = [&](const char* flag, const auto& from_contract, auto flag_value, auto fallback) {
     using T = decltype(flag_value);

@@ -1,5 +1,5 @@
 // The README's quick start as a user types it: the short run it documents
-// (`bash scripts/quickstart.sh --epochs 1 --limit 6000`) installs nothing new here (the suite runs
+// (`bash scripts/quickstart.sh --epochs 1 --limit 3000`) installs nothing new here (the suite runs
 // after scripts/setup.sh), rebuilds nothing, and trains. The one change to the command as written
 // is a --storage appended (a later flag wins), so that the test never touches the user's results/.
 #include <gtest/gtest.h>
