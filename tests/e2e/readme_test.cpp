@@ -2,8 +2,11 @@
 // (`bash scripts/quickstart.sh --epochs 1 --limit 3000`) installs nothing new here (the suite runs
 // after scripts/setup.sh), rebuilds nothing, and trains. The one change to the command as written
 // is a --storage appended (a later flag wins), so that the test never touches the user's results/.
+// And every path of the repository that README.md, docs/ and deploy/'s READMEs name exists.
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -49,6 +52,62 @@ TEST(Readme, TheShortRunCommandWorksAsWritten) {
     EXPECT_NE(r.out.find("Training result"), std::string::npos) << r.out;
     EXPECT_TRUE(std::filesystem::exists(dir.path() / "fashion-mnist" / "result.json")) << r.out;
   }
+}
+
+// Paths into the repository that `text` names: words starting with one of its top folders and a
+// '/', not preceded by a word character or '/', with trailing punctuation cut. Patterns (*, {},
+// <>, ...) are left out, and so are kubectl's `exec deploy/NAME` resource names.
+std::vector<std::string> repository_paths_in(const std::string& text) {
+  static const char* const kTops[] = {"bench/",   "cmake/",   "deploy/", "docs/",  "examples/",
+                                      "include/", "scripts/", "src/",    "tests/", "tools/"};
+  auto word_char = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '/' ||
+           c == '-' || c == '+';
+  };
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (i > 0 && word_char(text[i - 1])) continue;
+    for (const char* top : kTops) {
+      if (text.compare(i, std::strlen(top), top) != 0) continue;
+      std::size_t end = i;
+      while (end < text.size() && word_char(text[end])) ++end;
+      std::string path = text.substr(i, end - i);
+      while (!path.empty() && (path.back() == '.' || path.back() == '-')) path.pop_back();
+      const bool pattern = end < text.size() && std::strchr("*{<", text[end]) != nullptr;
+      const bool kubectl = i >= 5 && text.compare(i - 5, 5, "exec ") == 0;
+      if (!pattern && !kubectl && path.find("...") == std::string::npos) out.push_back(path);
+      break;
+    }
+  }
+  return out;
+}
+
+// A path names a file or folder, or a program the build makes from PATH.cpp or as a target of the
+// folder's CMakeLists.txt (build/tests/unit_tests, build/bench/allreduce_bench).
+bool names_something(const std::filesystem::path& root, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (fs::exists(root / path) || fs::exists(root / (path + ".cpp"))) return true;
+  const fs::path p(path);
+  const auto cmake = root / p.parent_path() / "CMakeLists.txt";
+  return fs::exists(cmake) &&
+         read_file(cmake).find("add_executable(" + p.filename().string()) != std::string::npos;
+}
+
+TEST(Docs, EveryRepositoryPathTheDocsNameExists) {
+  namespace fs = std::filesystem;
+  const fs::path root = TRAINYARD_SOURCE_DIR;
+  std::vector<fs::path> docs = {root / "README.md"};
+  for (const auto* dir : {"docs", "deploy/kubernetes", "deploy/ecs"})
+    for (const auto& e : fs::directory_iterator(root / dir))
+      if (e.path().extension() == ".md") docs.push_back(e.path());
+  int checked = 0;
+  for (const auto& doc : docs)
+    for (const auto& path : repository_paths_in(read_file(doc))) {
+      ++checked;
+      EXPECT_TRUE(names_something(root, path))
+          << fs::relative(doc, root).string() << " names " << path << ", which does not exist";
+    }
+  EXPECT_GT(checked, 50) << "the docs name paths; the scan found too few";
 }
 
 }  // namespace
