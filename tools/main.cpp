@@ -2,6 +2,9 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
 
 #include "tools/bench_command.h"
 #include "tools/cluster_commands.h"
@@ -12,7 +15,18 @@
 #include "tools/run_command.h"
 #include "tools/tokenize_command.h"
 #include "tools/train_command.h"
+#include "trainyard/env.h"
 #include "trainyard/error.h"
+
+namespace {
+
+// kParseOnlyEnv: the commands' callbacks removed, so parsing checks the flags and runs nothing.
+void drop_callbacks(CLI::App& app) {
+  app.callback(std::function<void()>{});
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) drop_callbacks(*sub);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"trainyard: distributed training for LibTorch", "trainyard"};
@@ -28,6 +42,8 @@ int main(int argc, char** argv) {
   trainyard::cli::add_bench_command(app, exit_code);
   trainyard::cli::add_daemon_commands(app, exit_code);
   trainyard::cli::add_cluster_commands(app, exit_code);
+  const char* parse_only = std::getenv(trainyard::kParseOnlyEnv);
+  if (parse_only != nullptr && std::string(parse_only) == "1") drop_callbacks(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

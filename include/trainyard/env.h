@@ -120,6 +120,9 @@ inline constexpr const char* kVolcanoTaskIndexEnv = "VC_TASK_INDEX";
 // --- everything else trainyard reads
 // ---------------------------------------------------------------
 inline constexpr const char* kLogLevelEnv = "TRAINYARD_LOG_LEVEL";  // log.h
+// "1": the CLI parses and checks its command line (every flag known, every value valid) and exits
+// 0 without running anything; the docs' tests run every command the README shows through it.
+inline constexpr const char* kParseOnlyEnv = "TRAINYARD_PARSE_ONLY";
 // Seconds an S3 request is retried through outages (storage/s3_storage.h).
 inline constexpr const char* kS3RetryDeadlineEnv = "TRAINYARD_S3_RETRY_DEADLINE";
 inline constexpr const char* kAddressEnv = "TRAINYARD_ADDRESS";  // the head (cluster/head_client.h)

@@ -2,7 +2,9 @@
 // (`bash scripts/quickstart.sh --epochs 1 --limit 3000`) installs nothing new here (the suite runs
 // after scripts/setup.sh), rebuilds nothing, and trains. The one change to the command as written
 // is a --storage appended (a later flag wins), so that the test never touches the user's results/.
-// And every path of the repository that README.md, docs/ and deploy/'s READMEs name exists.
+// And every path of the repository that README.md, docs/ and deploy/'s READMEs name exists, and
+// every `trainyard` command in README.md's code blocks parses (TRAINYARD_PARSE_ONLY=1: flags known,
+// values valid, nothing run).
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -91,6 +93,87 @@ bool names_something(const std::filesystem::path& root, const std::string& path)
   const auto cmake = root / p.parent_path() / "CMakeLists.txt";
   return fs::exists(cmake) &&
          read_file(cmake).find("add_executable(" + p.filename().string()) != std::string::npos;
+}
+
+// A shell line's words: blanks separate, '...' and "..." quote (a backslash escapes in the
+// latter).
+std::vector<std::string> shell_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '\'' || c == '"') {
+      in_word = true;
+      for (++i; i < line.size() && line[i] != c; ++i) {
+        if (c == '"' && line[i] == '\\' && i + 1 < line.size()) ++i;
+        word += line[i];
+      }
+    } else if (std::isspace(static_cast<unsigned char>(c))) {
+      if (in_word) words.push_back(word);
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) words.push_back(word);
+  return words;
+}
+
+// Every command line in README.md's fenced code blocks that runs trainyard (build/trainyard or an
+// installed trainyard), after leading VAR=value assignments, continuation lines joined and
+// comments cut.
+std::vector<std::vector<std::string>> trainyard_commands_in_readme() {
+  const std::string readme = read_file(std::string(TRAINYARD_SOURCE_DIR) + "/README.md");
+  std::vector<std::vector<std::string>> out;
+  std::istringstream lines(readme);
+  bool fenced = false;
+  std::string joined;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("```")) {
+      fenced = !fenced;
+      joined.clear();
+      continue;
+    }
+    if (!fenced) continue;
+    joined += (joined.empty() ? "" : " ") + line;
+    if (!joined.empty() && joined.back() == '\\') {
+      joined.pop_back();
+      continue;
+    }
+    const auto comment = joined.find("  #");
+    const auto words =
+        shell_words(comment == std::string::npos ? joined : joined.substr(0, comment));
+    joined.clear();
+    // Commands separated by ';', one sent to the background by '&'.
+    std::vector<std::vector<std::string>> commands(1);
+    for (auto w : words) {
+      const bool ends = w.ends_with(";");
+      if (ends) w.pop_back();
+      if (!w.empty() && w != "&") commands.back().push_back(w);
+      if (ends) commands.emplace_back();
+    }
+    for (auto& c : commands) {
+      while (!c.empty() && std::regex_match(c.front(), std::regex("[A-Z_][A-Z0-9_]*=.*")))
+        c.erase(c.begin());
+      if (c.size() >= 2 && (c[0] == "build/trainyard" || c[0] == "trainyard")) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+TEST(Docs, EveryTrainyardCommandInTheReadmeParses) {
+  const auto commands = trainyard_commands_in_readme();
+  EXPECT_GE(commands.size(), 10u) << "the README's code blocks show trainyard commands";
+  for (auto argv : commands) {
+    std::string text;
+    for (const auto& w : argv) text += w + " ";
+    argv[0] = TRAINYARD_CLI_PATH;
+    auto r = run_program(argv, {{"TRAINYARD_PARSE_ONLY", "1"}}, 20s);
+    EXPECT_TRUE(r.status.success()) << "README.md: `" << text << "` does not parse:\n" << r.err;
+  }
 }
 
 TEST(Docs, EveryRepositoryPathTheDocsNameExists) {
