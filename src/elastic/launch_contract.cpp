@@ -182,7 +182,7 @@ LaunchContract read_engine(const EnvLookup& env, const EngineRow& row) {
              " job's own environment, or give --master-addr and --node-rank.");
   if (auto v = env_value(env, row.nnodes)) {
     // torchrun's --nnodes may be MIN:MAX (elastic); the engines' are counts.
-    if (row.host_list == HostList::kNone && row.nnodes == kPetNnodesEnv)
+    if (row.nnodes == kPetNnodesEnv)
       c.nnodes = Sourced<std::string>{*v, row.nnodes};
     else
       c.nnodes =
@@ -212,7 +212,7 @@ LaunchContract read_engine(const EnvLookup& env, const EngineRow& row) {
     c.master_addr = Sourced<std::string>{*v, row.master_addr};
     TY_CHECK(hosts.empty() || hosts.front() == *v, row.master_addr, "=", *v,
              " is not the first of ", row.hosts, " (", hosts.front(),
-             "), node 0's. HINT: the job's variables disagree; ", "give --master-addr.");
+             "), node 0's. HINT: the job's variables disagree; give --master-addr.");
   } else if (!hosts.empty()) {
     c.master_addr =
         Sourced<std::string>{hosts.front(), detail::concat("the first host of ", row.hosts)};
@@ -222,11 +222,7 @@ LaunchContract read_engine(const EnvLookup& env, const EngineRow& row) {
   if (nodes && !hosts.empty())
     TY_CHECK(static_cast<long long>(hosts.size()) == *nodes, row.hosts, " names ", hosts.size(),
              " host(s) but ", row.nnodes, " is ", *nodes, ".");
-  if (nodes && c.node_rank)
-    TY_CHECK(c.node_rank->value < *nodes, c.node_rank->source, "=", c.node_rank->value,
-             " is not below ", c.nnodes->source, "=", *nodes,
-             ": node ranks run from 0 to the node count - 1.");
-  return c;
+  return c;  // the node rank against the count: once, after every engine is merged
 }
 
 // `into`'s setting, or `from`'s when `into` has none; both: they must be equal.
@@ -248,7 +244,6 @@ void merge_setting(std::optional<Sourced<T>>& into,
 
 LaunchContract detect_launch_contract(const EnvLookup& env) {
   LaunchContract out;
-  std::string engines;
   for (const auto& row : kEngines) {
     if (!engine_present(env, row)) continue;
     const auto c = read_engine(env, row);
