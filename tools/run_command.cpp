@@ -42,6 +42,7 @@ namespace trainyard::cli {
 namespace {
 
 constexpr int kStaticDefaultPort = 29500;  // torchrun's --master-port default, shared by all nodes
+constexpr int kC10dDefaultPort = 29400;    // torchrun's c10d rendezvous port
 
 struct Endpoint {
   std::string host;
@@ -107,7 +108,7 @@ std::shared_ptr<elastic::Rendezvous> make_rendezvous(const LaunchFlags& f,
   r.local_world_size = o.nproc_per_node;
   elastic::apply_rendezvous_conf(f.rdzv_conf, r);
   const bool etcd = rdzv_backend == "etcd";
-  const int port = endpoint.port.value_or(etcd ? 2379 : 29400);
+  const int port = endpoint.port.value_or(etcd ? 2379 : kC10dDefaultPort);
   r.local_addr = !f.local_addr.empty() ? f.local_addr
                                        : route_address(endpoint.host, port,
                                                        {.what = "the rendezvous host",
@@ -156,6 +157,11 @@ struct ResolvedLine {
 // contract of the engine that started this process (elastic/launch_contract.h: PET_* variables,
 // Slurm, SkyPilot, dstack, Volcano; detected in one table); else its default. Every value a
 // contract gives goes through the flag's own checks, and errors name the variable it came from.
+// An engine's rendezvous is static, but the host it names as node 0's also serves an elastic
+// one: `--nnodes MIN:MAX` (or `--rdzv-backend c10d`) without --rdzv-endpoint under such an engine
+// meets at c10d on that host's port 29400 (torchrun's), so `srun trainyard run --nnodes
+// 1:$SLURM_NNODES -- ...` survives a lost node with no other flag. As with any c10d rendezvous,
+// node 0's agent serves the store: losing node 0 ends the job (etcd does not).
 struct Resolution {
   elastic::LaunchOptions options;
   std::vector<ResolvedLine> lines;
@@ -200,21 +206,30 @@ Resolution resolve(const LaunchFlags& f, const CLI::App& cmd) {
            " must be N or MIN:MAX with 1 <= MIN <= MAX, got '", nnodes.value, "'.");
   res.nodes = *nodes;
   o.nnodes = nodes->first;
-  const auto node_rank = pick("--node-rank", contract.node_rank, o.node_rank, o.node_rank);
+  auto node_rank = pick("--node-rank", contract.node_rank, o.node_rank, o.node_rank);
   o.node_rank = node_rank.value;
   const auto master_addr =
       pick("--master-addr", contract.master_addr, o.master_addr, o.master_addr);
   o.master_addr = master_addr.value;
-  const auto backend =
-      pick("--rdzv-backend", contract.rdzv_backend, f.rdzv_backend, f.rdzv_backend);
+  auto backend = pick("--rdzv-backend", contract.rdzv_backend, f.rdzv_backend, f.rdzv_backend);
+  auto rdzv_endpoint =
+      pick("--rdzv-endpoint", contract.rdzv_endpoint, f.rdzv_endpoint, f.rdzv_endpoint);
+  // See Note [Resolving a launch]: an engine's node 0 host serves an elastic rendezvous.
+  if (!f.standalone && rdzv_endpoint.value.empty() && contract.master_addr) {
+    if (backend.source == "default" && nodes->first != nodes->second)
+      backend = {"c10d", detail::concat(said(nnodes, "--nnodes"), " (elastic)")};
+    if (backend.value == "c10d") {
+      rdzv_endpoint = {detail::concat(contract.master_addr->value, ":", kC10dDefaultPort),
+                       detail::concat(contract.master_addr->source, ", port ", kC10dDefaultPort,
+                                      " (c10d's default)")};
+    }
+  }
+  auto run_id = pick("--rdzv-id", contract.run_id, o.run_id, o.run_id);
+
   TY_CHECK(backend.value == "static" || backend.value == "c10d" || backend.value == "etcd",
            backend.source, " is '", backend.value,
            "'; trainyard knows 'static', 'c10d' and 'etcd'. HINT: c10d needs no other service.");
   res.rdzv_backend = backend.value;
-  const auto rdzv_endpoint =
-      pick("--rdzv-endpoint", contract.rdzv_endpoint, f.rdzv_endpoint, f.rdzv_endpoint);
-  auto run_id = pick("--rdzv-id", contract.run_id, o.run_id, o.run_id);
-
   std::optional<Endpoint>& endpoint = res.endpoint;
   if (!rdzv_endpoint.value.empty()) endpoint = parse_endpoint(rdzv_endpoint.value);
   TY_CHECK(f.rdzv_conf.empty() || res.rdzv_backend != "static",
@@ -231,6 +246,7 @@ Resolution resolve(const LaunchFlags& f, const CLI::App& cmd) {
   else if (contract.master_port)
     port = contract.master_port;
   std::string endpoint_text, endpoint_source;
+  bool rank_at_rendezvous = false;
   if (f.standalone) {
     // torchrun --standalone: a c10d rendezvous on localhost with a fresh run id, one node.
     TY_CHECK(nodes->second == 1, "--standalone runs a single node, but ", said(nnodes, "--nnodes"),
@@ -252,6 +268,10 @@ Resolution resolve(const LaunchFlags& f, const CLI::App& cmd) {
                " the rendezvous assigns node ranks. HINT: drop --node-rank.");
       endpoint_text = rdzv_endpoint.value;
       endpoint_source = rdzv_endpoint.source;
+      // The rendezvous assigns node ranks: an engine's (SLURM_NODEID, say) does not count.
+      node_rank = {0, detail::concat("the ", res.rdzv_backend, " rendezvous")};
+      rank_at_rendezvous = true;
+      o.node_rank = 0;
     } else {
       endpoint_text = "127.0.0.1:<free port>";
       endpoint_source = "default (one node)";
@@ -296,7 +316,9 @@ Resolution resolve(const LaunchFlags& f, const CLI::App& cmd) {
   res.lines = {{"engine", contract.engine.empty() ? "torchrun flags" : contract.engine,
                 contract.engine.empty() ? "no engine's variables" : contract.engine_source},
                {"nnodes", nnodes.value, nnodes.source},
-               {"node_rank", std::to_string(o.node_rank), node_rank.source},
+               {"node_rank",
+                rank_at_rendezvous ? "assigned when the nodes meet" : std::to_string(o.node_rank),
+                node_rank.source},
                {"nproc_per_node", std::to_string(o.nproc_per_node), nproc.source},
                {"rdzv_backend", res.rdzv_backend, f.standalone ? "--standalone" : backend.source},
                {"rdzv_endpoint", endpoint_text, endpoint_source},

@@ -645,6 +645,17 @@ TEST(LauncherCli, DryRunPrintsWhatEachEngineResolvesToAndFromWhere) {
        {"--nnodes", "2", "--node-rank", "1"},
        {"engine: dstack (from DSTACK_NODE_RANK)\n", "node_rank: 1 (from --node-rank)\n",
         "run_id: ft (from DSTACK_RUN_NAME)\n"}},
+      // An elastic range under an engine: the first node serves a c10d rendezvous, which
+      // assigns the node ranks.
+      {{{"SLURM_JOB_ID", "4242"},
+        {"SLURM_NNODES", "3"},
+        {"SLURM_NODEID", "2"},
+        {"SLURM_JOB_NODELIST", "node[07-08],gpu1"}},
+       {"--nnodes", "1:3"},
+       {"node_rank: assigned when the nodes meet (from the c10d rendezvous)\n",
+        "rdzv_backend: c10d (from --nnodes 1:3 (elastic))\n",
+        "rdzv_endpoint: node07:29400 (from the first host of SLURM_JOB_NODELIST, port 29400 "
+        "(c10d's default))\n"}},
       // --standalone is one node whatever the engine says.
       {{{"SLURM_JOB_ID", "4242"},
         {"SLURM_NNODES", "3"},
