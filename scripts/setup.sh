@@ -39,6 +39,7 @@ dev_packages=(
   prometheus                                       # Prometheus and promtool for the /metrics tests
   chromium chromium-driver                         # the dashboard's browser test
   libyaml-cpp-dev                                  # the Kubernetes manifests' tests parse them
+  slurmctld slurmd slurm-client munge              # a real Slurm cluster for the Slurm tests
   golang-go golang-github-hashicorp-hcl-v2-dev     # Terraform's HCL parser, for the deploy/terraform test
 )
 # kubectl (Debian's kubernetes-client) checks the Kubernetes manifests client-side. Another
