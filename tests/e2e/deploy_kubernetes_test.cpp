@@ -93,8 +93,20 @@ std::vector<Doc> all_docs() {
   return docs;
 }
 
+// The ClusterTrainingRuntime that TrainJob `job` names in runtimeRef, from the manifests.
+YAML::Node trainjob_runtime(const YAML::Node& job) {
+  for (const auto& d : all_docs()) {
+    if (kind_of(d.node) == "ClusterTrainingRuntime" &&
+        name_of(d.node) == at(job, {"spec", "runtimeRef", "name"}).as<std::string>(""))
+      return d.node;
+  }
+  throw std::runtime_error("No manifest defines the runtime that TrainJob " + name_of(job) +
+                           " names.");
+}
+
 bool has_pod_template(const std::string& kind) {
-  return kind == "Deployment" || kind == "StatefulSet" || kind == "Job" || kind == "PyTorchJob";
+  return kind == "Deployment" || kind == "StatefulSet" || kind == "Job" || kind == "PyTorchJob" ||
+         kind == "ClusterTrainingRuntime";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -207,19 +219,23 @@ struct PodEnvironment {
 // The manifests hang together.
 
 TEST(DeployKubernetes, EveryDocumentParsesWithKnownKindAndApiVersion) {
-  const std::map<std::string, std::string> api = {{"Service", "v1"},
-                                                  {"PersistentVolumeClaim", "v1"},
-                                                  {"ServiceAccount", "v1"},
-                                                  {"Deployment", "apps/v1"},
-                                                  {"StatefulSet", "apps/v1"},
-                                                  {"Job", "batch/v1"},
-                                                  {"PyTorchJob", "kubeflow.org/v1"}};
+  const std::map<std::string, std::string> api = {
+      {"Service", "v1"},
+      {"PersistentVolumeClaim", "v1"},
+      {"ServiceAccount", "v1"},
+      {"Deployment", "apps/v1"},
+      {"StatefulSet", "apps/v1"},
+      {"Job", "batch/v1"},
+      {"PyTorchJob", "kubeflow.org/v1"},
+      {"TrainJob", "trainer.kubeflow.org/v1alpha1"},
+      {"ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1"}};
   const auto files = manifest_files();
   std::set<std::string> names;
   for (const auto& f : files) names.insert(f.filename().string());
-  EXPECT_EQ(names, (std::set<std::string>{"etcd.yaml", "head.yaml", "indexed-job.yaml",
-                                          "pytorchjob-c10d.yaml", "pytorchjob-etcd.yaml",
-                                          "storage.yaml", "worker.yaml"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"etcd.yaml", "head.yaml", "indexed-job.yaml",
+                                   "pytorchjob-c10d.yaml", "pytorchjob-etcd.yaml", "storage.yaml",
+                                   "trainingruntime.yaml", "trainjob.yaml", "worker.yaml"}));
   std::set<std::string> ids;
   for (const auto& f : files) {
     std::vector<YAML::Node> docs;
@@ -381,6 +397,46 @@ TEST(DeployKubernetes, PyTorchJobsAreElasticAndRunTrainyardFromPetVariables) {
           << str(e["name"]) << ": the training operator sets the PET_* variables";
     }
   }
+}
+
+TEST(DeployKubernetes, TrainJobRunsTrainyardFromTrainerV2sVariablesOnItsRuntime) {
+  const auto job =
+      find_doc(load_manifest(kManifests / "trainjob.yaml"), "TrainJob", "fashion-mnist-v2");
+  YAML::Node runtime;
+  ASSERT_NO_THROW(runtime = trainjob_runtime(job));
+  // The kind defaults to ClusterTrainingRuntime; the controller finds the Job to put the trainer
+  // settings on by its ancestor label, and the container by the name "node".
+  EXPECT_FALSE(at(job, {"spec", "runtimeRef", "kind"}).IsDefined());
+  const auto replicated = at(runtime, {"spec", "template", "spec", "replicatedJobs"});
+  ASSERT_EQ(replicated.size(), 1U);
+  EXPECT_EQ(str(at(replicated[0], {"template", "metadata",
+                                   "labels"})["trainer.kubeflow.org/trainjob-ancestor-step"]),
+            "trainer");
+  EXPECT_EQ(str(at(runtime, {"metadata", "labels"})["trainer.kubeflow.org/framework"]), "torch");
+  YAML::Node c;
+  ASSERT_NO_THROW(c = container_of(pod_template(runtime)["spec"], "node"));
+  // v2 has no elastic policy: a fixed size, and the JobSet restarts the whole group.
+  EXPECT_FALSE(at(runtime, {"spec", "mlPolicy", "torch", "elasticPolicy"}).IsDefined());
+  EXPECT_GE(at(runtime, {"spec", "template", "spec", "failurePolicy", "maxRestarts"}).as<int>(0),
+            1);
+  const auto trainer = at(job, {"spec", "trainer"});
+  EXPECT_EQ(trainer["numNodes"].as<int>(), 2);
+  // An int: v2.2 took the strings (auto, cpu, gpu) away.
+  EXPECT_EQ(trainer["numProcPerNode"].as<int>(), 1);
+  std::vector<std::string> argv;
+  for (const auto& a : trainer["command"]) argv.push_back(str(a));
+  for (const auto& a : trainer["args"]) argv.push_back(str(a));
+  ASSERT_GE(argv.size(), 6U);
+  EXPECT_EQ(
+      std::vector<std::string>(argv.begin(), argv.begin() + 6),
+      (std::vector<std::string>{"trainyard", "run", "--", "trainyard", "train", "fashion-mnist"}));
+  for (const auto& e : trainer["env"]) {
+    EXPECT_FALSE(str(e["name"]).starts_with("PET_"))
+        << str(e["name"]) << ": Trainer v2 sets the PET_* variables and rejects a TrainJob's own";
+  }
+  // The README of deploy/ says what v2 lacks and what to use instead.
+  const auto readme = read_file(kManifests / "README.md");
+  EXPECT_TRUE(contains(readme, "no elastic policy")) << "deploy/kubernetes/README.md";
 }
 
 TEST(DeployKubernetes, IndexedJobFindsIndexZeroThroughItsHeadlessService) {
@@ -605,7 +661,20 @@ TEST(DeployKubernetes, KubectlDecodesEveryWorkloadAndServiceOffline) {
       pod["spec"] = YAML::Clone(pod_template(d.node)["spec"]);
       return pod;
     };
-    const YAML::Node object = kind == "PyTorchJob" ? as_pod() : d.node;
+    // Nor Trainer v2's types: the Job that the JobSet of the TrainJob runs on each node, its
+    // runtime's with the trainer settings (the runtime alone is checked through it).
+    const auto as_node_job = [&] {
+      YAML::Node job;
+      job["apiVersion"] = "batch/v1";
+      job["kind"] = "Job";
+      job["metadata"]["name"] = name_of(d.node) + "-node-0";
+      job["spec"]["template"] = trainjob_pod_template(trainjob_runtime(d.node), d.node);
+      return job;
+    };
+    if (kind == "ClusterTrainingRuntime") continue;
+    const YAML::Node object = kind == "PyTorchJob" ? as_pod()
+                              : kind == "TrainJob" ? as_node_job()
+                                                   : d.node;
     std::vector<std::string> args;
     if (kind == "Service") {
       std::string selector;
@@ -613,7 +682,7 @@ TEST(DeployKubernetes, KubectlDecodesEveryWorkloadAndServiceOffline) {
         selector += (selector.empty() ? "" : ",") + k + "=" + val;
       }
       args = {"set", "selector", "--local", selector};
-    } else if (has_pod_template(kind)) {
+    } else if (has_pod_template(kind) || kind == "TrainJob") {
       args = {"set", "env", "--local", "TRAINYARD_KUBECTL_CHECK=1"};
     } else {
       continue;  // PVCs and ServiceAccounts: no --local command decodes them
@@ -636,7 +705,7 @@ TEST(DeployKubernetes, KubectlDecodesEveryWorkloadAndServiceOffline) {
                                  << lines;
     ++checked;
   }
-  EXPECT_EQ(checked, 9) << "every workload (6) and Service (3)";
+  EXPECT_EQ(checked, 10) << "every workload (6, and the TrainJob's node Job) and Service (3)";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -721,6 +790,54 @@ TEST(DeployKubernetes, EtcdPyTorchJobTrainsOnTwoPodsWithTheEtcdStatefulSet) {
   const auto job = find_doc(load_manifest(kManifests / "pytorchjob-etcd.yaml"), "PyTorchJob",
                             "fashion-mnist-etcd");
   train_pytorchjob(job, env, 0, names, services);
+}
+
+TEST(DeployKubernetes, TrainJobTrainsOnTwoNodesFromTrainerV2sVariables) {
+  PodEnvironment env(2);
+  if (!env.hosts.ok())
+    TY_MISSING_PREREQUISITE("cannot create network namespaces here: " << env.hosts.error());
+  const auto job =
+      find_doc(load_manifest(kManifests / "trainjob.yaml"), "TrainJob", "fashion-mnist-v2");
+  const auto runtime = trainjob_runtime(job);
+  const auto tmpl = trainjob_pod_template(runtime, job);
+  const int nodes = at(job, {"spec", "trainer", "numNodes"}).as<int>();
+  ASSERT_EQ(nodes, 2) << "the test trains the seeds' 2 workers";
+  // The JobSet's pods: hostname <job>-node-0-<index> under the headless Service <job>.
+  const std::string name = name_of(job);
+  std::vector<std::pair<std::string, int>> names;
+  for (int i = 0; i < nodes; ++i) {
+    const std::string host = name + "-node-0-" + std::to_string(i);
+    names.emplace_back(host, i);
+    names.emplace_back(host + "." + name, i);
+  }
+  ASSERT_TRUE(env.set_hosts(names));
+  const auto runs = env.volume("trainyard-runs");
+  std::vector<std::unique_ptr<Pod>> pods;
+  fs::path result;
+  for (int i = 0; i < nodes; ++i) {
+    auto ctx = env.context();
+    const std::string pod = name + "-node-0-" + std::to_string(i);
+    ctx.fields = {{"metadata.name", pod}};
+    ctx.injected = trainjob_env(runtime, job, i);
+    ctx.overrides = kSmallRun;
+    ctx.mounts = {{"/mnt/runs", runs}};
+    const auto run = container_run(tmpl["spec"], "node", ctx);
+    for (const auto& [k, v] : run.env) {
+      EXPECT_FALSE(k == "WORLD_SIZE" || k == "RANK") << "Trainer v2 sets no " << k;
+    }
+    std::map<std::string, std::string> vars(run.env.begin(), run.env.end());
+    result = fs::path(vars["STORAGE"]) / vars["RUN_NAME"] / "result.json";
+    pods.push_back(std::make_unique<Pod>(pod, env.hosts, i, run, env.dir.path()));
+  }
+  expect_all_succeed(pods, 55s);
+  if (::testing::Test::HasFailure()) return;
+  const auto r = nlohmann::json::parse(read_file(result), nullptr, false);
+  ASSERT_TRUE(r.is_object()) << "no result at " << result << "\n" << logs_of(pods);
+  EXPECT_EQ(r["world_size"].get<int>(), 2) << r.dump();
+  // Node 1 met node 0 at the name Trainer v2 gives it.
+  EXPECT_TRUE(contains(pods.back()->log(), "this is node 1; world size 2, master " + name +
+                                               "-node-0-0." + name + ":29500"))
+      << logs_of(pods);
 }
 
 TEST(DeployKubernetes, IndexedJobTrainsWithTwoIndices) {

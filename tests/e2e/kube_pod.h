@@ -1,8 +1,8 @@
 // Kubernetes manifests read with yaml-cpp, and the container a pod of them would run, worked out as
 // the kubelet does: envFrom then env in order, values from the downward API and Secrets, the
-// variables a controller adds (the training operator's PET_*, the Job controller's
-// JOB_COMPLETION_INDEX), $(VAR) references expanded, and volume mounts stood in for by
-// directories. The deploy tests then run that container's command in a network namespace.
+// variables a controller adds (the training operator's PET_*, Kubeflow Trainer v2's, the Job
+// controller's JOB_COMPLETION_INDEX), $(VAR) references expanded, and volume mounts stood in for
+// by directories. The deploy tests then run that container's command in a network namespace.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -54,10 +54,18 @@ inline YAML::Node find_doc(const std::vector<YAML::Node>& docs,
 }
 
 // The pod template (metadata and spec) of a workload: spec.template of a Deployment, StatefulSet
-// or Job; the Worker replicas' template of a PyTorchJob.
+// or Job; the Worker replicas' template of a PyTorchJob; the pod template of the Job named "node"
+// of a Kubeflow Trainer v2 ClusterTrainingRuntime's JobSet.
 inline YAML::Node pod_template(const YAML::Node& doc) {
   if (kind_of(doc) == "PyTorchJob")
     return at(doc, {"spec", "pytorchReplicaSpecs", "Worker", "template"});
+  if (kind_of(doc) == "ClusterTrainingRuntime") {
+    for (const auto& job : at(doc, {"spec", "template", "spec", "replicatedJobs"})) {
+      if (job["name"].as<std::string>("") == "node")
+        return at(job, {"template", "spec", "template"});
+    }
+    return YAML::Node(YAML::NodeType::Undefined);
+  }
   return at(doc, {"spec", "template"});
 }
 
@@ -302,6 +310,57 @@ inline Env training_operator_env(const YAML::Node& job) {
   }
   if (p["standalone"].as<bool>(false)) env.emplace_back("PET_STANDALONE", "");
   return env;
+}
+
+// The pod template of the Job that Kubeflow Trainer v2 runs on each node of TrainJob `job`: its
+// runtime's "node" Job with the trainer settings put on the container named "node" as the
+// controller puts them: image, command and args replaced, env merged by name, resourcesPerNode
+// as the container's resources.
+inline YAML::Node trainjob_pod_template(const YAML::Node& runtime, const YAML::Node& job) {
+  YAML::Node tmpl = YAML::Clone(pod_template(runtime));
+  const YAML::Node trainer = at(job, {"spec", "trainer"});
+  for (auto c : tmpl["spec"]["containers"]) {
+    if (c["name"].as<std::string>("") != "node") continue;
+    for (const char* key : {"image", "command", "args"}) {
+      if (trainer[key]) c[key] = YAML::Clone(trainer[key]);
+    }
+    if (trainer["resourcesPerNode"]) c["resources"] = YAML::Clone(trainer["resourcesPerNode"]);
+    for (const auto& e : trainer["env"]) {
+      YAML::Node env = c["env"];
+      std::size_t k = 0;
+      while (k < env.size() && env[k]["name"].as<std::string>() != e["name"].as<std::string>()) ++k;
+      if (k < env.size()) {
+        env[k] = YAML::Clone(e);
+      } else {
+        env.push_back(YAML::Clone(e));
+      }
+    }
+  }
+  return tmpl;
+}
+
+// The variables Kubeflow Trainer v2's torch plugin (pkg/runtime/framework/plugins/torch) sets on
+// the container "node" of TrainJob `job`'s node `index`: the node count, ranks per node (the
+// TrainJob's, else the runtime's, else auto), the node rank (from the Job's completion index),
+// the first pod's name through the JobSet's headless Service, and port 29500. No WORLD_SIZE or
+// RANK, no elastic range.
+inline Env trainjob_env(const YAML::Node& runtime, const YAML::Node& job, int index) {
+  const auto name = name_of(job);
+  const YAML::Node trainer = at(job, {"spec", "trainer"});
+  const YAML::Node policy = at(runtime, {"spec", "mlPolicy"});
+  const std::string nnodes = trainer["numNodes"] ? trainer["numNodes"].as<std::string>()
+                                                 : policy["numNodes"].as<std::string>("1");
+  std::string nproc = "auto";
+  if (trainer["numProcPerNode"]) {
+    nproc = trainer["numProcPerNode"].as<std::string>();
+  } else if (const auto from_runtime = at(policy, {"torch", "numProcPerNode"})) {
+    nproc = from_runtime.as<std::string>();
+  }
+  return {{"PET_NNODES", nnodes},
+          {"PET_NPROC_PER_NODE", nproc},
+          {"PET_NODE_RANK", std::to_string(index)},
+          {"PET_MASTER_ADDR", name + "-node-0-0." + name},
+          {"PET_MASTER_PORT", "29500"}};
 }
 
 }  // namespace trainyard::kubetest
