@@ -711,32 +711,34 @@ TEST(DeployKubernetes, KubectlDecodesEveryWorkloadAndServiceOffline) {
 // ---------------------------------------------------------------------------------------------
 // The pods, run.
 
-// Runs the PyTorchJob's Worker pods in namespaces first .. first + replicas - 1, each with the
-// training operator's variables and the pod's own name; `names` are the other Service names
-// (etcd). Every pod must exit 0 and the run must report all of them.
-void train_pytorchjob(const YAML::Node& job,
-                      PodEnvironment& pods_env,
-                      int first,
-                      std::vector<std::pair<std::string, int>> names,
-                      const std::vector<std::unique_ptr<Pod>>& services) {
-  const int replicas = job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"].as<int>();
-  ASSERT_EQ(replicas, 2) << "the test trains the seeds' 2 workers";
-  // The operator's Service per replica: <job>-worker-<i>.
-  for (int i = 0; i < replicas; ++i) {
-    names.emplace_back(name_of(job) + "-worker-" + std::to_string(i), first + i);
-  }
-  ASSERT_TRUE(pods_env.set_hosts(names));
+// How a training workload's pods are made: the pod spec, the training container's name, and per
+// pod its name (also its hostname) and the variables its controller adds.
+struct TrainingPods {
+  YAML::Node pod_spec;
+  std::string container;
+  std::function<std::string(int)> pod_name;
+  std::function<Env(int)> injected;
+};
+
+// Runs `replicas` such pods in namespaces first .. first + replicas - 1, each with the small run's
+// sizes and the shared runs volume, into `pods`; `services` are pods already running (etcd),
+// whose logs are printed on failure. Every pod must exit 0 and the run report all of them.
+void train_on_pods(const TrainingPods& spec,
+                   int replicas,
+                   PodEnvironment& pods_env,
+                   int first,
+                   const std::vector<std::unique_ptr<Pod>>& services,
+                   std::vector<std::unique_ptr<Pod>>& pods) {
   const auto runs = pods_env.volume("trainyard-runs");
-  std::vector<std::unique_ptr<Pod>> pods;
   fs::path result;
   for (int i = 0; i < replicas; ++i) {
     auto ctx = pods_env.context();
-    const std::string pod = name_of(job) + "-worker-" + std::to_string(i);
+    const std::string pod = spec.pod_name(i);
     ctx.fields = {{"metadata.name", pod}};
-    ctx.injected = training_operator_env(job);
+    ctx.injected = spec.injected(i);
     ctx.overrides = kSmallRun;
     ctx.mounts = {{"/mnt/runs", runs}};
-    const auto run = container_run(pod_template(job)["spec"], "pytorch", ctx);
+    const auto run = container_run(spec.pod_spec, spec.container, ctx);
     std::map<std::string, std::string> env(run.env.begin(), run.env.end());
     result = fs::path(env["STORAGE"]) / env["RUN_NAME"] / "result.json";
     pods.push_back(std::make_unique<Pod>(pod, pods_env.hosts, first + i, run, pods_env.dir.path()));
@@ -748,9 +750,32 @@ void train_pytorchjob(const YAML::Node& job,
   }
   const auto r = nlohmann::json::parse(read_file(result), nullptr, false);
   ASSERT_TRUE(r.is_object()) << "no result at " << result << "\n" << logs_of(pods);
-  EXPECT_EQ(r["world_size"].get<int>(), 2) << r.dump();
-  const auto log0 = pods.front()->log();
-  EXPECT_TRUE(contains(log0 + pods.back()->log(), "Process rank 1")) << logs_of(pods);
+  EXPECT_EQ(r["world_size"].get<int>(), replicas) << r.dump();
+  std::string logs;
+  for (const auto& pod : pods) logs += pod->log();
+  EXPECT_TRUE(contains(logs, "Process rank " + std::to_string(replicas - 1))) << logs;
+}
+
+// Runs the PyTorchJob's Worker pods in namespaces first .. first + replicas - 1, each with the
+// training operator's variables and the pod's own name; `names` are the other Service names
+// (etcd). Every pod must exit 0 and the run must report all of them.
+void train_pytorchjob(const YAML::Node& job,
+                      PodEnvironment& pods_env,
+                      int first,
+                      std::vector<std::pair<std::string, int>> names,
+                      const std::vector<std::unique_ptr<Pod>>& services) {
+  const int replicas = job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"].as<int>();
+  ASSERT_EQ(replicas, 2) << "the test trains the seeds' 2 workers";
+  // The operator's Service per replica: <job>-worker-<i>.
+  const auto pod_name = [&](int i) { return name_of(job) + "-worker-" + std::to_string(i); };
+  for (int i = 0; i < replicas; ++i) names.emplace_back(pod_name(i), first + i);
+  ASSERT_TRUE(pods_env.set_hosts(names));
+  std::vector<std::unique_ptr<Pod>> pods;
+  train_on_pods({.pod_spec = pod_template(job)["spec"],
+                 .container = "pytorch",
+                 .pod_name = pod_name,
+                 .injected = [&](int) { return training_operator_env(job); }},
+                replicas, pods_env, first, services, pods);
 }
 
 TEST(DeployKubernetes, C10dPyTorchJobTrainsOnTwoPods) {
@@ -811,29 +836,13 @@ TEST(DeployKubernetes, TrainJobTrainsOnTwoNodesFromTrainerV2sVariables) {
     names.emplace_back(host + "." + name, i);
   }
   ASSERT_TRUE(env.set_hosts(names));
-  const auto runs = env.volume("trainyard-runs");
   std::vector<std::unique_ptr<Pod>> pods;
-  fs::path result;
-  for (int i = 0; i < nodes; ++i) {
-    auto ctx = env.context();
-    const std::string pod = name + "-node-0-" + std::to_string(i);
-    ctx.fields = {{"metadata.name", pod}};
-    ctx.injected = trainjob_env(runtime, job, i);
-    ctx.overrides = kSmallRun;
-    ctx.mounts = {{"/mnt/runs", runs}};
-    const auto run = container_run(tmpl["spec"], "node", ctx);
-    for (const auto& [k, v] : run.env) {
-      EXPECT_FALSE(k == "WORLD_SIZE" || k == "RANK") << "Trainer v2 sets no " << k;
-    }
-    std::map<std::string, std::string> vars(run.env.begin(), run.env.end());
-    result = fs::path(vars["STORAGE"]) / vars["RUN_NAME"] / "result.json";
-    pods.push_back(std::make_unique<Pod>(pod, env.hosts, i, run, env.dir.path()));
-  }
-  expect_all_succeed(pods, 55s);
+  train_on_pods({.pod_spec = tmpl["spec"],
+                 .container = "node",
+                 .pod_name = [&](int i) { return name + "-node-0-" + std::to_string(i); },
+                 .injected = [&](int i) { return trainjob_env(runtime, job, i); }},
+                nodes, env, 0, {}, pods);
   if (::testing::Test::HasFailure()) return;
-  const auto r = nlohmann::json::parse(read_file(result), nullptr, false);
-  ASSERT_TRUE(r.is_object()) << "no result at " << result << "\n" << logs_of(pods);
-  EXPECT_EQ(r["world_size"].get<int>(), 2) << r.dump();
   // Node 1 met node 0 at the name Trainer v2 gives it.
   EXPECT_TRUE(contains(pods.back()->log(), "this is node 1; world size 2, master " + name +
                                                "-node-0-0." + name + ":29500"))
