@@ -9,8 +9,8 @@
 # slowest rank's training time over its optimizer steps; no startup, no evaluation), the median of
 # each mode, the ratio on / off, and the median of each pair's ratio (drift hits a pair least).
 # The target is a ratio under 1.01; on a machine others load, the noise is larger than that
-# (docs/BENCHMARKS.md, "Metrics (issue 12)"), and the per-call costs the unit test MetricsCost
-# measures bound it instead. Absolute numbers move with
+# (docs/BENCHMARKS.md, "Metrics and the dashboard"), and the per-call costs the unit test
+# MetricsCost measures bound it instead. Absolute numbers move with
 # the machine's load: read the ratio, and the "busy%" column.
 #
 #   bench/metrics_overhead.sh                      # 2 ranks x 1 thread, --limit 6000, 3 pairs

@@ -27,8 +27,9 @@ namespace trainyard::memory {
 // 70m FULL_SHARD trains 2-3x slower). Told to keep freed memory in the heap instead (mallopt
 // M_MMAP_MAX 0, what init() did before this allocator), the heap fragments: a freed 200 MB hole
 // is split by smaller requests and the next step's tensor no longer fits, so the heap grows step
-// after step while the bytes in use stay flat (pythia-70m FULL_SHARD fp32: at most 1.1 GiB in
-// use, in a heap of 1.6, 2.2, 2.2, 2.6, 2.8 GiB after steps 0..4; docs/BENCHMARKS.md).
+// after step while the bytes in use stay flat (pythia-70m FULL_SHARD fp32: RSS 2.3, 3.0, 3.0,
+// 3.4, 3.6 GiB over 7 steps, +587 MiB from step 1 to 5, against +2 MiB with this allocator;
+// docs/BENCHMARKS.md, "Memory").
 // So requests of kCachedMinBytes or more get blocks of their size class (an eighth of a power of
 // two: at most 12.5% larger, and the tail a tensor does not use is never touched, so it costs no
 // RSS), mapped once and kept: a freed block waits for the next request of its class. The sizes
