@@ -108,13 +108,7 @@ class FileStorage final : public Storage {
     std::vector<std::string> keys;
     std::error_code ec;
     if (!fs::exists(root_, ec)) return keys;
-    for (auto it = fs::recursive_directory_iterator(root_, ec); !ec && it != fs::end(it);
-         it.increment(ec)) {
-      if (!it->is_regular_file(ec) || is_temporary(it->path())) continue;
-      auto key = it->path().lexically_relative(root_).generic_string();
-      if (key.starts_with(prefix)) keys.push_back(std::move(key));
-    }
-    if (ec) throw_io("Cannot list", root_, ec.value());
+    list_into(root_, prefix, keys);
     std::sort(keys.begin(), keys.end());
     return keys;
   }
@@ -145,6 +139,30 @@ class FileStorage final : public Storage {
   std::string uri() const override { return uri_; }
 
  private:
+  // The keys starting with `prefix` under the folder `dir`, into `keys`. A folder below the root
+  // that is removed while the walk reaches it (another writer withdrawing its claim: remove()
+  // drops the folders it empties) is skipped, as a listing a moment later would not show it;
+  // walking the whole tree with one recursive_directory_iterator failed the listing instead.
+  // Folders reached through symbolic links are not walked.
+  void list_into(const fs::path& dir, const std::string& prefix, std::vector<std::string>& keys) {
+    std::error_code ec;
+    const auto vanished = [&] {
+      return ec == std::errc::no_such_file_or_directory && dir != root_;
+    };
+    for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      std::error_code type_ec;
+      if (it->is_directory(type_ec) && !it->is_symlink(type_ec)) {
+        list_into(it->path(), prefix, keys);
+        continue;
+      }
+      if (!it->is_regular_file(type_ec) || is_temporary(it->path())) continue;
+      auto key = it->path().lexically_relative(root_).generic_string();
+      if (key.starts_with(prefix)) keys.push_back(std::move(key));
+    }
+    if (ec && !vanished()) throw_io("Cannot list", dir, ec.value());
+  }
+
   // Bytes [offset, offset + length) of the file (all from offset on without a length), fewer
   // at its end; nullopt when there is no file.
   std::optional<std::string> read_bytes(const std::string& key,

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -453,6 +454,44 @@ TEST(Checkpointer, RacingWritersNeverShareANumber) {
   for (const auto& name : unique) {
     EXPECT_EQ(writers[0]->storage().list(name + "/_claim.").size(), 1u) << name;
   }
+}
+
+// A folder that another writer removes while list() walks the tree (a withdrawn claim: remove()
+// drops the folders it empties) is skipped, as a listing a moment later would not show it. The
+// walk used to fail ("Cannot list <root>: No such file or directory"), which ended a racing
+// writer's begin() (RacingWritersNeverShareANumber, now and then).
+TEST(FileStorage, ListingSkipsFoldersRemovedWhileItWalks) {
+  TempDir dir;
+  auto lister = open_storage(dir.path().string());
+  lister->write("kept/a", "x");
+  std::atomic<bool> done{false};
+  std::vector<std::thread> churners;
+  for (int t = 0; t < 4; ++t) {
+    churners.emplace_back([&, t] {
+      auto churner = open_storage(dir.path().string());
+      for (int i = 0; !done; ++i) {
+        const std::string key = "claimed_" + std::to_string(t) + "_" + std::to_string(i % 4) + "/c";
+        churner->write(key, "y");
+        churner->remove(key);
+      }
+    });
+  }
+  std::string failure;
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  int listings = 0;
+  while (failure.empty() && std::chrono::steady_clock::now() < deadline) {
+    try {
+      const auto keys = lister->list("");
+      if (std::find(keys.begin(), keys.end(), "kept/a") == keys.end()) failure = "kept/a missing";
+      ++listings;
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  done = true;
+  for (auto& t : churners) t.join();
+  EXPECT_EQ(failure, "") << "after " << listings << " listings";
+  EXPECT_GT(listings, 10);
 }
 
 TEST(Checkpointer, RetentionSparesAnotherLiveWritersSaveInProgress) {
