@@ -150,6 +150,7 @@ std::string said(const elastic::Sourced<T>& setting, std::string_view flag) {
 // One setting as --dry-run prints it: "key: value (from source)".
 struct ResolvedLine {
   std::string key, value, source;
+  std::string text() const { return detail::concat(key, ": ", value, " (from ", source, ")"); }
 };
 
 // Note [Resolving a launch]
@@ -168,6 +169,7 @@ struct Resolution {
   std::string rdzv_backend;
   std::pair<int, int> nodes{1, 1};
   std::optional<Endpoint> endpoint;  // the dynamic rendezvous's
+  bool under_engine = false;         // an engine's variables were read
 };
 
 // Resolves the flags into the launcher's options, checking what CLI11 cannot check alone. Starts
@@ -313,6 +315,7 @@ Resolution resolve(const LaunchFlags& f, const CLI::App& cmd) {
   o.run_id = run_id.value;
   TY_CHECK(o.node_rank < o.nnodes, said(node_rank, "--node-rank"), " must be less than ",
            said(nnodes, "--nnodes"), ".");
+  res.under_engine = !contract.engine.empty();
   res.lines = {{"engine", contract.engine.empty() ? "torchrun flags" : contract.engine,
                 contract.engine.empty() ? "no engine's variables" : contract.engine_source},
                {"nnodes", nnodes.value, nnodes.source},
@@ -352,11 +355,16 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->callback([flags, cmd, dry_run, &exit_code] {
     auto resolution = resolve(*flags, *cmd);
     if (*dry_run) {
-      for (const auto& line : resolution.lines)
-        std::printf("%s: %s (from %s)\n", line.key.c_str(), line.value.c_str(),
-                    line.source.c_str());
+      for (const auto& line : resolution.lines) std::printf("%s\n", line.text().c_str());
       exit_code = 0;
       return;
+    }
+    // Under an engine, say what came from its variables: the agent's own lines show only values.
+    if (resolution.under_engine) {
+      std::string settings;
+      for (const auto& line : resolution.lines)
+        settings += (settings.empty() ? "" : "; ") + line.text();
+      logger("launcher")->info("Launch settings: {}", settings);
     }
     elastic::LaunchOptions& options = resolution.options;
     if (!flags->standalone && resolution.endpoint &&

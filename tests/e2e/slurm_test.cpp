@@ -152,6 +152,11 @@ TEST_F(Slurm, PlainSrunTrainsOnTwoNodesFromSlurmsVariablesAlone) {
   const std::string log = done.out + done.err;
   EXPECT_TRUE(contains(log, "on 2 node(s), this is node 1; world size 2, master node01:29500"))
       << log;
+  // Each agent says where its settings came from.
+  EXPECT_TRUE(contains(log,
+                       "Launch settings: engine: slurm (from SLURM_JOB_ID); nnodes: 2 (from "
+                       "SLURM_NNODES); node_rank: 1 (from SLURM_NODEID)"))
+      << log;
   EXPECT_EQ(trainyard::mptest::result_of(dir_.path(), "srun")["world_size"].get<int>(), 2);
 }
 
