@@ -5,6 +5,7 @@
 #include "tools/recipe.h"
 #include "trainyard/data/fashion_mnist.h"
 #include "trainyard/data/instruction_data.h"
+#include "trainyard/env.h"
 #include "trainyard/models/causal_lm_config.h"
 #include "trainyard/models/image_model.h"
 #include "trainyard/models/lora.h"
@@ -52,6 +53,10 @@ class FashionMnistRecipe final : public RecipeOf<FashionMnistOptions> {
     c.add_option("--batch-size", options_.batch_size, "Batch size per rank")->capture_default_str();
     c.add_option("--lr", options_.lr, "Adam learning rate")->capture_default_str();
     c.add_option("--limit", options_.limit, "Use the first N training images (-1: all)")
+        ->capture_default_str();
+    c.add_option("--test-limit", options_.test_limit,
+                 "Evaluate on the first N test images (-1: all 10,000)")
+        ->envname(kTestLimitEnv)
         ->capture_default_str();
     c.add_option("--bucket-cap-mb", options_.bucket_cap_mb, "DDP gradient bucket size in MiB")
         ->capture_default_str();

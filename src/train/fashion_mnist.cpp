@@ -34,6 +34,7 @@ nlohmann::ordered_json config_json(const FashionMnistOptions& o, int world_size,
           {"optimizer", "Adam (ShardedAdam: ZeRO-1 across the ranks)"},
           {"blas_core", blas_core_name()},
           {"limit", o.limit},
+          {"test_limit", o.test_limit},
           {"threads_per_rank", threads},
           {"seed", o.seed},
           {"data_dir", o.data_dir},
@@ -55,6 +56,8 @@ void FashionMnistOptions::validate() const {
   TY_CHECK(lr > 0, "--lr must be > 0, got ", lr, ".");
   TY_CHECK(limit == -1 || limit >= 1, "--limit must be >= 1 (or omitted for all images), got ",
            limit, ".");
+  TY_CHECK(test_limit == -1 || test_limit >= 1,
+           "--test-limit must be >= 1 (or omitted for all test images), got ", test_limit, ".");
   TY_CHECK(bucket_cap_mb >= 1.0 / 1024 && bucket_cap_mb <= 64 * 1024,
            "--bucket-cap-mb must be between 1 KiB (0.0009765625) and 65536 MiB, got ",
            bucket_cap_mb, ".");
@@ -70,7 +73,7 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
 
   const std::string data_dir = options.data_dir.empty() ? data::kFashionMnistDir : options.data_dir;
   auto train_set = data::load_fashion_mnist(data_dir, data::Split::kTrain, options.limit);
-  auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest);
+  auto test_set = data::load_fashion_mnist(data_dir, data::Split::kTest, options.test_limit);
   auto resolved = options;
   resolved.data_dir = data_dir;
 

@@ -22,7 +22,8 @@ struct FashionMnistOptions {
   int epochs = 10;
   std::int64_t batch_size = 128;  // per rank
   double lr = 1e-3;
-  std::int64_t limit = -1;  // use the first `limit` training images; -1: all 60,000
+  std::int64_t limit = -1;       // use the first `limit` training images; -1: all 60,000
+  std::int64_t test_limit = -1;  // evaluate on the first `test_limit` test images; -1: all 10,000
   std::uint64_t seed = 0;
   double bucket_cap_mb = 25;  // DdpOptions::bucket_size_bytes in MiB
   std::string data_dir;       // empty: Debian's /usr/share/datasets/fashion-mnist
