@@ -108,8 +108,9 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
   EXPECT_EQ(generate(dir.str() + "/hf"), after);
 
   // The same run at one rank: it resumes from the 2-rank sharded checkpoint where it stopped.
-  auto second =
-      run_program(causal_lm_command(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
+  auto second = run_program(
+      causal_lm_command(dir, {"--workers", "1", "--precision", precision, "--max-steps", "30"}), {},
+      100s);
   ASSERT_FALSE(second.timed_out) << second.out << second.err;
   ASSERT_TRUE(second.status.success()) << second.out << second.err;
   EXPECT_NE(second.out.find("Resuming from checkpoint_000000 at step 24 (epoch 0, 384 samples "
@@ -129,8 +130,9 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
 
   // Once more with the same --max-steps: nothing is left, and the run says so instead of
   // reporting a throughput and loss it never measured.
-  auto third =
-      run_program(causal_lm_command(dir, {"--workers", "1", "--max-steps", "30"}), {}, 100s);
+  auto third = run_program(
+      causal_lm_command(dir, {"--workers", "1", "--precision", precision, "--max-steps", "30"}), {},
+      100s);
   ASSERT_TRUE(third.status.success()) << third.out << third.err;
   EXPECT_NE((third.out + third.err).find("Nothing left to train: checkpoint_000001 is at step 30"),
             std::string::npos)
