@@ -58,8 +58,6 @@ inline constexpr const char* kJobIdEnv = "TRAINYARD_JOB_ID";
 // --- a rank's settings (comm/dist_env.h: init_options_from_env) ---------------------------------
 // Seconds: InitOptions::timeout, the bound on every collective.
 inline constexpr const char* kCollectiveTimeoutEnv = "TRAINYARD_COLLECTIVE_TIMEOUT";
-// The fashion-mnist recipe's --test-limit (tests/CMakeLists.txt sets it for the whole suite).
-inline constexpr const char* kTestLimitEnv = "TRAINYARD_TEST_LIMIT";
 // Seconds: InitOptions::join_timeout, the bound on reaching MASTER_ADDR:MASTER_PORT.
 inline constexpr const char* kJoinTimeoutEnv = "TRAINYARD_JOIN_TIMEOUT";
 // How init() keeps freed memory for reuse: caching (default), glibc-reuse or glibc (Note
@@ -133,5 +131,8 @@ inline constexpr const char* kTokenEnv = "TRAINYARD_TOKEN";      // the head's t
 // OpenBLAS's own detection.
 inline constexpr const char* kBlasCoreSetEnv = "TRAINYARD_BLAS_CORE_SET";
 inline constexpr const char* kBlasCoreFixEnv = "TRAINYARD_BLAS_CORE_FIX";
+// The fashion-mnist recipe's --test-limit (tools/recipes.cpp; tests/CMakeLists.txt sets it for
+// the suite's recipe runs).
+inline constexpr const char* kTestLimitEnv = "TRAINYARD_TEST_LIMIT";
 
 }  // namespace trainyard
