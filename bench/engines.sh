@@ -121,18 +121,19 @@ for i in 0 1; do
     >"/etc/netns/${NS[$i]}/hosts"
 done
 run_trainer_v2() {
-  local name=trainer-v2-$1 t0 i step
+  local name=trainer-v2-$1 t0 i step pods=()
   t0=$(now)
   for i in 0 1; do
     ip netns exec "${NS[$i]}" env TRAINYARD_LOG_LEVEL=debug KUBERNETES_SERVICE_HOST=10.96.0.1 \
-      PET_NNODES=2 \
-      PET_NPROC_PER_NODE=1 PET_NODE_RANK=$i PET_MASTER_ADDR=$V2_JOB-node-0-0.$V2_JOB \
-      PET_MASTER_PORT=29500 trainyard run -- "${JOB[@]}" --storage "$TMP/runs" --name "$name" \
+      PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_NODE_RANK=$i \
+      PET_MASTER_ADDR=$V2_JOB-node-0-0.$V2_JOB PET_MASTER_PORT=29500 \
+      trainyard run -- "${JOB[@]}" --storage "$TMP/runs" --name "$name" \
       >"$TMP/$name.$i.log" 2>&1 &
+    pods+=($!)
   done
   step=$(first_step cat "$TMP/$name.0.log" "$TMP/$name.1.log")
   minus "$step" "$t0"
-  wait
+  wait "${pods[@]}"  # the two pods only, not the cluster's daemons
 }
 
 # --- head and workers ----------------------------------------------------------------------------
