@@ -1,13 +1,14 @@
-# trainyard in a container image: Debian 12, the project's own scripts/setup.sh (Debian packages)
+# trainyard in a container image: Debian 12, the project's own scripts/setup.sh (Debian packages, torch)
 # and scripts/build.sh, the `trainyard` binary on PATH, and a non-root user. The Kubernetes
 # manifests in deploy/kubernetes run this image. From the repository root:
 #   docker build -t trainyard:latest .
 #   docker run --rm trainyard:latest train fashion-mnist --epochs 1 --limit 2048
 FROM debian:12
 
-# setup.sh installs with apt-get (as root here, so without sudo); --image leaves out the test,
+# setup.sh installs with apt-get (as root here, so without sudo) and PyTorch's wheel from PyPI into
+# /opt/trainyard/venv (its LibTorch is what the build links); --image leaves out the test,
 # benchmark and comparison tools.
-COPY scripts/setup.sh /src/trainyard/scripts/setup.sh
+COPY scripts/setup.sh scripts/requirements-image.txt scripts/constraints.txt /src/trainyard/scripts/
 RUN /src/trainyard/scripts/setup.sh --image && rm -rf /var/lib/apt/lists/*
 
 # The sources, then the build (Release, Ninja), without the tests, benchmarks and examples.

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Installs everything trainyard needs to build, test and benchmark on Debian 12, plus s3rver (an
-# S3-compatible server the S3 checkpoint storage tests run against) and Hugging Face's tokenizers
-# (the tokenizer tests' oracle) from the npm registry.
+# Installs everything trainyard needs to build, test and benchmark on Debian 12: Debian packages
+# through apt-get, and one Python environment, /opt/trainyard/venv, with pinned packages from PyPI
+# (scripts/requirements.txt under scripts/constraints.txt): PyTorch's own wheel, whose LibTorch the
+# build uses, and the libraries and clients the tests use as oracles (transformers, peft,
+# tokenizers, ray, boto3, moto's S3 server).
 # Idempotent: when everything is already present it touches nothing.
 # `setup.sh --image` installs only what building and running trainyard needs (the Dockerfile's
-# case): no test, benchmark or comparison tools, nothing from npm.
+# case): no test, benchmark or comparison tools; torch alone in the venv.
 set -euo pipefail
 
 image_only=false
@@ -18,7 +20,8 @@ esac
 # Building and running trainyard.
 packages=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libgloo-dev libopenblas0-pthread   # LibTorch, Gloo headers, a fast BLAS
+  libgloo-dev                                      # Gloo's headers (LibTorch ships none)
+  python3-venv                                     # the venv PyTorch's wheel goes into
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
   libcurl4-openssl-dev libssl-dev libsqlite3-dev zlib1g-dev libmicrohttpd-dev
   ca-certificates                                  # TLS to S3 and STS
@@ -33,8 +36,6 @@ packages=(
 dev_packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   fortunes                                         # a text corpus
-  python3-torch python3-torchvision                # the Python peer for comparisons
-  python3-requests python3-aiohttp                 # Ray's Jobs client calls replayed in the cluster tests
   etcd-server etcd-client                          # etcd for the etcd rendezvous tests
   prometheus                                       # Prometheus and promtool for the /metrics tests
   chromium chromium-driver                         # the dashboard's browser test
@@ -48,18 +49,9 @@ dev_packages=(
 if ! command -v kubectl >/dev/null 2>&1; then
   dev_packages+=(kubernetes-client)
 fi
-# Node.js and npm run s3rver. A nodejs package that bundles npm (NodeSource's) provides and
-# conflicts with Debian's npm, so Debian's pair is asked for only when there is no npm at all.
-if ! command -v npm >/dev/null 2>&1; then
-  dev_packages+=(nodejs npm)
-fi
 if [ "$image_only" = false ]; then
   packages+=("${dev_packages[@]}")
 fi
-
-# s3rver lives outside the git tree; tests/CMakeLists.txt points the tests at this prefix.
-s3rver_prefix=/opt/trainyard/node
-s3rver_version=3.7.1
 
 sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
@@ -78,33 +70,22 @@ else
   "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if [ "$image_only" = true ]; then
-  exit 0
-fi
-
-# The installed s3rver's version, or nothing; any 3.7.x counts as present.
-installed=$(node -p "require('${s3rver_prefix}/node_modules/s3rver/package.json').version" \
-  2>/dev/null || true)
-if [[ "$installed" == 3.7.* && -x "${s3rver_prefix}/node_modules/.bin/s3rver" ]]; then
-  echo "setup: s3rver ${installed} present in ${s3rver_prefix}"
+# The venv: Debian's Python (not whichever python3 comes first on PATH), PyPI's packages at the
+# pinned versions. A stamp holding the hash of the files it was made from makes a second run
+# quick; a changed pin reinstalls.
+venv=/opt/trainyard/venv
+scripts=$(cd "$(dirname "$0")" && pwd)
+requirements=$scripts/requirements.txt
+[ "$image_only" = true ] && requirements=$scripts/requirements-image.txt
+want=$(cat "$scripts/requirements-image.txt" "$requirements" "$scripts/constraints.txt" \
+  | sha256sum | cut -d' ' -f1)
+stamp=$venv/.trainyard-$(basename "$requirements" .txt)
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  echo "setup: $venv holds $(basename "$requirements")'s pins"
 else
-  echo "setup: installing s3rver@${s3rver_version} into ${s3rver_prefix}"
-  "${sudo_cmd[@]}" mkdir -p "$s3rver_prefix"
-  "${sudo_cmd[@]}" npm install --prefix "$s3rver_prefix" --no-audit --no-fund \
-    "s3rver@${s3rver_version}"
-fi
-
-# Hugging Face's tokenizers as a Node package (its native binaries ship inside it): the oracle the
-# tokenizer tests compare ids with. tests/CMakeLists.txt points them at this prefix.
-tokenizers_prefix=/opt/trainyard/node-tokenizers
-tokenizers_version=0.23.2
-installed=$(node -p "require('${tokenizers_prefix}/node_modules/tokenizers/package.json').version" \
-  2>/dev/null || true)
-if [[ "$installed" == "$tokenizers_version" ]]; then
-  echo "setup: tokenizers ${installed} present in ${tokenizers_prefix}"
-else
-  echo "setup: installing tokenizers@${tokenizers_version} into ${tokenizers_prefix}"
-  "${sudo_cmd[@]}" mkdir -p "$tokenizers_prefix"
-  "${sudo_cmd[@]}" npm install --prefix "$tokenizers_prefix" --no-audit --no-fund \
-    "tokenizers@${tokenizers_version}"
+  echo "setup: installing $(basename "$requirements") into $venv (PyTorch's wheel is gigabytes)"
+  [ -x "$venv/bin/python" ] || "${sudo_cmd[@]}" /usr/bin/python3 -m venv "$venv"
+  "${sudo_cmd[@]}" "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input \
+    -r "$requirements" -c "$scripts/constraints.txt"
+  echo "$want" | "${sudo_cmd[@]}" tee "$stamp" >/dev/null
 fi
