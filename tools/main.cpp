@@ -15,6 +15,7 @@
 #include "tools/run_command.h"
 #include "tools/tokenize_command.h"
 #include "tools/train_command.h"
+#include "trainyard/comm/build_info.h"
 #include "trainyard/env.h"
 #include "trainyard/error.h"
 
@@ -31,7 +32,9 @@ void drop_callbacks(CLI::App& app) {
 int main(int argc, char** argv) {
   CLI::App app{"trainyard: distributed training for LibTorch", "trainyard"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "trainyard 0.1.0");
+  app.set_version_flag("--version", [] {
+    return "trainyard 0.1.0\n" + trainyard::comm::describe(trainyard::comm::build_info());
+  });
   int exit_code = 0;
   trainyard::cli::add_run_command(app, exit_code);
   trainyard::cli::add_train_command(app, std::vector<std::string>(argv, argv + argc), exit_code);

@@ -21,8 +21,9 @@
 namespace trainyard::comm {
 
 // Note [Ring collectives]
-// A group without native flat collectives (ProcessGroupGloo: LibTorch 1.13 gives it neither
-// _allgather_base nor reduce_scatter) runs them as a ring of send/recv, rank r sending to r + 1
+// A CPU group across hosts (ProcessGroupGloo) runs flat collectives as trainyard's own ring of
+// send/recv rather than Gloo's all_gather_single / reduce_scatter_single: the ring adds bf16 in
+// fp32 and checks that the ranks issued the same call (below). Rank r sends to r + 1
 // and receiving from r - 1, W - 1 steps of one slot (n elements) each, so every rank sends
 // (W - 1) * n elements, as nccl-tests counts them; an all-reduce + slice would send twice that.
 //   reduce-scatter: at step s rank r sends its partial sum of slot (r - s - 1) mod W (at s = 0
@@ -50,9 +51,9 @@ namespace trainyard::comm {
 // Note [Flat collectives on devices]
 // The paths above run on CPU memory. Tensors on a device (CUDA) take one of two others:
 //   native:  a group with a GPU backend (GroupCapabilities::device_tensors: NCCL) runs
-//            _allgather_base / _reduce_scatter_base on them directly, ordered on the caller's
+//            all_gather_single / reduce_scatter_single on them directly, ordered on the caller's
 //            current stream. The work returned (DeviceWork) waits as Note [Waiting on NCCL work]
-//            (torch_compat.cpp) says NCCL work must, with a timeout or without: the caller's
+//            (nccl.cpp) says NCCL work must, with a timeout or without: the caller's
 //            stream waits for the collective and the host does not, so slices of wait_work never
 //            trip NCCL's wait(timeout), which aborts the communicator; NCCL's watchdog bounds the
 //            collective instead. all_reduce, broadcast and barrier on such a group return their
@@ -563,7 +564,7 @@ c10::intrusive_ptr<c10d::Work> all_gather_flat_untracked(
            " and ", input.scalar_type(), ".");
   const auto caps = capabilities_of(group);
   if (native_on(caps, output)) {
-    auto work = group->_allgather_base(output, input, c10d::AllgatherOptions());
+    auto work = group->all_gather_single(output, input, c10d::AllgatherOptions());
     if (!caps.device_tensors) return work;
     return c10::make_intrusive<DeviceWork>(std::move(work), c10d::OpType::_ALLGATHER_BASE, output);
   }
@@ -601,14 +602,14 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat_untracked(
   if (native_on(caps, output)) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = op == ReduceOp::kAvg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
-    if (!caps.device_tensors) return group->_reduce_scatter_base(output, input, opts);
+    if (!caps.device_tensors) return group->reduce_scatter_single(output, input, opts);
     constexpr auto type = c10d::OpType::_REDUCE_SCATTER_BASE;
     if (output.scalar_type() == input.scalar_type())
-      return c10::make_intrusive<DeviceWork>(group->_reduce_scatter_base(output, input, opts), type,
+      return c10::make_intrusive<DeviceWork>(group->reduce_scatter_single(output, input, opts), type,
                                              output);
     // One dtype on NCCL: Note [Flat collectives on devices]. (n,) input's dtype.
     auto reduced = at::empty({output.numel()}, input.options());
-    auto work = group->_reduce_scatter_base(reduced, input, opts);
+    auto work = group->reduce_scatter_single(reduced, input, opts);
     return c10::make_intrusive<DeviceWork>(std::move(work), type, output, reduced);
   }
   if (!output.is_cpu() && group->getSize() > 1) {            // Note [Flat collectives on devices]

@@ -14,7 +14,7 @@
 #include "trainyard/log.h"
 
 // Note [Beating while device work runs]
-// wait_work() returns from NCCL work at once (Note [Waiting on NCCL work], torch_compat.cpp): the
+// wait_work() returns from NCCL work at once (Note [Waiting on NCCL work], nccl.cpp): the
 // caller's stream waits, the host does not. The host blocks later, in whatever first reads a
 // result on the host (a loss's item(), a copy to the CPU), and nothing beats there. A rank whose
 // peer is slow (rank 0 evaluating or saving a checkpoint while the others wait in the next

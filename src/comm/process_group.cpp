@@ -69,9 +69,10 @@ c10::Device resolve_device(const InitOptions& options, int local_rank) {
            options.device, "'. HINT: cpu or cuda.");
   const int gpus = comm::compat::cuda_device_count();
   TY_CHECK_T(Error, gpus > 0, "--device cuda (", kDeviceEnv,
-             "): this process sees no GPU: ", "this build's LibTorch (", comm::compat::torch_line(),
-             ") has no CUDA, or no device is visible (CUDA_VISIBLE_DEVICES, driver). HINT: build "
-             "against a CUDA LibTorch 2.x (README, \"GPUs\"), or train with --device cpu.");
+             "): this process sees no GPU: this is trainyard's ",
+             comm::compat::accelerator_description(),
+             " build, or no device is visible (CUDA_VISIBLE_DEVICES, driver). HINT: build with "
+             "CUDA (scripts/build.sh --cuda, README \"GPUs\"), or train with --device cpu.");
   // Ranks beyond the GPU count share them round-robin; NCCL refuses that (use_nccl).
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
 }

@@ -772,17 +772,17 @@ void check_flat(
 }
 }  // namespace
 
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_allgather_base(
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::all_gather_single(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   if (!shm_eligible({output}) || !shm_eligible({input}) ||
       output.scalar_type() != input.scalar_type())
-    return inner_->_allgather_base(output, input, opts);
+    return inner_->all_gather_single(output, input, opts);
   check_flat(output, input, getRank(), getSize(), "all-gather");
   return impl_->enqueue(Impl::Job{.kind = Impl::Kind::kAllGather, .tensor = output, .other = input},
                         c10d::OpType::_ALLGATHER_BASE);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_reduce_scatter_base(
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce_scatter_single(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   const auto op = opts.reduceOp.op_;
   const auto floating = [](const at::Tensor& t) {
@@ -790,7 +790,7 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::_reduce_scatter_base(
   };
   if (!shm_eligible({output}) || !shm_eligible({input}) || !floating(output) || !floating(input) ||
       (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG))
-    return inner_->_reduce_scatter_base(output, input, opts);
+    return inner_->reduce_scatter_single(output, input, opts);
   check_flat(input, output, getRank(), getSize(), "reduce-scatter");
   return impl_->enqueue(
       Impl::Job{.kind = Impl::Kind::kReduceScatter, .tensor = input, .other = output, .op = op},
@@ -829,13 +829,13 @@ c10::intrusive_ptr<c10d::Work> ShmProcessGroup::reduce_scatter(
     const c10d::ReduceScatterOptions& opts) {
   return inner_->reduce_scatter(outputs, inputs, opts);
 }
-c10::intrusive_ptr<c10d::Work> ShmProcessGroup::alltoall_base(
+c10::intrusive_ptr<c10d::Work> ShmProcessGroup::all_to_all_single(
     at::Tensor& output,
     at::Tensor& input,
     std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes,
     const c10d::AllToAllOptions& opts) {
-  return inner_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+  return inner_->all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts);
 }
 c10::intrusive_ptr<c10d::Work> ShmProcessGroup::send(std::vector<at::Tensor>& tensors,
                                                      int dst_rank,

@@ -1,5 +1,6 @@
-// What differs between the two LibTorch lines trainyard builds against, behind functions the rest
-// of comm/ calls: see Note [Two LibTorch lines] in torch_compat.cpp. Private to comm/.
+// How comm/ makes LibTorch's process groups, and what differs between the CPU build and the CUDA
+// build (NCCL), behind functions the rest of comm/ calls: see Note [LibTorch's process groups] in
+// torch_compat.cpp. Private to comm/.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -7,11 +8,20 @@
 
 #include <chrono>
 #include <optional>
+#include <string>
 
 namespace trainyard::comm::compat {
 
-// "1.13" or "2.x": the line this build was compiled against.
-const char* torch_line();
+// The LibTorch version this build was compiled against (its headers' TORCH_VERSION, "2.15.0").
+const char* built_torch_version();
+
+// The version of the LibTorch this process runs with, read beside the loaded libtorch_cpu.so
+// ("2.15.0+cu132"), or "unknown".
+std::string loaded_torch_version();
+
+// "CPU", or for the CUDA build the CUDA and NCCL versions it was compiled with ("CUDA 13.0, NCCL
+// 2.30.7"). Defined in no_nccl.cpp or nccl.cpp.
+std::string accelerator_description();
 
 // A process group whose collectives run on `gloo` (for CPU tensors, and CUDA tensors, which Gloo
 // stages through the host itself).
@@ -24,7 +34,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_group(const c10::intrusive_ptr<c10d:
 // none (the shared-memory group, a group of another kind).
 std::optional<std::chrono::milliseconds> gloo_timeout(c10d::ProcessGroup& group);
 
-// Whether this build has LibTorch's NCCL process group (a CUDA LibTorch 2.x).
+// Whether this build has LibTorch's NCCL process group (the CUDA build).
 bool nccl_available();
 
 // A process group whose collectives on CUDA tensors run on NCCL (one GPU per rank: `device_index`)

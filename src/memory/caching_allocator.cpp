@@ -162,22 +162,14 @@ c10::DataPtr allocate_cached(std::size_t nbytes) {
   return {ptr, ptr, &give_back, c10::Device(c10::DeviceType::CPU)};
 }
 
-// c10::Allocator's interface is one of the places the two LibTorch lines differ (Note [Two
-// LibTorch lines] in src/comm/torch_compat.cpp): 2.x made allocate() non-const and added copy_data.
 class CachingAllocator final : public c10::Allocator {
  public:
-#if TORCH_VERSION_MAJOR >= 2
   c10::DataPtr allocate(std::size_t nbytes) override {
     return allocate_cached(nbytes);
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-#else
-  c10::DataPtr allocate(std::size_t nbytes) const override {
-    return allocate_cached(nbytes);
-  }
-#endif
   c10::DeleterFnPtr raw_deleter() const override {
     return &give_back;
   }

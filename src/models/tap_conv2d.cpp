@@ -137,12 +137,10 @@ torch::Tensor tap_conv2d(const torch::Tensor& x,
 
 torch::Tensor TapConv2dImpl::forward(const torch::Tensor& x) {
   const auto& o = options;
-  // Unqualified, found by argument-dependent lookup: the options' variants are c10::variant in
-  // LibTorch 1.13 and std::variant in 2.x (Note [Two LibTorch lines], src/comm/torch_compat.cpp).
-  const auto* padding = get_if<torch::ExpandingArray<2>>(&o.padding());
+  const auto* padding = std::get_if<torch::ExpandingArray<2>>(&o.padding());
   const bool plain = padding != nullptr && o.groups() == 1 && (*o.dilation())[0] == 1 &&
                      (*o.dilation())[1] == 1 &&
-                     holds_alternative<torch::enumtype::kZeros>(o.padding_mode());
+                     std::holds_alternative<torch::enumtype::kZeros>(o.padding_mode());
   if (!plain || x.dim() != 4) return torch::nn::Conv2dImpl::forward(x);
   return tap_conv2d(x, weight, bias, *o.stride(), **padding, max_live_fraction);
 }

@@ -1,7 +1,6 @@
 #include "trainyard/nn/attention.h"
 
 #include <ATen/ATen.h>
-#include <torch/version.h>
 
 #include "trainyard/error.h"
 
@@ -12,17 +11,11 @@
 // computes the same function in one fused kernel without the scores (flash attention for bf16,
 // memory-efficient attention for fp32), which is what PyTorch's own models use on GPUs. It is
 // taken on CUDA only: on the CPU the exact path stays, so CPU results keep equalling HF's.
-// LibTorch 1.13 has no such kernel.
 
 namespace trainyard::nn {
 
 bool fused_causal_attention_available(const at::Tensor& q) {
-#if TORCH_VERSION_MAJOR >= 2
   return q.is_cuda();
-#else
-  (void)q;
-  return false;
-#endif
 }
 
 at::Tensor fused_causal_attention(const at::Tensor& q,
@@ -30,16 +23,9 @@ at::Tensor fused_causal_attention(const at::Tensor& q,
                                   const at::Tensor& v,
                                   double dropout) {
   TY_CHECK(fused_causal_attention_available(q),
-           "fused_causal_attention needs LibTorch 2.x and CUDA tensors (got ", q.device(),
+           "fused_causal_attention needs CUDA tensors (got ", q.device(),
            "); check fused_causal_attention_available first.");
-#if TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
-#else
-  (void)k;
-  (void)v;
-  (void)dropout;
-  return {};
-#endif
 }
 
 }  // namespace trainyard::nn

@@ -95,9 +95,8 @@ torch::Tensor checkpoint(const UnitForward& forward, const torch::Tensor& input)
     torch::NoGradGuard no_grad;
     output = forward(input);
   }
-  auto node = std::shared_ptr<CheckpointBackward>(
-      new CheckpointBackward(forward, input, std::move(generators), std::move(rng_states)),
-      torch::autograd::deleteNode);
+  auto node = c10::make_intrusive<CheckpointBackward>(forward, input, std::move(generators),
+                                                      std::move(rng_states));
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   // The output was computed without a graph, so it is a fresh tensor nobody else refers to.
   torch::autograd::create_gradient_edge(output, node);

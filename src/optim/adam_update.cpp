@@ -6,8 +6,8 @@
 #include <cmath>
 
 // Note [at::parallel_for needs OpenMP]
-// LibTorch 1.13 (Debian's is built with AT_PARALLEL_OPENMP) defines at::parallel_for inline in
-// its headers, and ATen/ParallelOpenMP.h opens the `#pragma omp parallel` region only where
+// LibTorch built with AT_PARALLEL_OPENMP (as PyTorch's x86 wheels are) defines at::parallel_for
+// inline in its headers, and ATen/ParallelOpenMP.h opens the `#pragma omp parallel` region only where
 // _OPENMP is defined: in a translation unit compiled without -fopenmp, parallel_for silently runs
 // the whole range on the calling thread, whatever at::get_num_threads() says. So this file, and
 // only this one, is compiled with OpenMP (CMakeLists.txt: LibTorch's own runtime, libgomp, so the

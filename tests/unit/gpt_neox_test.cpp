@@ -56,16 +56,19 @@ class CountingAllocator final : public c10::Allocator {
   ~CountingAllocator() override {
     c10::SetCPUAllocator(base_, std::numeric_limits<std::uint8_t>::max());
   }
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) override {
     bytes_ += n;
     return base_->allocate(n);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
   }
   c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
   std::size_t bytes() const { return bytes_; }
 
  private:
   c10::Allocator* base_;  // LibTorch's, outlives this
-  mutable std::atomic<std::size_t> bytes_{0};
+  std::atomic<std::size_t> bytes_{0};
 };
 
 // --- sizes -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-// Every collective trainyard issues, recorded as metrics (collective_metrics.h), and the ones FSDP
-// needs beyond what LibTorch 1.13's Gloo group offers: all_gather into one flat
-// buffer and reduce_scatter (Gloo has none), each in place through shared memory when every rank
+// Every collective trainyard issues, recorded as metrics (collective_metrics.h), and the flat ones
+// FSDP needs: all_gather into one flat buffer and reduce_scatter, each in place through shared
+// memory when every rank
 // is on this host (ShmProcessGroup) and as a ring of send/recv otherwise; low-precision inputs
 // are added in fp32. CUDA tensors go to the group natively where it takes them (NCCL) and are
 // staged through CPU memory otherwise. Also the one capability query callers ask instead of

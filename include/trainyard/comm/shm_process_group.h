@@ -50,14 +50,14 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   // into output (world_size * n,) at rank * n; any dtype up to 8 bytes. `input` may be output's
   // own slot. In place when output comes from allocate_shared; else staged. Other tensors (not
   // one dense contiguous CPU tensor each) go to the inner group.
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output,
+  c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output,
                                                  at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   // output (n,) = SUM or AVG over ranks of input (world_size * n,)'s slot rank: float32 or
   // bfloat16, each of its own (bf16 summed in fp32, rounded once). `output` may be input's own
   // slot. In place when input comes from allocate_shared; else staged. Anything else goes to the
   // inner group.
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
 
   // Forwarded to the inner group.
@@ -77,7 +77,7 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output,
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output,
                                                at::Tensor& input,
                                                std::vector<int64_t>& output_split_sizes,
                                                std::vector<int64_t>& input_split_sizes,

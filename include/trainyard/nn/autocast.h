@@ -1,6 +1,5 @@
-// Autocast (automatic mixed precision) switched on or off for one device type, the same call on
-// both LibTorch lines (1.13's set_enabled/set_cpu_enabled, 2.x's set_autocast_enabled; Note [Two
-// LibTorch lines] in src/comm/torch_compat.cpp). DDP's bf16-mixed precision is autocast.
+// Autocast (automatic mixed precision) switched on or off for one device type.
+// DDP's bf16-mixed precision is autocast.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -3,6 +3,7 @@
 // end of the backward pass. The autograd machinery DDP's reducer and FSDP share.
 #pragma once
 
+#include <c10/util/intrusive_ptr.h>
 #include <torch/types.h>
 
 #include <cstddef>
@@ -32,7 +33,7 @@ class GradientHooks {
  private:
   // The accumulators are owned by the autograd graph only weakly: keep them (and so the hooks)
   // alive here.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> keys_;
   std::unique_ptr<Callback> callback_;  // stable address for the hooks
 };
