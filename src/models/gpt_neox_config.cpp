@@ -102,6 +102,18 @@ GptNeoXConfig GptNeoXConfig::from_json(const std::string& json_text) {
   read_field(j, "intermediate_size", c.intermediate_size);
   read_alias(j, "rotary_pct", "partial_rotary_factor", c.rotary_pct);
   read_alias(j, "rotary_emb_base", "rope_theta", c.rotary_emb_base);
+  // transformers 5 writes the rotary settings into "rope_parameters" instead (save_pretrained of
+  // a GPTNeoXConfig has no top-level rotary_pct or rotary_emb_base): read there too, or a saved
+  // folder would silently get the defaults.
+  if (const auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    TY_CHECK(it->is_object(), "config.json: \"rope_parameters\" must be an object, got ",
+             it->dump(), ".");
+    const std::string type = it->value("rope_type", std::string("default"));
+    TY_CHECK(type == "default", "config.json: \"rope_parameters\" has rope_type \"", type,
+             "\"; GptNeoX supports the default rotary embeddings only.");
+    read_field(*it, "partial_rotary_factor", c.rotary_pct);
+    read_field(*it, "rope_theta", c.rotary_emb_base);
+  }
   read_field(j, "max_position_embeddings", c.max_position_embeddings);
   read_field(j, "layer_norm_eps", c.layer_norm_eps);
   read_field(j, "use_parallel_residual", c.use_parallel_residual);

@@ -156,15 +156,18 @@ LlamaConfig LlamaConfig::from_json(const std::string& json_text) {
   read_field(j, "rms_norm_eps", c.rms_norm_eps);
   read_field(j, "rope_theta", c.rope_theta);
   read_rope(j, c);
-  if (c.model_type == "qwen2") {  // Qwen2Attention: biased q/k/v, unbiased o_proj
+  // Biases as transformers' classes have them: Qwen2Attention biases q/k/v and not o_proj, and
+  // Mistral and Qwen2 have no attention_bias or mlp_bias setting (transformers ignores those keys
+  // in their config.json, and so does this reader); Llama reads both.
+  if (c.model_type == "qwen2") {
     c.qkv_bias = true;
     c.o_bias = false;
-  } else {
+  } else if (c.model_type == "llama") {
     bool attention_bias = false;
     read_field(j, "attention_bias", attention_bias);
     c.qkv_bias = c.o_bias = attention_bias;
+    read_field(j, "mlp_bias", c.mlp_bias);
   }
-  read_field(j, "mlp_bias", c.mlp_bias);
   read_field(j, "tie_word_embeddings", c.tie_word_embeddings);
   read_field(j, "attention_dropout", c.attention_dropout);
   read_field(j, "initializer_range", c.initializer_range);

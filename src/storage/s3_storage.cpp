@@ -283,8 +283,8 @@ std::string S3Storage::object_key(const std::string& key) const {
 // than "uploads". It also signs every custom header, even an empty one that only removes a
 // header curl would add, so no such header may be set (HttpClient adds none to a signed
 // request). The payload hash comes from our x-amz-content-sha256 header. These were checked
-// against an independent SigV4 implementation; s3rver, which the tests run against, checks the
-// access key but not the signature.
+// against an independent SigV4 implementation, and moto's S3 server, which the tests run against,
+// recomputes every request's signature with the key's secret.
 //
 // Note [S3 retry deadline]
 // A frozen or failing endpoint must neither stall training for many minutes nor fail a job

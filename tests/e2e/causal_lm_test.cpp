@@ -1,14 +1,17 @@
 // The causal-lm recipe end to end through the real CLI: two ranks with FULL_SHARD fine-tune a
 // small GPT-NeoX on Debian's fortunes, then the run resumes from its sharded checkpoint at one
-// rank.
+// rank; folders transformers saved train, and they and the runs' exports generate and compute
+// what transformers does.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "../hf_oracle.h"
 #include "../multiproc/multiproc_util.h"
 #include "trainyard/blas_core.h"
+#include "trainyard/train/causal_lm.h"
 
 namespace {
 using trainyard::mptest::read_file;
@@ -163,6 +166,64 @@ TEST(CausalLm, ATokenizerJsonTokenisesTheCorpusAndDecodesGeneration) {
   ASSERT_TRUE(g.status.success()) << g.err;
   EXPECT_EQ(g.out.rfind("Q: What", 0), 0u) << g.out;
 }
+
+// A folder transformers' save_pretrained wrote, sharded (tests/hf_oracle.h: 256 tokens, so bytes
+// train it), of each architecture: the recipe trains three steps from its weights; `trainyard
+// generate --greedy --print-ids` from the folder and from the run's export gives transformers'
+// greedy ids; and transformers loads the export and computes trainyard's logits to 1e-4 (both
+// fp32 from the same weights).
+class CausalLmTransformers : public testing::TestWithParam<const char*> {};
+
+TEST_P(CausalLmTransformers, SavedShardedFolderTrainsAndItAndItsExportGenerateAsTransformers) {
+  TY_REQUIRE_HF_ORACLE("transformers");
+  TempDir dir;
+  const auto saved = dir.path() / "saved", exported = dir.path() / "exported";
+  trainyard::test::transformers_save({{saved, GetParam()}});
+  auto train = run_program(trainyard::test::train_on_bytes_command(
+                               saved, dir.path(), "run", {"--lr", "1e-3", "--max-steps", "3"}),
+                           {}, 90s);
+  ASSERT_TRUE(train.status.success()) << train.out << train.err;
+  EXPECT_NE((train.out + train.err).find("Initial weights: " + saved.string()), std::string::npos)
+      << "it trains from the folder's weights: " << train.err;
+  const auto result = nlohmann::json::parse(read_file(dir.path() / "run" / "result.json"));
+  EXPECT_EQ(result["global_step"].get<int>(), 3);
+  const auto checkpoint = dir.path() / "run" / result["checkpoint_dir_name"].get<std::string>();
+  auto e = run_program({TRAINYARD_CLI_PATH, "export", "--checkpoint", checkpoint.string(), "--out",
+                        exported.string()},
+                       {}, 60s);
+  ASSERT_TRUE(e.status.success()) << e.err;
+
+  const std::string prompt = "65,110,110,97,32";  // "Anna "
+  constexpr std::int64_t kNewTokens = 12;
+  const auto theirs = trainyard::test::transformers_greedy(
+      {saved, exported}, trainyard::test::ids_of(prompt), kNewTokens);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& folder = i == 0 ? saved : exported;
+    auto g = run_program(
+        {TRAINYARD_CLI_PATH, "generate", "--model", folder.string(), "--prompt-ids", prompt,
+         "--greedy", "--max-new-tokens", std::to_string(kNewTokens), "--print-ids"},
+        {}, 60s);
+    ASSERT_TRUE(g.status.success()) << g.err;
+    EXPECT_EQ(trainyard::test::ids_of(g.out), theirs[i]) << folder << ": " << g.out;
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  const auto ids =
+      torch::randint(0, 256, {2, 13}, gen, torch::TensorOptions().dtype(torch::kInt64));
+  auto lm = trainyard::train::load_causal_lm(exported.string());
+  lm.model->eval();
+  torch::NoGradGuard no_grad;
+  const auto ours = lm.model->forward(ids);
+  const auto logits = trainyard::test::transformers_logits({{exported, ids}});
+  EXPECT_LT((ours - logits[0]).abs().max().item<double>(), 1e-4)
+      << read_file(exported / "config.json");
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures,
+                         CausalLmTransformers,
+                         testing::Values("gpt_neox", "llama", "mistral", "qwen2"),
+                         [](const testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 TEST(CausalLm, BadFlagsAreRefusedBeforeAnyRankStarts) {
   TempDir dir;

@@ -1,6 +1,7 @@
 // Seed 002's job through the real CLI: a tiny Llama (a Hugging Face folder: config.json and a
 // Llama 2 tokenizer.json) fine-tuned on samsum-style records on two ranks as llama-recipes does,
-// packed and padded, with eval perplexity per epoch; then generated from and exported.
+// packed and padded, with eval perplexity per epoch; then generated from and exported. LoRA on a
+// base that transformers saved: PEFT loads the adapter-only export onto it as the merged export.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "../hf_oracle.h"
 #include "../multiproc/multiproc_util.h"
 
 namespace {
@@ -270,6 +272,45 @@ TEST(LlamaRecipe, LoraTrainsAdaptersOnlyAndExportsThemMergedOrAsPeft) {
   const auto merged = read_file(dir.path() / "merged/model.safetensors");
   EXPECT_EQ(merged.find("lora_"), std::string::npos) << "merged: a plain Llama";
   EXPECT_NE(merged.find("model.layers.1.self_attn.q_proj.weight"), std::string::npos);
+}
+
+// --peft lora on a base with weights (a tied Llama with llama3 rotary scaling that transformers'
+// save_pretrained wrote, sharded: tests/hf_oracle.h), every linear layer adapted, alpha / r = 4:
+// peft.PeftModel.from_pretrained loads the --adapter-only export onto that base, and its logits
+// equal transformers' on the merged export to 1e-4 (fp32 both: PEFT adds (alpha / r) B A x to
+// W x, the merged export holds W + (alpha / r) B A). The adapters moved the model away from its
+// base, so the two are not the base's logits twice.
+TEST(LlamaRecipe, LoraAdapterOnlyExportOnItsBaseInPeftGivesTheMergedExportsLogits) {
+  TY_REQUIRE_HF_ORACLE("transformers, peft");
+  TempDir dir;
+  const auto base = dir.path() / "base";
+  trainyard::test::transformers_save({{base, "llama"}});
+  auto train = run_program(trainyard::test::train_on_bytes_command(
+                               base, dir.path(), "lora",
+                               {"--lr", "1e-2", "--max-steps", "4", "--peft", "lora", "--lora-r",
+                                "4", "--lora-alpha", "16", "--lora-targets", "all-linear"}),
+                           {}, 90s);
+  ASSERT_TRUE(train.status.success()) << train.out << train.err;
+  const auto result = nlohmann::json::parse(read_file(dir.path() / "lora" / "result.json"));
+  const auto checkpoint = dir.path() / "lora" / result["checkpoint_dir_name"].get<std::string>();
+  for (const char* kind : {"merged", "adapter"}) {
+    std::vector<std::string> args = {TRAINYARD_CLI_PATH,  "export", "--checkpoint",
+                                     checkpoint.string(), "--out",  (dir.path() / kind).string()};
+    if (std::string(kind) == "adapter") args.push_back("--adapter-only");
+    auto e = run_program(args, {}, 60s);
+    ASSERT_TRUE(e.status.success()) << kind << ": " << e.err;
+  }
+  const auto adapter = nlohmann::json::parse(read_file(dir.path() / "adapter/adapter_config.json"));
+  EXPECT_EQ(adapter["base_model_name_or_path"], base.string());
+  EXPECT_EQ(adapter["lora_alpha"].get<double>(), 16);
+
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(29);
+  const auto ids =
+      torch::randint(0, 256, {2, 13}, gen, torch::TensorOptions().dtype(torch::kInt64));
+  const auto peft = trainyard::test::peft_logits(base, dir.path() / "adapter", ids);
+  const auto hf = trainyard::test::transformers_logits({{dir.path() / "merged", ids}, {base, ids}});
+  EXPECT_LT((peft - hf[0]).abs().max().item<double>(), 1e-4) << "PEFT on the base vs merged";
+  EXPECT_GT((hf[0] - hf[1]).abs().max().item<double>(), 1e-2) << "the adapters changed the model";
 }
 
 }  // namespace

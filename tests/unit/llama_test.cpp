@@ -1,6 +1,7 @@
 // Llama, Mistral and Qwen2 (models/llama.h): models written by another implementation
 // (tests/unit/python/llama_reference.py) load from their folders and give its logits and greedy
-// tokens; the presets' parameter counts; config.json's rope_scaling and refusals; and FSDP over a
+// tokens, and transformers computes trainyard's logits on those folders and on trainyard's exports
+// of them; the presets' parameter counts; config.json's rope_scaling and refusals; and FSDP over a
 // tiny Llama (tied and untied) equals one process.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "../hf_oracle.h"
 #include "../multiproc/multiproc_util.h"
 #include "thread_ranks.h"
 #include "trainyard/error.h"
@@ -24,23 +26,19 @@ namespace fs = std::filesystem;
 using trainyard::mptest::TempDir;
 using namespace trainyard::models;
 
+using trainyard::test::read_raw_tensor;
+
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-torch::Tensor raw_tensor(const fs::path& p, torch::ScalarType dtype) {
-  auto bytes = slurp(p);
-  const auto n = static_cast<std::int64_t>(bytes.size() / c10::elementSize(dtype));
-  return torch::from_blob(bytes.data(), {n}, dtype).clone();
-}
-
-// The reference's folders, written once for the suite; empty without python3-torch.
+// The reference's folders, written once for the suite; empty without the venv's torch.
 fs::path reference_dir() {
   static TempDir dir;
   static const bool written = [] {
-    if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return false;
-    const auto cmd = std::string("/usr/bin/python3 ") + TRAINYARD_SOURCE_DIR +
+    if (std::system(TRAINYARD_PYTHON " -c 'import torch' >/dev/null 2>&1") != 0) return false;
+    const auto cmd = std::string(TRAINYARD_PYTHON " ") + TRAINYARD_SOURCE_DIR +
                      "/tests/unit/python/llama_reference.py " + dir.str();
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return true;
@@ -51,14 +49,17 @@ fs::path reference_dir() {
 #define REQUIRE_REFERENCE()                                               \
   if (reference_dir().empty())                                            \
   TY_MISSING_PREREQUISITE(                                                \
-      "/usr/bin/python3 with torch (python3-torch) writes the reference " \
+      TRAINYARD_PYTHON " with torch writes the reference " \
       "models: scripts/setup.sh")
+
+// The reference's folders (see llama_reference.py for what each varies).
+constexpr const char* kVariants[] = {"gqa", "tied", "qwen2", "llama3", "linear", "mistral"};
 
 // Logits agree to 1e-4: the reference computes in float64 from the same f32 weights, so the
 // difference is this model's fp32 rounding over two layers.
 TEST(Llama, AnotherImplementationsModelsLoadAndGiveItsLogitsAndGreedyTokens) {
   REQUIRE_REFERENCE();
-  for (const char* variant : {"gqa", "tied", "qwen2", "llama3", "linear", "mistral"}) {
+  for (const char* variant : kVariants) {
     const auto folder = reference_dir() / variant;
     const auto config = CausalLmConfig::from_json(slurp(folder / "config.json"));
     ASSERT_NE(config.get_if<LlamaConfig>(), nullptr) << variant;
@@ -66,9 +67,9 @@ TEST(Llama, AnotherImplementationsModelsLoadAndGiveItsLogitsAndGreedyTokens) {
     load_hf_weights(*model, trainyard::hf::WeightReader(folder));
     model->eval();
     torch::NoGradGuard no_grad;
-    const auto ids = raw_tensor(folder / "ids.i64", torch::kInt64).view({2, 13});
+    const auto ids = read_raw_tensor(folder / "ids.i64", torch::kInt64).view({2, 13});
     const auto expected =
-        raw_tensor(folder / "logits.f32", torch::kFloat32).view({2, 13, config.vocab_size()});
+        read_raw_tensor(folder / "logits.f32", torch::kFloat32).view({2, 13, config.vocab_size()});
     EXPECT_LT((model->forward(ids) - expected).abs().max().item<double>(), 1e-4) << variant;
     // The cached forward, fed the sequence in two parts, gives the same logits.
     KvCache cache;
@@ -76,7 +77,7 @@ TEST(Llama, AnotherImplementationsModelsLoadAndGiveItsLogitsAndGreedyTokens) {
     const auto rest = model->forward_cached(ids.narrow(1, 6, 7), cache);
     EXPECT_LT((torch::cat({first, rest}, 1) - expected).abs().max().item<double>(), 1e-4)
         << variant << ": forward_cached";
-    const auto greedy = raw_tensor(folder / "greedy.i64", torch::kInt64);
+    const auto greedy = read_raw_tensor(folder / "greedy.i64", torch::kInt64);
     const std::vector<std::int64_t> prompt(ids.data_ptr<std::int64_t>(),
                                            ids.data_ptr<std::int64_t>() + 5);
     const auto tokens = generate(*model, prompt, {.max_new_tokens = 8, .greedy = true});
@@ -84,6 +85,38 @@ TEST(Llama, AnotherImplementationsModelsLoadAndGiveItsLogitsAndGreedyTokens) {
                                                 greedy.data_ptr<std::int64_t>() + greedy.numel()))
         << variant << ": greedy generation";
   }
+}
+
+// transformers (AutoModelForCausalLM, fp32: tests/hf_oracle.h) loads each reference folder and
+// trainyard's export of it (config.json as LlamaConfig::to_json writes it) and computes
+// trainyard's logits to 1e-4: both run fp32 from the same weights, and each is within ~1e-5 of
+// the reference's float64. A tensor transformers' class for the model_type does not take fails
+// the oracle, naming it, rather than giving another model's logits.
+TEST(LlamaTransformers, ReferenceFoldersAndTheirExportsGiveTrainyardsLogits) {
+  REQUIRE_REFERENCE();
+  TY_REQUIRE_HF_ORACLE("transformers");
+  TempDir exports;
+  std::vector<trainyard::test::OracleInput> inputs;
+  std::vector<torch::Tensor> ours;
+  torch::NoGradGuard no_grad;
+  for (const char* variant : kVariants) {
+    const auto folder = reference_dir() / variant;
+    const auto config = CausalLmConfig::from_json(slurp(folder / "config.json"));
+    auto model = make_causal_lm(config);
+    load_hf_weights(*model, trainyard::hf::WeightReader(folder));
+    model->eval();
+    const auto ids = read_raw_tensor(folder / "ids.i64", torch::kInt64).view({2, 13});
+    export_hf(*model, config.to_json(), (exports.path() / variant).string());
+    const auto logits = model->forward(ids);
+    for (const auto& f : {folder, exports.path() / variant}) {
+      inputs.push_back({f, ids});
+      ours.push_back(logits);
+    }
+  }
+  const auto theirs = trainyard::test::transformers_logits(inputs);
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    EXPECT_LT((ours[i] - theirs[i]).abs().max().item<double>(), 1e-4)
+        << inputs[i].folder << (i % 2 == 0 ? " (the reference's)" : " (trainyard's export)");
 }
 
 TEST(Llama, ExportThenLoadGivesIdenticalLogits) {

@@ -1,4 +1,4 @@
-"""An independent GPT-NeoX for the C++ loader's tests (Debian's python3-torch, no transformers).
+"""An independent GPT-NeoX for the C++ loader's tests (torch alone, no transformers).
 
 Writes into OUT_DIR a tiny model as another implementation would ship it: config.json, the weights
 as model.safetensors (written byte by byte as the format specifies, in DTYPE) in OUT_DIR/safetensors

@@ -1,4 +1,4 @@
-"""An independent Llama for the C++ model's tests (Debian's python3-torch, no transformers).
+"""An independent Llama for the C++ model's tests (torch alone, no transformers).
 
 Writes into OUT_DIR one folder per variant, each a tiny model as Hugging Face ships one:
 config.json, model.safetensors (f32, written byte by byte as the format specifies), the input ids
@@ -6,7 +6,7 @@ config.json, model.safetensors (f32, written byte by byte as the format specifie
 stored weights) and the greedy continuation of the first row's first 5 ids (greedy.i64).
 Variants: gqa (grouped-query attention), tied (tie_word_embeddings), qwen2 (q/k/v biases, no
 o_proj bias, head_dim larger than hidden / heads), llama3 (rope_scaling llama3 with wavelengths
-on both sides of its band), linear (rope_scaling linear), mistral (sliding_window null, mlp_bias).
+on both sides of its band), linear (rope_scaling linear, mlp_bias), mistral (sliding_window null).
 
 usage: llama_reference.py OUT_DIR
 """
@@ -31,9 +31,9 @@ VARIANTS = {
     "llama3": {"rope_theta": 10000.0, "hidden_size": 32, "num_attention_heads": 4,
                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
-    "linear": {"rope_scaling": {"type": "linear", "factor": 4.0}},
+    "linear": {"rope_scaling": {"type": "linear", "factor": 4.0}, "mlp_bias": True},
     "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-                "sliding_window": None, "mlp_bias": True},
+                "sliding_window": None},
 }
 
 
