@@ -8,7 +8,7 @@
 // and prints medians and MB/s. The training stall of a save is serialize + save: rank 0 saves
 // synchronously between two steps.
 //   build/bench/checkpoint_bench [--repeats 5] URI...
-//   (bench/checkpoint.sh runs it for a temporary directory and a local s3rver.)
+//   (bench/checkpoint.sh runs it for a temporary directory and a local S3 server.)
 #include <torch/torch.h>
 
 #include <algorithm>

@@ -61,7 +61,7 @@
 #   build/trainyard run --nproc-per-node R -- stdbuf -oL build/examples/train_gpt_fsdp --preset P \
 #       --strategy S --precision X [--activation-checkpointing] --seq-len T --batch-size B \
 #       --steps N --lr LR --seed SEED --data FILE
-#   build/trainyard run --nproc-per-node R -- /usr/bin/python3 bench/python/PEER \
+#   build/trainyard run --nproc-per-node R -- /opt/trainyard/venv/bin/python bench/python/PEER \
 #       --preset P --precision X --seq-len T --batch-size B --steps N --lr LR --seed SEED --data FILE
 # (PEER: gpt_neox_ddp.py or llama_ddp.py, by the preset's family).
 #
@@ -85,7 +85,7 @@
 #                                               each unless given as a flag (in any order)
 #   --trainyard P     BENCH_TRAINYARD    build/trainyard (of this checkout)
 #   --example P       BENCH_EXAMPLE      build/examples/train_gpt_fsdp (of this checkout)
-#   --python P        BENCH_PYTHON       /usr/bin/python3 (must have torch)
+#   --python P        BENCH_PYTHON       /opt/trainyard/venv/bin/python (the venv)
 #   --json FILE       BENCH_JSON         also write the runs, the table and the ratios as JSON
 #   --keep                               keep the temporary folder (logs) and print it
 #   --verbose                            show the runs' output as they go

@@ -4,7 +4,7 @@
 # etcd: two agents on loopback meet through a real etcd (--rdzv-backend etcd, --max-restarts 0)
 #   and run ranks that sleep; once they run, etcd is killed, and started again on the same data
 #   and ports after each outage in --etcd-outages. Ridden out: both agents exit 0 with no restart.
-# S3: the recipe (2 ranks, --max-restarts 0) checkpoints every step to a local s3rver, which is
+# S3: the recipe (2 ranks, --max-restarts 0) checkpoints every step to a local S3 server, which is
 #   frozen (SIGSTOP: requests hang, the harder case) for each outage in --s3-outages and then
 #   continued. Ridden out: the job finishes.
 # Each line gives the outage, the outcome and the job's wall time; the job's log shows the
@@ -22,7 +22,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TRAINYARD=${BENCH_TRAINYARD:-$ROOT/build/trainyard}
 ETCD=${BENCH_ETCD:-/usr/bin/etcd}
-S3RVER=${BENCH_S3RVER:-/opt/trainyard/node/node_modules/.bin/s3rver}
 ETCD_OUTAGES=${BENCH_ETCD_OUTAGES-20 45 75}
 S3_OUTAGES=${BENCH_S3_OUTAGES-20 45 75}
 KEEP=0
@@ -38,7 +37,6 @@ while (($#)); do
 done
 [[ -x $TRAINYARD ]] || die "$TRAINYARD is missing: build the project first (cmake --build build)."
 [[ -z $ETCD_OUTAGES || -x $ETCD ]] || die "$ETCD is missing: run scripts/setup.sh"
-[[ -z $S3_OUTAGES || -x $S3RVER ]] || die "$S3RVER is missing: run scripts/setup.sh"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/outages_bench.XXXXXX")
 server=
@@ -102,13 +100,10 @@ for outage in $ETCD_OUTAGES; do
 done
 
 if [[ -n $S3_OUTAGES ]]; then
-  NODE_OPTIONS=--openssl-legacy-provider "$S3RVER" --directory "$TMP/s3" --address 127.0.0.1 \
-    --port 0 --configure-bucket bench >"$TMP/s3rver.log" 2>&1 &
-  server=$!
-  wait_for "$TMP/s3rver.log" "listening on" 30 || die "s3rver did not start; see $TMP/s3rver.log"
-  port=$(grep -o 'listening on [^ ]*' "$TMP/s3rver.log" | sed 's/.*://')
-  export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1
-  export AWS_ENDPOINT_URL_S3=http://127.0.0.1:$port
+  # shellcheck source=bench/s3_server.sh
+  source "$ROOT/bench/s3_server.sh"
+  start_s3_server "$TMP/s3.log" bench || die "the S3 server did not start; see $TMP/s3.log"
+  server=$S3_SERVER_PID
 fi
 for outage in $S3_OUTAGES; do
   log=$TMP/s3-$outage.log

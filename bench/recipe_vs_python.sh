@@ -16,7 +16,7 @@
 # It runs, per repeat:
 #   build/trainyard train fashion-mnist --workers R --threads T --epochs E --batch-size B --lr LR \
 #       --limit N --seed S --storage TMP --name trainyard-I --no-progress
-#   build/trainyard run --nproc-per-node R -- /usr/bin/python3 bench/python/fashion_mnist_ddp.py \
+#   build/trainyard run --nproc-per-node R -- /opt/trainyard/venv/bin/python bench/python/fashion_mnist_ddp.py \
 #       --threads T --epochs E --batch-size B --lr LR --limit N --seed S --out TMP/python-I.json
 #
 # Flags (environment variable, default):
@@ -29,7 +29,7 @@
 #   --seed S         BENCH_SEED        0
 #   --repeats K      BENCH_REPEATS     1     pairs of runs
 #   --trainyard P    BENCH_TRAINYARD   build/trainyard (of this checkout)
-#   --python P       BENCH_PYTHON      /usr/bin/python3 (must have torch + torchvision)
+#   --python P       BENCH_PYTHON      /opt/trainyard/venv/bin/python (the venv)
 #   --json FILE      BENCH_JSON        also write the runs and the ratio as JSON to FILE
 #   --keep                             keep the temporary folder (logs, result JSON) and print it
 #   --verbose                          show the runs' output as they go

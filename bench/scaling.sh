@@ -20,7 +20,7 @@
 #   build/trainyard train fashion-mnist --workers W --threads T --epochs E --batch-size B --lr LR \
 #       --limit N --seed S --storage TMP --name trainyard-wW-I --no-progress
 # and with --python, for W in 1 2:
-#   build/trainyard run --nproc-per-node W -- /usr/bin/python3 bench/python/fashion_mnist_ddp.py \
+#   build/trainyard run --nproc-per-node W -- /opt/trainyard/venv/bin/python bench/python/fashion_mnist_ddp.py \
 #       --threads T --epochs E --batch-size B --lr LR --limit N --seed S --out TMP/python-wW-I.json
 #
 # Flags (environment variable, default):
@@ -34,7 +34,7 @@
 #   --repeats K      BENCH_REPEATS     1
 #   --python         BENCH_WITH_PYTHON=1     also measure the Python peer
 #   --trainyard P    BENCH_TRAINYARD   build/trainyard (of this checkout)
-#   --python-bin P   BENCH_PYTHON      /usr/bin/python3 (must have torch + torchvision)
+#   --python-bin P   BENCH_PYTHON      /opt/trainyard/venv/bin/python (the venv)
 #   --json FILE      BENCH_JSON        also write the runs and the efficiencies as JSON to FILE
 #   --keep                             keep the temporary folder (logs, result JSON) and print it
 #   --verbose                          show the runs' output as they go

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tokenizer.sh — hf::Tokenizer throughput in MB/s, and its ids checked against Hugging Face's
-# `tokenizers` (npm, from scripts/setup.sh) on the same text. No model is downloaded: Hugging
+# `tokenizers` (Python, in the venv scripts/setup.sh makes) on the same text. No model is downloaded: Hugging
 # Face's library trains a 30,000-entry byte-level BPE on text already on the machine (Python's
 # standard library sources and Debian's copyright files), laid out as Pythia's tokenizer.json.
 #
@@ -13,7 +13,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH=${BENCH_TOKENIZER:-$ROOT/build/bench/tokenizer_bench}
-TOKENIZERS=${BENCH_TOKENIZERS:-/opt/trainyard/node-tokenizers/node_modules/tokenizers}
+PYTHON=${BENCH_PYTHON:-/opt/trainyard/venv/bin/python}
 FORTUNES=/usr/share/games/fortunes/fortunes
 THREADS=$(nproc)
 SYNTHETIC_MB=50
@@ -28,7 +28,7 @@ while (($#)); do
   esac
 done
 [[ -x $BENCH ]] || { echo "tokenizer.sh: $BENCH is missing: build tokenizer_bench" >&2; exit 2; }
-[[ -f $TOKENIZERS/package.json ]] || { echo "tokenizer.sh: $TOKENIZERS is missing: run scripts/setup.sh" >&2; exit 2; }
+"$PYTHON" -c 'import tokenizers' 2>/dev/null || { echo "tokenizer.sh: $PYTHON cannot import tokenizers: run scripts/setup.sh" >&2; exit 2; }
 [[ -f $FORTUNES ]] || { echo "tokenizer.sh: $FORTUNES is missing: run scripts/setup.sh" >&2; exit 2; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tokenizer_bench.XXXXXX")
@@ -41,9 +41,9 @@ head -c 5000000 "$TMP/py.all" | iconv -f utf-8 -t utf-8 -c > "$TMP/py.txt"
 head -c 30000000 "$TMP/copyright.all" | iconv -f utf-8 -t utf-8 -c > "$TMP/copyright.txt"
 cat "$TMP/copyright.txt" "$TMP/py.txt" > "$TMP/text.txt"
 
-node "$ROOT/bench/tokenizer/train_bpe.js" "$TOKENIZERS" "$TMP/trained.json" \
+"$PYTHON" "$ROOT/bench/tokenizer/train_bpe.py" "$TMP/trained.json" \
   "$TMP/py.txt" "$TMP/copyright.txt" "$FORTUNES"
-python3 "$ROOT/bench/tokenizer/pythia_layout.py" "$TMP/trained.json" "$TMP/tokenizer.json"
+"$PYTHON" "$ROOT/bench/tokenizer/pythia_layout.py" "$TMP/trained.json" "$TMP/tokenizer.json"
 
 "$BENCH" "$TMP/tokenizer.json" --file "$FORTUNES" --threads "$THREADS" --ids-out "$TMP/fortunes.ids"
 "$BENCH" "$TMP/tokenizer.json" --file "$TMP/text.txt" --synthetic-mb "$SYNTHETIC_MB" \
@@ -53,7 +53,7 @@ if ((CHECK)); then
   for name in fortunes text; do
     input=$FORTUNES
     [[ $name == text ]] && input=$TMP/text.txt
-    node "$ROOT/bench/tokenizer/encode_lines.js" "$TOKENIZERS" "$TMP/tokenizer.json" "$input" \
+    "$PYTHON" "$ROOT/bench/tokenizer/encode_lines.py" "$TMP/tokenizer.json" "$input" \
       "$TMP/$name.hf.ids"
     if cmp -s "$TMP/$name.ids" "$TMP/$name.hf.ids"; then
       echo "check: $name: ids identical to Hugging Face's on $(wc -l < "$input") lines"

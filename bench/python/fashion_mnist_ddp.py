@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/trainyard/venv/bin/python
 """The Python PyTorch peer of `trainyard train fashion-mnist`: the same job in plain PyTorch DDP.
 
 torchvision ResNet18 (conv1 = Conv2d(1, 64, 7, stride 2, padding 3, bias=False), 10 classes) on
@@ -11,7 +11,7 @@ all ranks / the slowest rank's training time (training epochs only: no startup, 
 Run it with Debian's interpreter (it has torch 1.13 + torchvision; Debian's torchrun is broken on
 Python 3.11, so launch the ranks with trainyard, which sets the torchrun environment contract):
 
-  build/trainyard run --nproc-per-node 2 -- /usr/bin/python3 bench/python/fashion_mnist_ddp.py \
+  build/trainyard run --nproc-per-node 2 -- /opt/trainyard/venv/bin/python bench/python/fashion_mnist_ddp.py \
       --epochs 1 --batch-size 128 --lr 0.001 --limit 6000 --threads 1 --seed 0 --out /tmp/py.json
 
 or by hand, one process per rank, with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.

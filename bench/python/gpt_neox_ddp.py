@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/trainyard/venv/bin/python
 """The Python PyTorch peer of examples/train_gpt_fsdp.cpp --strategy ddp: GPT-NeoX in plain torch.
 
 The same architecture as include/trainyard/models/gpt_neox.h (Hugging Face's GPTNeoXForCausalLM:
@@ -24,7 +24,7 @@ model state = 16 bytes (fp32 parameter, gradient, two AdamW moments) x parameter
 Run it with Debian's interpreter (python3-torch 1.13; Debian's torchrun is broken on Python
 3.11, so launch the ranks with trainyard, which sets the torchrun environment contract):
 
-  build/trainyard run --nproc-per-node 2 -- /usr/bin/python3 bench/python/gpt_neox_ddp.py \
+  build/trainyard run --nproc-per-node 2 -- /opt/trainyard/venv/bin/python bench/python/gpt_neox_ddp.py \
       --preset pythia-14m --seq-len 256 --batch-size 4 --steps 10 \
       --data /usr/share/games/fortunes/fortunes
 

@@ -2,7 +2,7 @@
 each; 9 make a ZIP64 archive past 4 GiB, as a 7B model's is), holding the values
 hf_read_bench.cpp's value_at() gives, so `hf_read_bench read DIR RANK WORLD` can check them.
 
-  /usr/bin/python3 bench/python/hf_bin_model.py DIR [LAYERS]
+  /opt/trainyard/venv/bin/python bench/python/hf_bin_model.py DIR [LAYERS]
 """
 import os
 import sys

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/opt/trainyard/venv/bin/python
 """The Python PyTorch peer of examples/train_gpt_fsdp.cpp --strategy ddp for Llama presets.
 
 An independent Llama in plain torch, computed as Hugging Face's LlamaForCausalLM computes it:
@@ -38,7 +38,7 @@ Config(**PRESETS[name], **COMMON).parameter_count().
 
 Run it with Debian's interpreter (python3-torch 1.13), launching the ranks with trainyard:
 
-  build/trainyard run --nproc-per-node 2 -- /usr/bin/python3 bench/python/llama_ddp.py \
+  build/trainyard run --nproc-per-node 2 -- /opt/trainyard/venv/bin/python bench/python/llama_ddp.py \
       --preset smollm2-135m --seq-len 256 --batch-size 4 --steps 10 \
       --data /usr/share/games/fortunes/fortunes
 
