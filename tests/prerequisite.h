@@ -1,4 +1,4 @@
-// Prerequisites a test needs from the machine (etcd, s3rver, prometheus, chromium, network
+// Prerequisites a test needs from the machine (etcd, the venv's moto, prometheus, chromium, network
 // namespaces): skipped on a developer's machine that lacks one, a failure under CI.
 #pragma once
 
@@ -17,7 +17,7 @@ inline bool running_under_ci() {
 
 }  // namespace trainyard::test
 
-// For a test whose prerequisite (etcd, s3rver, python3-torch, network namespaces) is missing:
+// For a test whose prerequisite (etcd, moto's S3 server, the venv's torch, network namespaces) is missing:
 // skipped with the reason on a developer's machine; failed under CI, where the setup script
 // installs it, so that a green suite never means "tested nothing". Returns from the test (or
 // SetUp, which then skips the body).

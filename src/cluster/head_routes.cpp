@@ -212,6 +212,21 @@ void Head::Impl::add_routes() {
       },
       admit_follower);
 
+  // Ray's client asks for (GET) and uploads (PUT) a runtime_env working_dir or py_modules here
+  // before it submits; a 404 would read "not there yet, upload it", and the upload's 404 "No such
+  // path". Both say instead what the submission's runtime_env check would.
+  const auto refuse_package = [](const net::ServerRequest&) -> net::ServerResponse {
+    throw net::HttpStatusError(
+        400,
+        "The runtime_env keys 'working_dir' and 'py_modules' are not supported (Ray's client "
+        "uploads them here before it submits): trainyard runs the entrypoint in the worker's own "
+        "environment and takes only runtime_env.env_vars. Hint: put the files on a path the "
+        "nodes share and start there, e.g. the entrypoint 'cd /shared/project && python "
+        "train.py'.");
+  };
+  s.route("GET", std::string(api::kPackagePattern), refuse_package);
+  s.route("PUT", std::string(api::kPackagePattern), refuse_package);
+
   // --- worker protocol ---------------------------------------------------------------------------
   s.route("POST", std::string(api::kNodesPath), [this](const net::ServerRequest& req) {
     const auto reg = read_message<wire::Registration>(req);

@@ -455,9 +455,11 @@ void from_json(const json& body, JobSubmission& v) {
   }
   if (auto it = body.find(f::kRuntimeEnv); it != body.end() && !it->is_null()) {
     if (!it->is_object()) wrong_type(f::kRuntimeEnv, "an object", *it);
+    // Ray's client adds _ray_commit, its own version, beside pip or conda: the refusal names
+    // what the user asked for.
     std::vector<std::string> bad;
     for (const auto& [k, x] : it->items()) {
-      if (k != f::kEnvVars) bad.push_back(k.substr(0, kMaxNameBytes));
+      if (k != f::kEnvVars && k != f::kRayCommit) bad.push_back(k.substr(0, kMaxNameBytes));
     }
     if (!bad.empty()) {
       std::string names;

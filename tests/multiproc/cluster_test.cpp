@@ -218,15 +218,19 @@ TEST_F(ClusterTest, AWorkerStoppedWithSigtermLeavesWithoutAFailure) {
   EXPECT_TRUE(contains(status.out, "(no failures)")) << status.out;
 }
 
+// Ray 2.60's own JobSubmissionClient and `ray job submit/status/logs/list/stop/delete` against
+// the head, the token sent as Ray sends it (RAY_AUTH_MODE=token with RAY_AUTH_TOKEN or
+// RAY_AUTH_TOKEN_PATH, or --headers). The script gives up by itself after 45 s.
 TEST_F(ClusterTest, RayJobSubmissionClientCallsWork) {
   cluster.start_head({"--num-cpus", "2"});
   ASSERT_TRUE(ClusterFixture::eventually([&] { return cluster.nodes_in("alive") == 1; }, 20s))
       << cluster.log_of("head");
   const RunOutput r =
-      run_program({"/usr/bin/python3",
+      run_program({TRAINYARD_PYTHON,
                    std::string(TRAINYARD_SOURCE_DIR) + "/tests/multiproc/python/ray_jobs_client.py",
                    cluster.address()},
                   {{"TRAINYARD_TOKEN", cluster.token()}}, 50s);
+  EXPECT_FALSE(r.timed_out) << r.out << r.err;
   EXPECT_EQ(r.status.exit_code, 0) << r.out << r.err << cluster.log_of("head");
   EXPECT_TRUE(contains(r.out, "all Ray client calls answered")) << r.out;
 }

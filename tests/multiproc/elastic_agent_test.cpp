@@ -119,12 +119,12 @@ TEST(ElasticAgent, TwoNodesMeetOverC10dAndGetDistinctRanks) {
 }
 
 TEST(ElasticAgent, PythonDdpScriptSurvivesARestartAcrossTwoNodes) {
-  auto probe = mptest::run_program({"/usr/bin/python3", "-c", "import torch.distributed"});
+  auto probe = mptest::run_program({TRAINYARD_PYTHON, "-c", "import torch.distributed"});
   if (!probe.status.success())
-    TY_MISSING_PREREQUISITE("/usr/bin/python3 cannot import torch.distributed (python3-torch)");
+    TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON " cannot import torch.distributed (scripts/setup.sh installs torch)");
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   const std::vector<std::string> script = {
-      "/usr/bin/python3", std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py"};
+      TRAINYARD_PYTHON, std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py"};
   auto out = run_agents({agent("c10d", endpoint, "2", script, {"--max-restarts", "1"}),
                          agent("c10d", endpoint, "2", script, {"--max-restarts", "1"})},
                         {{"TY_FAIL_RANK_ON_FIRST_ATTEMPT", "1"}}, 50s);

@@ -831,16 +831,16 @@ TEST(LauncherCli, RanksDieWithTheLauncher) {
 // --- PyTorch ---------------------------------------------------------------------------------
 
 TEST(LauncherPython, TorchDdpScriptRunsUnchanged) {
-  auto probe = run_program({"/usr/bin/python3", "-c",
+  auto probe = run_program({TRAINYARD_PYTHON, "-c",
                             "import torch.distributed as d; "
                             "assert d.is_available()"},
                            {}, 60s);
   if (probe.timed_out || !probe.status.success()) {
     TY_MISSING_PREREQUISITE(
-        "/usr/bin/python3 cannot import torch.distributed (install python3-torch): " << probe.err);
+        TRAINYARD_PYTHON " cannot import torch.distributed (scripts/setup.sh installs torch): " << probe.err);
   }
   const std::string script = std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py";
-  auto r = run_cli({"run", "--nproc-per-node", "2", "--", "/usr/bin/python3", script}, {}, 50s);
+  auto r = run_cli({"run", "--nproc-per-node", "2", "--", TRAINYARD_PYTHON, script}, {}, 50s);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   EXPECT_EQ(r.status.exit_code, 0) << r.out << r.err;
   for (int rank = 0; rank < 2; ++rank) {

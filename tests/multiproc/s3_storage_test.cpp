@@ -1,5 +1,6 @@
-// S3 checkpoint storage against a real S3-compatible server: s3rver (npm, installed by
-// scripts/setup.sh), started per test on 127.0.0.1 with port 0 and a temporary directory. Also a
+// S3 checkpoint storage against a real S3-compatible server: moto's (tests/multiproc/python/
+// s3_server.py, from the venv scripts/setup.sh makes), started per test on 127.0.0.1 with port 0,
+// checking every request's SigV4 signature; boto3 reads back what the storage writes. Also a
 // scripted fake endpoint for retries and timeouts, and S3Config::from_uri's parsing and variables.
 #include "trainyard/storage/s3_storage.h"
 #include "../log_capture.h"
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,15 +32,13 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "multiproc_util.h"
 #include "trainyard/elastic/subprocess.h"
 #include "trainyard/env.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
-
-#ifndef TRAINYARD_S3RVER_PATH
-#error "TRAINYARD_S3RVER_PATH must name the s3rver executable (a compile definition)"
-#endif
 
 namespace trainyard::checkpoint {
 namespace {
@@ -50,7 +50,7 @@ using elastic::UniqueFd;
 using mptest::TempDir;
 using Env = std::map<std::string, std::string>;
 
-constexpr const char* kS3rver = TRAINYARD_S3RVER_PATH;
+constexpr const char* kS3Server = TRAINYARD_SOURCE_DIR "/tests/multiproc/python/s3_server.py";
 constexpr const char* kBucket = "trainyard-test";
 
 EnvLookup env_of(Env vars) {
@@ -72,26 +72,21 @@ std::string pattern(std::size_t size, unsigned seed) {
   return s;
 }
 
-// s3rver serving kBucket from a temporary directory; stopped (SIGTERM) on destruction.
-class S3rver {
+// moto's S3 server holding kBucket, with one IAM user's key; stopped (SIGTERM) on destruction.
+class S3Server {
  public:
-  S3rver()
-      : child_(elastic::SubprocessOptions{
-            .argv = {kS3rver, "--directory", (dir_.path() / "data").string(), "--address",
-                     "127.0.0.1", "--port", "0", "--silent", "--configure-bucket", kBucket},
-            // s3rver's continuation tokens use DES, which OpenSSL 3 keeps in its legacy
-            // provider: without it a truncated ListObjectsV2 page is an InternalError.
-            .env = {{"NODE_OPTIONS", "--openssl-legacy-provider"}},
-            .stderr_mode = elastic::OutputMode::kInherit,
-            .destructor_term_timeout = 2s}) {
-    // It prints "S3rver listening on 127.0.0.1:PORT" once the bucket exists and it accepts.
-    const std::regex listening(R"(listening on [^\s:]+:(\d+))");
-    const auto deadline = std::chrono::steady_clock::now() + 15s;
+  S3Server()
+      : child_(elastic::SubprocessOptions{.argv = {TRAINYARD_PYTHON, kS3Server, kBucket},
+                                          .stderr_mode = elastic::OutputMode::kInherit,
+                                          .destructor_term_timeout = 2s}) {
+    // It prints "listening on http://127.0.0.1:PORT KEY SECRET" once the bucket exists.
+    const std::regex listening(R"(listening on (\S+) (\S+) (\S+)\n)");
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
     std::string out;
     std::smatch m;
     while (!std::regex_search(out, m, listening)) {
       if (std::chrono::steady_clock::now() > deadline || !child_.running()) {
-        throw std::runtime_error("s3rver did not start within 15 s; its output: " + out);
+        throw std::runtime_error("moto's S3 server did not start within 30 s; its output: " + out);
       }
       pollfd p{.fd = child_.stdout_fd(), .events = POLLIN, .revents = 0};
       if (::poll(&p, 1, 50) == 1) {
@@ -100,22 +95,25 @@ class S3rver {
         if (n > 0) out.append(buf, static_cast<std::size_t>(n));
       }
     }
-    endpoint_ = "http://127.0.0.1:" + m[1].str();
+    endpoint_ = m[1].str();
+    access_key_id_ = m[2].str();
+    secret_access_key_ = m[3].str();
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  const std::string& access_key_id() const { return access_key_id_; }
+  const std::string& secret_access_key() const { return secret_access_key_; }
   // An outage: SIGSTOP keeps its socket, so requests are accepted and never answered.
   void freeze() { child_.send_signal(SIGSTOP); }
   void thaw() { child_.send_signal(SIGCONT); }
 
-  // This server's credentials (s3rver's built-in S3RVER / S3RVER), 5 MiB parts above 6 MiB, and
-  // fast retries.
+  // The server's key, 5 MiB parts above 6 MiB, and fast retries.
   S3Config config(std::string prefix = "") const {
     return S3Config{.bucket = kBucket,
                     .prefix = std::move(prefix),
                     .endpoint = endpoint_,
-                    .access_key_id = "S3RVER",
-                    .secret_access_key = "S3RVER",
+                    .access_key_id = access_key_id_,
+                    .secret_access_key = secret_access_key_,
                     .multipart_threshold = 6u << 20,
                     .part_size = 5u << 20,
                     .max_attempts = 2,
@@ -124,22 +122,31 @@ class S3rver {
                     .request_timeout = 10s};
   }
 
+  // The variables an AWS SDK (and trainyard's S3 storage) reads to reach this server.
+  std::vector<std::pair<std::string, std::string>> aws_env() const {
+    return {{"AWS_ACCESS_KEY_ID", access_key_id_},
+            {"AWS_SECRET_ACCESS_KEY", secret_access_key_},
+            {"AWS_REGION", "us-east-1"},
+            {"AWS_ENDPOINT_URL_S3", endpoint_}};
+  }
+
  private:
-  TempDir dir_;
   elastic::Subprocess child_;
   std::string endpoint_;
+  std::string access_key_id_;
+  std::string secret_access_key_;
 };
 
 class S3StorageTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists(kS3rver)) {
-      TY_MISSING_PREREQUISITE("s3rver is not installed at "
-                              << kS3rver << "; run scripts/setup.sh to install it.");
+    if (std::system(TRAINYARD_PYTHON " -c 'import moto.server, boto3' >/dev/null 2>&1") != 0) {
+      TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON " cannot import moto's server and boto3; run "
+                              "scripts/setup.sh to install them.");
     }
-    server_ = std::make_unique<S3rver>();
+    server_ = std::make_unique<S3Server>();
   }
-  std::unique_ptr<S3rver> server_;
+  std::unique_ptr<S3Server> server_;
 };
 
 TEST_F(S3StorageTest, WritesAndReadsSmallAndEmptyObjects) {
@@ -227,7 +234,6 @@ TEST_F(S3StorageTest, KeysWithSpacesAndSpecialCharacters) {
 }
 
 TEST_F(S3StorageTest, WrongAccessKeyIsAClearError) {
-  // s3rver checks the access key but not the SigV4 signature, so a wrong secret would pass.
   auto config = server_->config();
   config.access_key_id = "NOT-A-KEY";
   auto s = make_s3_storage(config);
@@ -241,6 +247,75 @@ TEST_F(S3StorageTest, WrongAccessKeyIsAClearError) {
     EXPECT_NE(msg.find("PUT s3://trainyard-test/k"), std::string::npos) << msg;
     EXPECT_NE(msg.find("HTTP 403 InvalidAccessKeyId"), std::string::npos) << msg;
     EXPECT_NE(msg.find("HINT: check AWS_ACCESS_KEY_ID"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(S3StorageTest, WrongSecretKeyIsRejectedByTheSignatureCheck) {
+  // The server recomputes every SigV4 signature with the key's real secret.
+  auto config = server_->config();
+  config.secret_access_key = "not-the-secret";
+  auto s = make_s3_storage(config);
+  try {
+    s->write("k", "v");
+    FAIL() << "expected an error";
+  } catch (const NetworkError& e) {
+    FAIL() << "a rejected signature is not a network error: " << e.what();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("PUT s3://trainyard-test/k"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HTTP 403 SignatureDoesNotMatch"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("AWS_SECRET_ACCESS_KEY"), std::string::npos) << msg;
+  }
+}
+
+// boto3 (tests/multiproc/python/s3_boto3.py) on the other side: what the storage writes, AWS's SDK
+// lists and reads back byte for byte, and what the SDK uploads (multipart too), the storage reads.
+TEST_F(S3StorageTest, Boto3ReadsWhatTheStorageWritesAndTheReverse) {
+  const std::map<std::string, std::string> objects = {
+      {"ckpt/meta.json", R"({"step": 1})"},
+      {"ckpt/empty", ""},
+      {"ckpt/model.pt", pattern((11u << 20) + 777, 2)},  // multipart: 5 + 5 MiB + the rest
+      {"ckpt/a b+c=d&e/f\xc3\xa9.bin", pattern(4097, 3)}};
+  const std::string script = TRAINYARD_SOURCE_DIR "/tests/multiproc/python/s3_boto3.py";
+  auto boto3 = [&](const std::string& mode, const std::string& prefix, const TempDir& dir) {
+    auto r = mptest::run_program({TRAINYARD_PYTHON, script, mode, kBucket, prefix, dir.str()},
+                                 server_->aws_env(), 60s);
+    EXPECT_TRUE(r.status.success()) << r.out << r.err;
+    return r.out;
+  };
+
+  auto ours = make_s3_storage(server_->config("written-by-trainyard"));
+  for (const auto& [key, bytes] : objects) ours->write(key, bytes);
+  TempDir downloads;
+  const auto listed = nlohmann::json::parse(boto3("get", "written-by-trainyard/", downloads));
+  std::vector<std::string> expected_keys;
+  for (const auto& [key, bytes] : objects) expected_keys.push_back("written-by-trainyard/" + key);
+  ASSERT_EQ(listed.get<std::vector<std::string>>(), expected_keys);
+  std::size_t n = 0;
+  for (const auto& [key, bytes] : objects) {
+    const std::string back = mptest::read_file(downloads.path() / std::to_string(n++));
+    EXPECT_EQ(back.size(), bytes.size()) << key;
+    EXPECT_TRUE(back == bytes) << key << " differs as boto3 reads it";
+  }
+
+  TempDir uploads;
+  nlohmann::json manifest;
+  n = 0;
+  for (const auto& [key, bytes] : objects) {
+    const std::string name = std::to_string(n++);
+    std::ofstream(uploads.path() / name, std::ios::binary) << bytes;
+    manifest[key] = name;
+  }
+  std::ofstream(uploads.path() / "manifest.json") << manifest.dump();
+  boto3("put", "written-by-boto3/", uploads);
+  auto theirs = make_s3_storage(server_->config("written-by-boto3"));
+  std::vector<std::string> keys;
+  for (const auto& [key, bytes] : objects) keys.push_back(key);
+  EXPECT_EQ(theirs->list(""), keys);
+  for (const auto& [key, bytes] : objects) {
+    const auto back = theirs->read(key);
+    ASSERT_TRUE(back.has_value()) << key;
+    EXPECT_TRUE(*back == bytes) << key << " differs as the storage reads it";
   }
 }
 
@@ -265,8 +340,8 @@ TEST_F(S3StorageTest, MissingBucketIsAnErrorNotAMissingKey) {
 
 TEST_F(S3StorageTest, OpensFromUriAndEnvironment) {
   auto config = S3Config::from_uri("s3://trainyard-test/runs/job7/",
-                                   env_of({{"AWS_ACCESS_KEY_ID", "S3RVER"},
-                                           {"AWS_SECRET_ACCESS_KEY", "S3RVER"},
+                                   env_of({{"AWS_ACCESS_KEY_ID", server_->access_key_id()},
+                                           {"AWS_SECRET_ACCESS_KEY", server_->secret_access_key()},
                                            {"AWS_ENDPOINT_URL_S3", server_->endpoint() + "/"}}));
   auto s = make_s3_storage(config);
   EXPECT_EQ(s->uri(), "s3://trainyard-test/runs/job7");
@@ -417,20 +492,16 @@ TEST_F(S3StorageTest, ReadsByteRangesAndDownloadsInPieces) {
 // does locally.
 TEST_F(S3StorageTest, GenerateReadsAModelFolderFromS3) {
   TempDir dir;
-  const auto cmd = std::string("/usr/bin/python3 ") + TRAINYARD_SOURCE_DIR +
+  const auto cmd = std::string(TRAINYARD_PYTHON " ") + TRAINYARD_SOURCE_DIR +
                    "/tests/unit/python/gpt_neox_reference.py " + dir.str() + " f32";
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
-    TY_MISSING_PREREQUISITE("/usr/bin/python3 has no torch (python3-torch): scripts/setup.sh");
+  if (std::system(TRAINYARD_PYTHON " -c 'import torch' >/dev/null 2>&1") != 0)
+    TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON " has no torch (scripts/setup.sh installs it)");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto bucket = make_s3_storage(server_->config("models/tiny"));
   for (const char* f : {"config.json", "model.safetensors"})
     bucket->write(f, mptest::read_file(dir.path() / "safetensors" / f));
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"AWS_ACCESS_KEY_ID", "S3RVER"},
-      {"AWS_SECRET_ACCESS_KEY", "S3RVER"},
-      {"AWS_REGION", "us-east-1"},
-      {"AWS_ENDPOINT_URL_S3", server_->endpoint()},
-      {"XDG_CACHE_HOME", dir.str() + "/cache"}};
+  auto env = server_->aws_env();
+  env.emplace_back("XDG_CACHE_HOME", dir.str() + "/cache");
   auto generate = [&](const std::string& model) {
     auto r = mptest::run_program({TRAINYARD_CLI_PATH, "generate", "--model", model, "--prompt-ids",
                                   "3,1,4,1,5", "--greedy", "--max-new-tokens", "6", "--print-ids"},
@@ -450,11 +521,7 @@ TEST_F(S3StorageTest, GenerateReadsAModelFolderFromS3) {
 TEST_F(S3StorageTest, RecipeCheckpointsToS3AndResumesFromThere) {
   // The recipe through the CLI with --storage s3://...: results and checkpoints land in the
   // bucket, and running again with more epochs resumes from the checkpoint there.
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"AWS_ACCESS_KEY_ID", "S3RVER"},
-      {"AWS_SECRET_ACCESS_KEY", "S3RVER"},
-      {"AWS_REGION", "us-east-1"},
-      {"AWS_ENDPOINT_URL_S3", server_->endpoint()}};
+  const auto env = server_->aws_env();
   std::vector<std::string> argv = {TRAINYARD_CLI_PATH,
                                    "train",
                                    "fashion-mnist",
@@ -655,7 +722,7 @@ TEST(S3StorageRetry, AShortOutageIsRiddenOut) {
 }
 
 TEST_F(S3StorageTest, ACheckpointSavedWhileTheRealServerIsFrozenIsWrittenOnceItThaws) {
-  // The outage: 4 s of a frozen s3rver. Each stalled attempt is abandoned after 2 s and retried
+  // The outage: 4 s of a frozen S3 server. Each stalled attempt is abandoned after 2 s and retried
   // until the deadline, which the outage stays well within.
   auto config = server_->config("runs/outage");
   config.max_attempts = 0;

@@ -225,6 +225,37 @@ TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
   EXPECT_EQ(call("GET", "/api/nothing").status, 404);
 }
 
+// What Ray 2.60's JobSubmissionClient sends for runtime_envs the head does not take: pip comes
+// with the client's _ray_commit beside it, and a working_dir is first looked for and uploaded
+// under /api/packages/. Each answer names what the user asked for.
+TEST_F(HeadTest, RayClientsRuntimeEnvRequestsAreRefusedByName) {
+  start(options());
+  auto pip = call("POST", "/api/jobs/",
+                  {{"entrypoint", "true"},
+                   {"runtime_env",
+                    {{"pip", {{"packages", {"requests"}}, {"pip_check", false}}},
+                     {"_ray_commit", "b7f4259e944bf6959f721b106adc366ddfa0c356"}}},
+                   {"metadata", json::object()}});
+  EXPECT_EQ(pip.status, 400) << pip.body;
+  const std::string pip_error = pip.json().value("error", "");
+  EXPECT_NE(pip_error.find("key 'pip' is not supported"), std::string::npos) << pip_error;
+  EXPECT_EQ(pip_error.find("_ray_commit"), std::string::npos) << pip_error;
+  // _ray_commit alone asks for nothing.
+  EXPECT_EQ(call("POST", "/api/jobs/",
+                 {{"entrypoint", "true"},
+                  {"runtime_env", {{"env_vars", {{"A", "1"}}}, {"_ray_commit", "abc"}}}})
+                .status,
+            200);
+  const std::string package = "/api/packages/gcs/_ray_pkg_d153ea9f1b5b2d56.zip";
+  for (const auto& r : {call("GET", package), call_text("PUT", package, "PK\x03\x04 zip bytes")}) {
+    EXPECT_EQ(r.status, 400) << r.body;
+    const std::string error = r.json().value("error", "");
+    EXPECT_NE(error.find("'working_dir' and 'py_modules' are not supported"), std::string::npos)
+        << error;
+  }
+  EXPECT_EQ(test::http("GET", head_->url() + package).status, 401);  // behind the token too
+}
+
 TEST_F(HeadTest, HostileBodiesAreRefusedAndTheHeadLivesOn) {
   start(options());
   // 200,000 levels of nesting crashed a server thread (stack overflow) before.

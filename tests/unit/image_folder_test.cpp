@@ -372,7 +372,7 @@ TEST(ImageFolderCorrupt, StrictThrowsNamingTheFileAndTheDecoder) {
 
 // --- Transforms -------------------------------------------------------------------------------
 // References: torchvision 0.14.1 with PIL 9.4 on Image.fromarray(pattern(41, 29)) (Debian 12's
-// python3-torchvision), printed as hex.
+// the venv's torchvision), printed as hex.
 
 const char* kEvalResize9Crop8 =  // Compose([Resize(9), CenterCrop(8)])
     "5f928178a3748f806e968167876f777464937079a969958e876a6675667f5d64974a76ad639d9180b48e979b"

@@ -1,7 +1,7 @@
 // The image models (models/resnet.h, models/efficientnet.h, models/image_model.h) are
 // torchvision 0.14's: the same parameter counts, the same state-dict names and shapes in the same
 // order, the same BatchNorm, dropout and stochastic-depth settings (against Debian's
-// python3-torchvision, run as the oracle); one row of logits per image; StochasticDepth drops
+// the venv's torchvision, run as the oracle); one row of logits per image; StochasticDepth drops
 // rows in training and is the identity in evaluation; the factory refuses an unknown name.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -135,15 +135,15 @@ std::vector<std::string> read_lines(const std::filesystem::path& path) {
 }
 
 TEST(ImageModels, StateDictsAndSettingsEqualTorchvisions) {
-  if (std::system("/usr/bin/python3 -c 'import torchvision' >/dev/null 2>&1") != 0)
-    TY_MISSING_PREREQUISITE("/usr/bin/python3 has no torchvision: scripts/setup.sh installs it");
+  if (std::system(TRAINYARD_PYTHON " -c 'import torchvision' >/dev/null 2>&1") != 0)
+    TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON " has no torchvision: scripts/setup.sh installs it");
   const std::vector<std::string> names = {"resnet18",        "resnet50",        "efficientnet_b0",
                                           "efficientnet_b1", "efficientnet_b2", "efficientnet_b3",
                                           "efficientnet_b4", "efficientnet_b5", "efficientnet_b6",
                                           "efficientnet_b7"};
   trainyard::test::TempDir dir("ty-image-models");
   std::ofstream(dir.path() / "oracle.py") << kOracle;
-  auto cmd = "/usr/bin/python3 " + (dir.path() / "oracle.py").string() + " " + dir.str();
+  auto cmd = TRAINYARD_PYTHON " " + (dir.path() / "oracle.py").string() + " " + dir.str();
   for (const auto& name : names) cmd += " " + name;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 

@@ -1,5 +1,5 @@
 // Helpers of the tokenizer tests: random text that exercises the tokenizers' patterns, and Hugging
-// Face's `tokenizers` (its npm package, run by tests/unit/hf_tokenizers_oracle.js) as an oracle.
+// Face's `tokenizers` (Python, run by tests/unit/hf_tokenizers_oracle.py) as an oracle.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../prerequisite.h"
 #include "../temp_dir.h"
 #include "trainyard/hf/tokenizer.h"
 
@@ -113,22 +114,22 @@ struct OracleAnswer {
   std::vector<std::string> decode_skip;
 };
 
-// Runs tests/unit/hf_tokenizers_oracle.js; nullopt when the npm package is not installed.
+// Runs tests/unit/hf_tokenizers_oracle.py; nullopt when the venv's Python cannot import
+// `tokenizers`.
 inline std::optional<OracleAnswer> ask_oracle(const fs::path& tokenizer_json,
                                               const std::vector<std::string>& texts,
                                               const std::vector<Ids>& id_lists) {
-  const fs::path package = TRAINYARD_NODE_TOKENIZERS_DIR;
-  if (!fs::exists(package / "package.json")) return std::nullopt;
+  if (std::system(TRAINYARD_PYTHON " -c 'import tokenizers' >/dev/null 2>&1") != 0)
+    return std::nullopt;
   // A folder of this call's own: ctest -j runs the oracle tests as parallel processes, which
   // overwrote each other's answer in a shared folder (a flaky mismatch).
   const trainyard::test::TempDir dir("ty-tokenizer-oracle");
   const fs::path request = dir.path() / "request.json";
   const fs::path answer = dir.path() / "answer.json";
   std::ofstream(request) << json{{"encode", texts}, {"decode", id_lists}}.dump();
-  const std::string command = std::string("node '") + TRAINYARD_SOURCE_DIR +
-                              "/tests/unit/hf_tokenizers_oracle.js' '" + package.string() + "' '" +
-                              tokenizer_json.string() + "' '" + request.string() + "' > '" +
-                              answer.string() + "'";
+  const std::string command = std::string(TRAINYARD_PYTHON " '") + TRAINYARD_SOURCE_DIR +
+                              "/tests/unit/hf_tokenizers_oracle.py' '" + tokenizer_json.string() +
+                              "' '" + request.string() + "' > '" + answer.string() + "'";
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream in(answer);
   const json j = json::parse(in);
@@ -163,8 +164,8 @@ inline void expect_matches_oracle(const fs::path& file,
   for (Ids& ids : id_lists) std::erase_if(ids, [](std::int32_t i) { return i < 0; });
   const auto oracle = ask_oracle(file, texts, id_lists);
   if (!oracle)
-    GTEST_SKIP() << "Hugging Face's tokenizers npm package is not in " TRAINYARD_NODE_TOKENIZERS_DIR
-                    " (scripts/setup.sh installs it); only the hand-worked ids were checked.";
+    TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON " cannot import Hugging Face's tokenizers "
+                            "(scripts/setup.sh installs it); only the hand-worked ids were checked.");
   int mismatches = 0;
   for (std::size_t i = 0; i < texts.size() && mismatches < 10; ++i) {
     const Ids ours = tok.encode(texts[i]);

@@ -15,6 +15,9 @@ inline constexpr std::string_view kJobPattern = "/api/jobs/{id}";           // G
 inline constexpr std::string_view kJobLogsPattern = "/api/jobs/{id}/logs";  // GET
 inline constexpr std::string_view kJobLogsTailPattern = "/api/jobs/{id}/logs/tail";  // WebSocket
 inline constexpr std::string_view kJobStopPattern = "/api/jobs/{id}/stop";           // POST
+// Ray's client uploads runtime_env working_dir and py_modules here (GET: is it there?, PUT) before
+// submitting; trainyard refuses them, naming what it does not take.
+inline constexpr std::string_view kPackagePattern = "/api/packages/{protocol}/{name}";  // GET, PUT
 
 // --- worker protocol and cluster state
 // ------------------------------------------------------------
@@ -94,6 +97,8 @@ inline constexpr const char* kJobId = "job_id";
 inline constexpr const char* kInstance = "instance";  // wire::Instance
 inline constexpr const char* kRuntimeEnv = "runtime_env";
 inline constexpr const char* kEnvVars = "env_vars";
+// runtime_env: the Ray commit Ray's client adds beside pip or conda (asks nothing of the head)
+inline constexpr const char* kRayCommit = "_ray_commit";
 inline constexpr const char* kMetadata = "metadata";
 inline constexpr const char* kEntrypointNumCpus = "entrypoint_num_cpus";
 inline constexpr const char* kEntrypointNumGpus = "entrypoint_num_gpus";
