@@ -57,6 +57,13 @@ if(TRAINYARD_CUDA)
   target_link_libraries(trainyard_torch INTERFACE ${TORCH_LIBRARIES})
   target_compile_definitions(trainyard_torch INTERFACE USE_C10D_GLOO USE_DISTRIBUTED USE_C10D_NCCL)
   target_include_directories(trainyard_torch SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
+  # The wheel's CUDA libraries (site-packages/nvidia/*/lib) are found through libtorch_cuda's own
+  # RPATH when a program runs, but the linker looks in the system's folders first: there the CUDA
+  # toolkit's older NCCL lacks symbols libtorch_cuda needs. Point the linker at the wheel's.
+  file(GLOB _wheel_cuda_lib_dirs LIST_DIRECTORIES true "${TRAINYARD_TORCH_PREFIX}/../nvidia/*/lib")
+  foreach(_dir ${_wheel_cuda_lib_dirs})
+    target_link_options(trainyard_torch INTERFACE "LINKER:-rpath-link,${_dir}")
+  endforeach()
 else()
   find_file(TRAINYARD_TORCH_CONFIG TorchConfig.cmake PATH_SUFFIXES Torch share/cmake/Torch
             HINTS ${Torch_DIR} NO_CACHE)
