@@ -7,8 +7,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <functional>
+#include <future>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 
 #include "trainyard/comm/address.h"
@@ -45,18 +48,21 @@ class C10dBackend final : public RendezvousBackend {
         where_(std::move(where)),
         serving_(serving) {}
 
+  // The operations capture what they use by value: see Note [Bounding store calls].
   std::optional<std::pair<std::string, std::string>> get_state() override {
-    return guarded([&]() -> std::optional<std::pair<std::string, std::string>> {
-      if (!store_->check({key_})) return std::nullopt;
-      auto state = text(store_->get(key_));
+    using State = std::optional<std::pair<std::string, std::string>>;
+    return guarded<State>([key = key_](c10d::TCPStore& store) -> State {
+      if (!store.check({key})) return std::nullopt;
+      auto state = text(store.get(key));
       return std::make_pair(state, state);
     });
   }
 
   SetResult set_state(const std::string& state, const std::optional<std::string>& token) override {
-    return guarded([&] {
+    return guarded<SetResult>([key = key_, expected = bytes(token.value_or("")),
+                               desired = bytes(state), state](c10d::TCPStore& store) {
       // With an empty expected value, compareSet creates the key only if it is absent.
-      const auto now = text(store_->compareSet(key_, bytes(token.value_or("")), bytes(state)));
+      const auto now = text(store.compareSet(key, expected, desired));
       return SetResult{.state = now, .token = now, .written = now == state};
     });
   }
@@ -64,14 +70,15 @@ class C10dBackend final : public RendezvousBackend {
   std::string describe() const override { return where_; }
 
  private:
-  // Runs f on a connected store; store failures become NetworkError naming the store.
-  template <typename F>
-  auto guarded(F&& f) -> decltype(f()) {
+  // Runs op on a connected store, within the request timeout where the store is another agent's
+  // (Note [Bounding store calls]); store failures become NetworkError naming the store.
+  template <typename R>
+  R guarded(std::function<R(c10d::TCPStore&)> op) {
     std::string what;
     const auto start = std::chrono::steady_clock::now();
     try {
       if (!store_) store_ = c10::make_intrusive<c10d::TCPStore>(host_, client_options_);
-      auto result = f();
+      R result = serving_ ? op(*store_) : bounded(std::move(op));
       failing_since_.reset();
       return result;
     } catch (const c10::Error& e) {
@@ -84,6 +91,28 @@ class C10dBackend final : public RendezvousBackend {
     if (!serving_) store_.reset();
     if (!failing_since_) failing_since_ = start;
     throw store_error(what);
+  }
+
+  // Note [Bounding store calls]
+  // LibTorch 2.x's TCPStore client retries a request whose answer does not come within its
+  // timeout, reconnecting, for as long as the store's host stays silent (a client of a SIGSTOPped
+  // store waited past 25 s with a 3 s timeout; torch 2.15): a node whose link is cut would never
+  // learn that the store is gone. So a call to another agent's store runs on a thread of its own,
+  // holding its own reference to the store and copies of its arguments, and the agent waits for
+  // it at most the request timeout. Past that the store is dropped, the call reports a network
+  // error as any failed call does, and the thread is left to finish alone: it ends when the
+  // client's retries do (the link back, or the store's host refusing the connection).
+  template <typename R>
+  R bounded(std::function<R(c10d::TCPStore&)> op) {
+    auto task = std::make_shared<std::packaged_task<R()>>(
+        [store = store_, op = std::move(op)] { return op(*store); });
+    auto answer = task->get_future();
+    std::thread([task] { (*task)(); }).detach();
+    if (answer.wait_for(client_options_.timeout) == std::future_status::timeout) {
+      throw std::runtime_error(fmt::format("no answer within the request timeout ({:.1f} s)",
+                                           client_options_.timeout.count() / 1000.0));
+    }
+    return answer.get();
   }
 
   NetworkError store_error(const std::string& what) const {
