@@ -17,9 +17,9 @@ inline bool running_under_ci() {
 
 }  // namespace trainyard::test
 
-// For a test whose prerequisite (etcd, moto's S3 server, the venv's torch, network namespaces) is missing:
-// skipped with the reason on a developer's machine; failed under CI, where the setup script
-// installs it, so that a green suite never means "tested nothing". Returns from the test (or
+// For a test whose prerequisite (etcd, moto's S3 server, the venv's torch, network namespaces) is
+// missing: skipped with the reason on a developer's machine; failed under CI, where the setup
+// script installs it, so that a green suite never means "tested nothing". Returns from the test (or
 // SetUp, which then skips the body).
 #define TY_MISSING_PREREQUISITE(reason)                                                            \
   do {                                                                                             \

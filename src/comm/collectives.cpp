@@ -605,8 +605,8 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_flat_untracked(
     if (!caps.device_tensors) return group->reduce_scatter_single(output, input, opts);
     constexpr auto type = c10d::OpType::_REDUCE_SCATTER_BASE;
     if (output.scalar_type() == input.scalar_type())
-      return c10::make_intrusive<DeviceWork>(group->reduce_scatter_single(output, input, opts), type,
-                                             output);
+      return c10::make_intrusive<DeviceWork>(group->reduce_scatter_single(output, input, opts),
+                                             type, output);
     // One dtype on NCCL: Note [Flat collectives on devices]. (n,) input's dtype.
     auto reduced = at::empty({output.numel()}, input.options());
     auto work = group->reduce_scatter_single(reduced, input, opts);

@@ -22,9 +22,8 @@ at::Tensor fused_causal_attention(const at::Tensor& q,
                                   const at::Tensor& k,
                                   const at::Tensor& v,
                                   double dropout) {
-  TY_CHECK(fused_causal_attention_available(q),
-           "fused_causal_attention needs CUDA tensors (got ", q.device(),
-           "); check fused_causal_attention_available first.");
+  TY_CHECK(fused_causal_attention_available(q), "fused_causal_attention needs CUDA tensors (got ",
+           q.device(), "); check fused_causal_attention_available first.");
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
 }
 

@@ -7,11 +7,11 @@
 
 // Note [at::parallel_for needs OpenMP]
 // LibTorch built with AT_PARALLEL_OPENMP (as PyTorch's x86 wheels are) defines at::parallel_for
-// inline in its headers, and ATen/ParallelOpenMP.h opens the `#pragma omp parallel` region only where
-// _OPENMP is defined: in a translation unit compiled without -fopenmp, parallel_for silently runs
-// the whole range on the calling thread, whatever at::get_num_threads() says. So this file, and
-// only this one, is compiled with OpenMP (CMakeLists.txt: LibTorch's own runtime, libgomp, so the
-// threads are the intra-op pool that at::set_num_threads sizes), without the precompiled header
+// inline in its headers, and ATen/ParallelOpenMP.h opens the `#pragma omp parallel` region only
+// where _OPENMP is defined: in a translation unit compiled without -fopenmp, parallel_for silently
+// runs the whole range on the calling thread, whatever at::get_num_threads() says. So this file,
+// and only this one, is compiled with OpenMP (CMakeLists.txt: LibTorch's own runtime, libgomp, so
+// the threads are the intra-op pool that at::set_num_threads sizes), without the precompiled header
 // (parsed without OpenMP), and with -fno-math-errno so that std::sqrt is one instruction the loop
 // can vectorise instead of a call that may set errno.
 #if AT_PARALLEL_OPENMP && !defined(_OPENMP)

@@ -21,7 +21,8 @@ TEST(Torchrun, TrainsATrainyardProgramOnTwoRanks) {
   TempDir dir;
   // The example saves custom_model.pt in its working folder: the test's own.
   const std::string line = "cd '" + dir.str() + "' && exec '" + torchrun +
-                           "' --standalone --no-python --nproc-per-node 2 '" TRAINYARD_EXAMPLE_PATH "' 1 1024";
+                           "' --standalone --no-python --nproc-per-node 2 '" TRAINYARD_EXAMPLE_PATH
+                           "' 1 1024";
   const auto r = run_program({"/bin/sh", "-c", line}, {}, 60s);
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   ASSERT_TRUE(r.status.success()) << r.out << r.err;

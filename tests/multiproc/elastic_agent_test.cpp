@@ -121,7 +121,8 @@ TEST(ElasticAgent, TwoNodesMeetOverC10dAndGetDistinctRanks) {
 TEST(ElasticAgent, PythonDdpScriptSurvivesARestartAcrossTwoNodes) {
   auto probe = mptest::run_program({TRAINYARD_PYTHON, "-c", "import torch.distributed"});
   if (!probe.status.success())
-    TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON " cannot import torch.distributed (scripts/setup.sh installs torch)");
+    TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON
+                            " cannot import torch.distributed (scripts/setup.sh installs torch)");
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   const std::vector<std::string> script = {
       TRAINYARD_PYTHON, std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py"};

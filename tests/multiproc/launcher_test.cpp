@@ -837,7 +837,8 @@ TEST(LauncherPython, TorchDdpScriptRunsUnchanged) {
                            {}, 60s);
   if (probe.timed_out || !probe.status.success()) {
     TY_MISSING_PREREQUISITE(
-        TRAINYARD_PYTHON " cannot import torch.distributed (scripts/setup.sh installs torch): " << probe.err);
+        TRAINYARD_PYTHON " cannot import torch.distributed (scripts/setup.sh installs torch): "
+        << probe.err);
   }
   const std::string script = std::string(TRAINYARD_TEST_HELPERS_DIR) + "/python_ddp.py";
   auto r = run_cli({"run", "--nproc-per-node", "2", "--", TRAINYARD_PYTHON, script}, {}, 50s);

@@ -46,11 +46,11 @@ fs::path reference_dir() {
   return written ? dir.path() : fs::path();
 }
 
-#define REQUIRE_REFERENCE()                                               \
-  if (reference_dir().empty())                                            \
-  TY_MISSING_PREREQUISITE(                                                \
-      TRAINYARD_PYTHON " with torch writes the reference " \
-      "models: scripts/setup.sh")
+#define REQUIRE_REFERENCE()                                   \
+  if (reference_dir().empty())                                \
+  TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON                    \
+                          " with torch writes the reference " \
+                          "models: scripts/setup.sh")
 
 // The reference's folders (see llama_reference.py for what each varies).
 constexpr const char* kVariants[] = {"gqa", "tied", "qwen2", "llama3", "linear", "mistral"};

@@ -164,8 +164,10 @@ inline void expect_matches_oracle(const fs::path& file,
   for (Ids& ids : id_lists) std::erase_if(ids, [](std::int32_t i) { return i < 0; });
   const auto oracle = ask_oracle(file, texts, id_lists);
   if (!oracle)
-    TY_MISSING_PREREQUISITE(TRAINYARD_PYTHON " cannot import Hugging Face's tokenizers "
-                            "(scripts/setup.sh installs it); only the hand-worked ids were checked.");
+    TY_MISSING_PREREQUISITE(
+        TRAINYARD_PYTHON
+        " cannot import Hugging Face's tokenizers "
+        "(scripts/setup.sh installs it); only the hand-worked ids were checked.");
   int mismatches = 0;
   for (std::size_t i = 0; i < texts.size() && mismatches < 10; ++i) {
     const Ids ours = tok.encode(texts[i]);

@@ -51,8 +51,8 @@ class ShmProcessGroup : public c10d::ProcessGroup {
   // own slot. In place when output comes from allocate_shared; else staged. Other tensors (not
   // one dense contiguous CPU tensor each) go to the inner group.
   c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output,
-                                                 at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
+                                                   at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts) override;
   // output (n,) = SUM or AVG over ranks of input (world_size * n,)'s slot rank: float32 or
   // bfloat16, each of its own (bf16 summed in fp32, rounded once). `output` may be input's own
   // slot. In place when input comes from allocate_shared; else staged. Anything else goes to the
@@ -78,10 +78,10 @@ class ShmProcessGroup : public c10d::ProcessGroup {
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output,
-                                               at::Tensor& input,
-                                               std::vector<int64_t>& output_split_sizes,
-                                               std::vector<int64_t>& input_split_sizes,
-                                               const c10d::AllToAllOptions& opts) override;
+                                                   at::Tensor& input,
+                                                   std::vector<int64_t>& output_split_sizes,
+                                                   std::vector<int64_t>& input_split_sizes,
+                                                   const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors,
                                       int dst_rank,
                                       int tag) override;
