@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpt_fsdp.sh — GPT-NeoX and Llama training throughput and memory under trainyard's FSDP
-# strategies, its DDP, and a Python PyTorch DDP peer (Debian's torch 1.13), measured side by side
-# in one invocation: the variants alternate within each round, and every round runs them all, so
-# drift on the shared machine hits all alike; the table takes the median over rounds.
+# strategies, its DDP, and the Python PyTorch peers (the venv's torch: its DDP and its FSDP2),
+# measured side by side in one invocation: the variants alternate within each round, and every
+# round runs them all, so drift on the shared machine hits all alike; the table takes the median
+# over rounds.
 # The peer follows the preset's family: GPT-NeoX presets (pythia-*, ...) run
 # bench/python/gpt_neox_ddp.py, Llama presets (llama-*, smollm2-*, tinyllama-*) run
 # bench/python/llama_ddp.py; each mirrors the C++ model, its per-name initialisation and its data,
@@ -14,12 +15,15 @@
 #   shard_grad_op:fp32 shard_grad_op:bf16 train_gpt_fsdp --strategy shard_grad_op
 #   full_shard:fp32 full_shard:bf16       train_gpt_fsdp --strategy full_shard
 #   full_shard:fp32:ac full_shard:bf16:ac ... with --activation-checkpointing
-#   python:fp32 python:bf16               the Python peer (torch DDP over Gloo)
+#   python:fp32 python:bf16               the Python peer, torch DDP over Gloo
+#   fsdp2:fp32 fsdp2:bf16                 the Python peer under PyTorch's FSDP2 (fully_shard on
+#                                         each decoder layer and the root, a CPU mesh over Gloo)
 # and, only when named: python:fp32:reuse python:bf16:reuse, the peer with glibc told to keep freed
 # memory for reuse (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647), as trainyard's ranks do
 # by themselves (Note [Reusing freed memory]).
 # bf16 is --precision bf16-mixed (C++ FSDP: bf16 parameters, fp32 reduction; C++ DDP and the
-# Python peer: CPU autocast to bf16); fp32 is --precision fp32. A variant that fails (exit code,
+# Python DDP peer: CPU autocast to bf16; FSDP2: bf16 parameters, fp32 reduction, as ours); fp32 is
+# --precision fp32. A variant that fails (exit code,
 # timeout, or no result line) is reported as "failed" and the others go on.
 #
 # Columns: tokens/s over steps 1.. (the warm-up step 0 left out: the script stamps each
@@ -31,8 +35,8 @@
 #   MFU = 6 x parameters x tokens/s / peak,
 # where peak is this machine's measured matmul throughput in the variant's compute dtype (fp32 or
 # bf16) with R ranks x 1 thread running at once: the sum of R processes, started by `trainyard
-# run` like the ranks, each timing square N x N torch.mm with torch.set_num_threads(1) in Debian's
-# python3-torch, which loads the same LibTorch library as the C++ example (the script checks and
+# run` like the ranks, each timing square N x N torch.mm with torch.set_num_threads(1) in the
+# venv's torch, which loads the same LibTorch library as the C++ example (the script checks and
 # prints both paths). 6 x parameters counts model FLOPs only (no attention scores, no
 # recomputation under activation checkpointing), and counts the input embedding, a lookup (the
 # output says by how much).
@@ -40,7 +44,8 @@
 # so every parameter is a matmul one.)
 # Then the ratios, with each round's own ratio beside the ratio of the medians. GPT-NeoX:
 # FULL_SHARD bf16 / DDP bf16 tokens/s (bar >= 0.9), FULL_SHARD bf16 / Python DDP bf16 tokens/s
-# (bar >= 1.5; also against python:bf16:reuse when it ran), FULL_SHARD fp32 / DDP fp32 peak RSS.
+# (bar >= 1.5; also against python:bf16:reuse when it ran), FULL_SHARD fp32 / DDP fp32 peak RSS,
+# and FULL_SHARD against PyTorch's DDP and FSDP2 in fp32 and bf16 (unbarred).
 # Llama (issue 27): FULL_SHARD bf16 / Python DDP bf16 tokens/s (bar >= 1.25) and the MFU of
 # FULL_SHARD bf16 (bar >= 50 %), with the same ratios as GPT-NeoX's otherwise, unbarred.
 #
@@ -54,6 +59,7 @@
 #                                           # 17.6 GB of model state per rank (2 ranks: ~45 GB of
 #                                           # RAM with activations), FULL_SHARD half of it
 #   bench/gpt_fsdp.sh --variants all,python:fp32:reuse,python:bf16:reuse --rounds 3
+#   bench/gpt_fsdp.sh --variants ddp:fp32,full_shard:fp32,python:fp32,fsdp2:fp32 --profile
 #   bench/gpt_fsdp.sh --rounds 5 --steps 6 --variants ddp:bf16,full_shard:bf16,python:bf16
 #   BENCH_STEPS=2 bench/gpt_fsdp.sh          # every flag has a BENCH_* variable
 #
@@ -62,8 +68,11 @@
 #       --strategy S --precision X [--activation-checkpointing] --seq-len T --batch-size B \
 #       --steps N --lr LR --seed SEED --data FILE
 #   build/trainyard run --nproc-per-node R -- /opt/trainyard/venv/bin/python bench/python/PEER \
-#       --preset P --precision X --seq-len T --batch-size B --steps N --lr LR --seed SEED --data FILE
-# (PEER: gpt_neox_ddp.py or llama_ddp.py, by the preset's family).
+#       --parallel ddp|fsdp2 --preset P --precision X --seq-len T --batch-size B --steps N --lr LR \
+#       --seed SEED --data FILE
+# (PEER: gpt_neox_ddp.py or llama_ddp.py, by the preset's family). With --profile, each variant
+# then runs once more with --profile FILE (rank 0's step 1 under LibTorch's profiler, on both
+# sides) and bench/profile_step.py prints where each one's step went, operator by operator.
 #
 # Flags (environment variable, default):
 #   --preset P        BENCH_PRESET       pythia-70m  (llama-tiny takes --seq-len <= 64)
@@ -80,6 +89,7 @@
 #   --peak-size N     BENCH_PEAK_SIZE    2048   matmul size for the peak
 #   --peak-seconds S  BENCH_PEAK_SECONDS 4      seconds per dtype for the peak
 #   --run-timeout S   BENCH_RUN_TIMEOUT  600    a run taking longer is stopped and counts as failed
+#   --profile                                   after the rounds, one profiled run per variant
 #   --smoke                                     --preset pythia-14m --seq-len 64 --batch-size 1
 #                                               --steps 2 --rounds 1 --peak-size 1024 --peak-seconds 1,
 #                                               each unless given as a flag (in any order)
@@ -109,9 +119,11 @@ PEAK_SECONDS=${BENCH_PEAK_SECONDS:-4}
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT:-600}
 EXAMPLE=${BENCH_EXAMPLE:-$ROOT/build/examples/train_gpt_fsdp}
 SMOKE=0
+PROFILE=0
 declare -A GIVEN=()  # the flags given, which --smoke leaves alone
 ALL_VARIANTS=(ddp:fp32 ddp:bf16 no_shard:fp32 no_shard:bf16 shard_grad_op:fp32 shard_grad_op:bf16
-  full_shard:fp32 full_shard:bf16 full_shard:fp32:ac full_shard:bf16:ac python:fp32 python:bf16)
+  full_shard:fp32 full_shard:bf16 full_shard:fp32:ac full_shard:bf16:ac python:fp32 python:bf16
+  fsdp2:fp32 fsdp2:bf16)
 OPTIONAL_VARIANTS=(python:fp32:reuse python:bf16:reuse)
 
 while (($#)); do
@@ -129,6 +141,7 @@ while (($#)); do
     --example) EXAMPLE=${2:?}; shift 2 ;;
     --python) PYTHON=${2:?}; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
+    --profile) PROFILE=1; shift ;;
     --threads|--limit|--epochs) die "$1 does not apply here (1 thread per rank, as the C++ example runs)" ;;
     *)
       bench_common_flag "$@"
@@ -252,24 +265,34 @@ stamp() {
   while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done
 }
 
+# variant_command VARIANT: the rank's command line, into the array CMD.
+variant_command() {
+  local kind precision ac=""
+  IFS=: read -r kind precision ac <<<"$1"
+  local prec_flag=fp32
+  [[ $precision == bf16 ]] && prec_flag=bf16-mixed
+  local common=(--preset "$PRESET" --precision "$prec_flag" --seq-len "$SEQ_LEN"
+    --batch-size "$BATCH_SIZE" --steps "$STEPS" --lr "$LR" --seed "$SEED" --data "$DATA")
+  if [[ $kind == python || $kind == fsdp2 ]]; then
+    local parallel=ddp
+    [[ $kind == fsdp2 ]] && parallel=fsdp2
+    CMD=("$PYTHON" "$GPT_PEER" --parallel "$parallel" "${common[@]}")
+    [[ $ac == reuse ]] && CMD=(env MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647 "${CMD[@]}")
+  else
+    CMD=(stdbuf -oL "$EXAMPLE" --strategy "$kind" "${common[@]}")
+    [[ $ac == ac ]] && CMD+=(--activation-checkpointing)
+  fi
+  return 0
+}
+
 # run_variant ROUND VARIANT: runs it once, appends a row to $RUNS: round, variant, status, busy%,
 # steady tokens/s, tokens/s as printed (slowest rank), peak RSS MiB (largest rank), model state MiB
 # (largest rank), first loss, last loss, wall seconds (or, for a failed run, why), exposed
 # communication % (FSDP's own figure, largest rank; empty where the run prints none).
 run_variant() {
-  local round=$1 variant=$2 kind precision ac="" cmd
-  IFS=: read -r kind precision ac <<<"$variant"
-  local prec_flag=fp32
-  [[ $precision == bf16 ]] && prec_flag=bf16-mixed
-  local common=(--preset "$PRESET" --precision "$prec_flag" --seq-len "$SEQ_LEN"
-    --batch-size "$BATCH_SIZE" --steps "$STEPS" --lr "$LR" --seed "$SEED" --data "$DATA")
-  if [[ $kind == python ]]; then
-    cmd=("$PYTHON" "$GPT_PEER" "${common[@]}")
-    [[ $ac == reuse ]] && cmd=(env MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647 "${cmd[@]}")
-  else
-    cmd=(stdbuf -oL "$EXAMPLE" --strategy "$kind" "${common[@]}")
-    [[ $ac == ac ]] && cmd+=(--activation-checkpointing)
-  fi
+  local round=$1 variant=$2
+  variant_command "$variant"
+  local cmd=("${CMD[@]}")
   local log=$TMP/round$round-${variant//:/-}.log busy rc t0 t1
   busy=$(cpu_busy)
   printf '  round %d/%d %-20s ... ' "$round" "$REPEATS" "$variant" >&2
@@ -363,7 +386,8 @@ for line in open(runs_path):
 
 def label(v):
     kind, prec, *ac = v.split(":")
-    name = {"ddp": "C++ DDP", "python": "Python DDP"}.get(kind, "FSDP " + kind.upper())
+    name = {"ddp": "C++ DDP", "python": "PyTorch DDP", "fsdp2": "PyTorch FSDP2"}.get(
+        kind, "FSDP " + kind.upper())
     extra = {"ac": " +act.ckpt", "reuse": " +malloc reuse"}.get(ac[0] if ac else "", "")
     return f"{name} {'bf16-mixed' if prec == 'bf16' else 'fp32'}{extra}"
 
@@ -456,15 +480,28 @@ ratios = {
         "full_shard:bf16", "ddp:bf16", "tokens_per_s", DDP_BAR, "FULL_SHARD bf16 / C++ DDP bf16 tokens/s"),
     "full_shard_bf16_over_python_ddp_bf16_tokens_per_s": ratio(
         "full_shard:bf16", "python:bf16", "tokens_per_s", PEER_BAR,
-        "FULL_SHARD bf16 / Python DDP bf16 tokens/s"),
+        "FULL_SHARD bf16 / PyTorch DDP bf16 tokens/s"),
     **({"full_shard_bf16_over_python_ddp_bf16_reuse_tokens_per_s": ratio(
         "full_shard:bf16", "python:bf16:reuse", "tokens_per_s", PEER_BAR,
-        "FULL_SHARD bf16 / Python DDP bf16 +malloc reuse tokens/s")}
+        "FULL_SHARD bf16 / PyTorch DDP bf16 +malloc reuse tokens/s")}
        if "python:bf16:reuse" in rows else {}),
     **({"full_shard_bf16_mfu": mfu_line("full_shard:bf16", MFU_BAR, "MFU of FULL_SHARD bf16")}
        if llama else {}),
     "full_shard_fp32_over_ddp_fp32_peak_rss": ratio(
         "full_shard:fp32", "ddp:fp32", "peak_rss_mib", None, "FULL_SHARD fp32 / C++ DDP fp32 peak RSS"),
+    "full_shard_fp32_over_ddp_fp32_tokens_per_s": ratio(
+        "full_shard:fp32", "ddp:fp32", "tokens_per_s", None, "FULL_SHARD fp32 / C++ DDP fp32 tokens/s"),
+    "full_shard_fp32_over_python_ddp_fp32_tokens_per_s": ratio(
+        "full_shard:fp32", "python:fp32", "tokens_per_s", None,
+        "FULL_SHARD fp32 / PyTorch DDP fp32 tokens/s"),
+    "full_shard_fp32_over_fsdp2_fp32_tokens_per_s": ratio(
+        "full_shard:fp32", "fsdp2:fp32", "tokens_per_s", None,
+        "FULL_SHARD fp32 / PyTorch FSDP2 fp32 tokens/s"),
+    "full_shard_bf16_over_fsdp2_bf16_tokens_per_s": ratio(
+        "full_shard:bf16", "fsdp2:bf16", "tokens_per_s", None,
+        "FULL_SHARD bf16 / PyTorch FSDP2 bf16 tokens/s"),
+    "ddp_fp32_over_python_ddp_fp32_tokens_per_s": ratio(
+        "ddp:fp32", "python:fp32", "tokens_per_s", None, "C++ DDP fp32 / PyTorch DDP fp32 tokens/s"),
     "full_shard_bf16_over_ddp_fp32_tokens_per_s": ratio(
         "full_shard:bf16", "ddp:fp32", "tokens_per_s", None,
         "FULL_SHARD bf16 / C++ DDP fp32 tokens/s (for reference)"),
@@ -477,3 +514,25 @@ if json_out:
                    "peak_gflops": peak, "runs": runs, "table": rows, "ratios": ratios}, f, indent=2)
         f.write("\n")
 EOF
+
+# --- with --profile: one more run of each variant, rank 0's step 1 under LibTorch's profiler -----
+((PROFILE)) || exit 0
+echo >&2
+traces=()
+for v in "${SELECTED[@]}"; do
+  variant_command "$v"
+  trace=$TMP/profile-${v//:/-}.json
+  printf '  profiling %-20s ... ' "$v" >&2
+  if timeout --foreground --kill-after=10 "$RUN_TIMEOUT" "$TRAINYARD" run --nproc-per-node "$RANKS" -- \
+    "${CMD[@]}" --profile "$trace" >"$TMP/profile-${v//:/-}.log" 2>&1 && [[ -s $trace ]]; then
+    echo "done" >&2
+    traces+=("$v=$trace")
+  else
+    echo "failed (see --keep's logs)" >&2
+  fi
+done
+if ((${#traces[@]})); then
+  echo
+  echo "where rank 0's step 1 went (self time of each operator, LibTorch's profiler on both sides):"
+  "$PYTHON" "$ROOT/bench/profile_step.py" --top 8 "${traces[@]}"
+fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # recipe_vs_python.sh — training throughput of trainyard's FashionMNIST recipe against the Python
-# PyTorch peer (bench/python/fashion_mnist_ddp.py, Debian's torch 1.13) on the same machine, the
+# PyTorch peer (bench/python/fashion_mnist_ddp.py, the venv's torch) on the same machine, the
 # same data subset and the same hyper-parameters, measured side by side in one invocation.
 #
 # What it measures: train_samples_per_s from each run's result JSON (samples trained by all ranks

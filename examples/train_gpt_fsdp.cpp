@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <malloc.h>
 #include <sys/resource.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <set>
 
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/comm/process_group.h"
@@ -52,6 +55,30 @@ void trace_memory(int rank, const char* phase, std::int64_t step) {
   std::fflush(stdout);
 }
 
+// --profile: LibTorch's own profiler (Kineto, CPU activities; the one torch.profiler drives),
+// recording one step on the calling thread and writing its Chrome trace, so that
+// bench/profile_step.py reads the C++ and the Python peers' steps alike.
+class StepProfile {
+ public:
+  StepProfile() {
+    namespace impl = torch::profiler::impl;
+    const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+    const std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  }
+  void save(const std::string& path) {
+    torch::autograd::profiler::disableProfiler()->save(path);
+    done_ = true;
+  }
+  ~StepProfile() {
+    if (!done_) torch::autograd::profiler::disableProfiler();
+  }
+
+ private:
+  bool done_ = false;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -59,7 +86,7 @@ int main(int argc, char** argv) try {
   CLI::App app{"GPT-NeoX with FSDP"};
   std::string preset = "pythia-14m", precision = "fp32", data_path;
   trainyard::train::Strategy strategy;
-  std::string storage, device_name;
+  std::string storage, device_name, profile_path;
   bool checkpointing = false, memory_trace = false;
   std::int64_t seq_len = 256, batch = 4, steps = 10, checkpoint_every = 0, warmup = 0;
   std::uint64_t seed = 0;
@@ -87,7 +114,11 @@ int main(int argc, char** argv) try {
   app.add_option("--storage", storage, "run folder for checkpoints (path, file://, s3://)");
   app.add_option("--checkpoint-every", checkpoint_every, "steps; 0: only at the end")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--profile", profile_path,
+                 "rank 0 records step 1 with LibTorch's profiler and writes its Chrome trace here");
   CLI11_PARSE(app, argc, argv);
+  TY_CHECK(profile_path.empty() || steps >= 2,
+           "--profile records step 1: it needs --steps >= 2, got --steps ", steps, ".");
   TY_CHECK(storage.empty() || !strategy.is_ddp(), "--storage needs an FSDP --strategy.");
 
   // 2. Join the job and build the model (the same initial values on every rank: seeded per name).
@@ -183,6 +214,8 @@ int main(int argc, char** argv) try {
       if (memory_trace) trace_memory(dist->rank(), phase, step);
     };
     trace("start");
+    std::optional<StepProfile> profile;
+    if (!profile_path.empty() && step == 1 && dist->rank() == 0) profile.emplace();
     optimizer.zero_grad();
     auto logits = sharded ? sharded->forward(ids) : replicated->forward(ids);
     trace("forward");
@@ -194,6 +227,7 @@ int main(int argc, char** argv) try {
     if (sharded) exposed_ms += sharded->last_stats().exposed_comm_ms;
     optimizer.step();
     trace("optimizer");
+    if (profile) profile->save(profile_path);
     std::vector<torch::Tensor> mean{loss.detach().clone() / dist->world_size()};
     trainyard::wait_work(dist->process_group()->allreduce(mean));
     const double mean_loss = mean[0].item<double>();  // on a GPU, waits for the step on every rank

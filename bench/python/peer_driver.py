@@ -1,9 +1,10 @@
-"""What the Python DDP peers of bench/gpt_fsdp.sh share (gpt_neox_ddp.py, llama_ddp.py): the
+"""What the Python peers of bench/gpt_fsdp.sh share (gpt_neox_ddp.py, llama_ddp.py): the
 per-name seeds of trainyard's Note [Per-name initialisation], the causal-LM loss, and the job
 itself: the flags, the data (step s trains on the global windows [s * W * B, (s + 1) * W * B) of
-a file's bytes, rank r on its B of them), torch DDP over Gloo with AdamW(lr, eps 1e-8), and the
-lines the C++ example prints, so that one parser reads both. A peer passes its presets, its
-Config, its model class and its initialiser to run().
+a file's bytes, rank r on its B of them), torch DDP over Gloo (or, with --parallel fsdp2,
+PyTorch's FSDP2: fully_shard on each decoder layer and the root, on a CPU mesh over Gloo) with
+AdamW(lr, eps 1e-8), and the lines the C++ example prints, so that one parser reads both. A peer
+passes its presets, its Config, its model class and its initialiser to run().
 """
 
 import argparse
@@ -54,6 +55,11 @@ def parse_args(description, presets, default_preset):
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--data", default=None, help="train on this file's bytes")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2"],
+                   help="DistributedDataParallel, or FSDP2's fully_shard (FULL_SHARD: "
+                        "reshard_after_forward) on every decoder layer and the root")
+    p.add_argument("--profile", metavar="FILE",
+                   help="rank 0 records step 1 with torch.profiler and writes its Chrome trace here")
     p.add_argument("--phase-times", action="store_true",
                    help="rank 0 also prints the mean forward/backward/optimizer ms of steps 1..")
     a = p.parse_args()
@@ -64,6 +70,8 @@ def parse_args(description, presets, default_preset):
         p.error(f"--seq-len {a.seq_len} exceeds {a.preset}'s max_position_embeddings ({longest})")
     if a.seed < 0:
         p.error("--seed must be >= 0")
+    if a.profile is not None and a.steps < 2:
+        p.error("--profile records step 1: it needs --steps >= 2")
     if a.data is not None and not os.path.isfile(a.data):
         p.error(f"--data {a.data}: no such file")
     return a
@@ -87,6 +95,23 @@ def load_tokens(args, vocab_size, program):
     return torch.randint(0, vocab_size, (1 << 20,), generator=g, dtype=torch.int64)
 
 
+def fully_shard_layers(model, world, bf16):
+    """FSDP2 as torchtitan applies it: one unit per decoder layer (the ModuleList named "layers"),
+    then the root for the embeddings, the final norm and the output projection."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                  reduce_dtype=torch.float32)
+    layers = [m for name, m in model.named_modules() if name.endswith("layers")]
+    if len(layers) != 1:
+        raise RuntimeError(f"expected one ModuleList named 'layers' in {type(model).__name__}")
+    for layer in layers[0]:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
 def run(*, program, description, presets, common, default_preset, config_class, model_class,
         init_parameters):
     """The peer's whole job: parse the flags, build and train the model, print the lines."""
@@ -99,13 +124,22 @@ def run(*, program, description, presets, common, default_preset, config_class, 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(args.threads)
 
-    # The model, the same initial values on every rank (DDP broadcasts rank 0's anyway).
+    # The model, the same initial values on every rank (DDP broadcasts rank 0's anyway; FSDP2
+    # keeps each rank's shard of them).
     config = config_class(**presets[args.preset], **common)
     model = model_class(config)
     init_parameters(model, config, args.seed)
-    ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, eps=1e-8)
     bf16 = args.precision == "bf16-mixed"
+    state = sum(p.numel() for p in model.parameters()) * 4 * 4  # fp32 param, grad, two moments
+    if args.parallel == "fsdp2":
+        wrapped = fully_shard_layers(model, world, bf16)
+        state //= world  # each rank owns 1/world of every parameter, as FULL_SHARD
+    else:
+        wrapped = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=args.lr, eps=1e-8)
+    # bf16-mixed: DDP runs forward under CPU autocast; FSDP2 holds bf16 parameters for compute
+    # (MixedPrecisionPolicy) and reduces in fp32, as trainyard's FSDP does.
+    autocast = bf16 and args.parallel == "ddp"
 
     tokens = load_tokens(args, config.vocab_size, program)
     seq, batch = args.seq_len, args.batch_size
@@ -118,15 +152,22 @@ def run(*, program, description, presets, common, default_preset, config_class, 
                 for w in (((step * world + rank) * batch + i) % windows for i in range(batch))]
         ids = torch.stack(rows)  # (batch, seq_len)
         t0 = time.perf_counter()
+        profiling = args.profile is not None and step == 1 and rank == 0
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        if profiling:
+            profiler.start()
         optimizer.zero_grad()
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = ddp(ids)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = wrapped(ids)
         loss = causal_lm_loss(logits, ids)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
         optimizer.step()
         t3 = time.perf_counter()
+        if profiling:
+            profiler.stop()
+            profiler.export_chrome_trace(args.profile)
         if step > 0:
             phases = [phases[0] + t1 - t0, phases[1] + t2 - t1, phases[2] + t3 - t2]
         mean = loss.detach().clone() / world
@@ -135,7 +176,6 @@ def run(*, program, description, presets, common, default_preset, config_class, 
             print(f"step {step} loss {mean.item():.6f}", flush=True)
     seconds = time.perf_counter() - start
 
-    state = sum(p.numel() for p in model.parameters()) * 4 * 4  # fp32 param, grad, two moments
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if args.phase_times and rank == 0 and args.steps > 1:
         n = args.steps - 1
@@ -144,6 +184,6 @@ def run(*, program, description, presets, common, default_preset, config_class, 
               flush=True)
     print(f"rank {rank}: {args.steps * batch * seq * world / seconds:.1f} tokens/s, peak RSS "
           f"{peak_kib / 1024.0:.1f} MiB, model state {state / 1048576.0:.1f} MiB "
-          f"(python-ddp, {args.precision})", flush=True)
+          f"(python-{args.parallel}, {args.precision})", flush=True)
     dist.barrier()
     dist.destroy_process_group()
