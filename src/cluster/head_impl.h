@@ -140,6 +140,14 @@ struct Head::Impl {
   // See Note [A head that did not run]. Guarded by mu.
   static constexpr double kPauseSlackSeconds = 1.0;
   double last_tick_at = 0;  // now_seconds() of the last tick_nodes(); 0 before the first
+  // See Note [A head that turned connections away]. Guarded by mu.
+  struct SilenceCredit {
+    double heartbeat_at = 0;  // the last_heartbeat_at (or state_since) the credit moved it to
+    double seconds = 0;       // credited since the node's last heartbeat
+  };
+  std::map<std::string, SilenceCredit> silence_credit;  // by node
+  std::uint64_t turned_away = 0;                        // the server's evictions and refusals
+  bool turning_away = false;                            // in the last tick: said once
   static constexpr std::chrono::seconds kStoreFullLogEvery{30};
   std::chrono::steady_clock::time_point store_full_logged_at{};  // ticker thread only
   std::thread ticker;
@@ -189,6 +197,8 @@ struct Head::Impl {
 
   // Node lifecycle: alive -> suspect -> dead by heartbeat age; pending (after a restart) -> dead.
   void tick_nodes();
+  // Note [A head that turned connections away] (head_state.cpp).
+  void credit_turned_away_silence(double now, double tick_seconds, double dead_s);
   bool tail_finished(const std::string& job_id);
 
   // Sends a tail the lines it has not sent; closes it once the job is over. Not under `mu`.

@@ -258,6 +258,43 @@ wire::Assignment Head::Impl::assignment(const JobRecord& j) const {
                           .max_restarts = j.max_restarts};
 }
 
+// Note [A head that turned connections away]
+// Past its connection caps the server makes room by shutting down connections no hook has
+// admitted (Note [Keeping room for admitted clients] in http_server.cpp), and refuses a new one
+// only when every other is an authenticated client's. Either way a node's heartbeat may have been
+// the one turned away (its connection had not sent its headers yet, or the head was full of
+// genuine clients): silence the head caused is not the node's. So while the server turns
+// connections away, each tick's time is credited to every node's heartbeat age, as a pause is
+// (Note [A head that did not run]), but at most dead_after in all since a node's last heartbeat:
+// a flood that never stops delays a dead node's verdict by dead_after, and cannot hide it.
+void Head::Impl::credit_turned_away_silence(double now, double tick_seconds, double dead_s) {
+  if (!server) return;
+  const auto stats = server->stats();
+  const std::uint64_t now_turned_away = stats.connections_evicted + stats.connections_refused;
+  const bool turning = now_turned_away != turned_away;
+  turned_away = now_turned_away;
+  if (turning && !turning_away)
+    log->warn(
+        "The head is past its connection caps and turning connections away (an overload, or a "
+        "flood of idle connections): node heartbeats lost to that are not counted against the "
+        "nodes, for up to {:.1f} s each.",
+        dead_s);
+  turning_away = turning;
+  for (auto& [id, n] : nodes) {
+    const bool pending = n.state == api::kNodePending;
+    if (!pending && n.state != api::kNodeAlive && n.state != api::kNodeSuspect) continue;
+    double& heard_at = pending ? n.state_since : n.last_heartbeat_at;
+    SilenceCredit& credit = silence_credit[id];
+    if (credit.heartbeat_at != heard_at) credit = {.heartbeat_at = heard_at};  // heard since
+    if (!turning) continue;
+    const double add = std::min({tick_seconds, dead_s - credit.seconds, now - heard_at});
+    if (add <= 0) continue;
+    heard_at += add;
+    credit.seconds += add;
+    credit.heartbeat_at = heard_at;
+  }
+}
+
 // Note [A head that did not run]
 // A heartbeat's age says a node is silent only while the head was there to hear it. A head that
 // was stopped (SIGSTOP, a suspended VM) or starved of CPU for longer than dead_after used to
@@ -283,6 +320,9 @@ void Head::Impl::tick_nodes() {
       if (n.state == api::kNodePending) n.state_since = std::min(now, n.state_since + paused);
     }
   }
+  // The tick's own time: a pause beyond the slack was credited above.
+  const double ticked = paused > kPauseSlackSeconds ? tick_s : tick_s + std::max(0.0, paused);
+  credit_turned_away_silence(now, ticked, dead_s);
   for (NodeRecord* n : nodes_in_order()) {
     bool up = n->state == api::kNodeAlive || n->state == api::kNodeSuspect;
     double age = now - (n->state == api::kNodePending ? n->state_since : n->last_heartbeat_at);

@@ -35,14 +35,29 @@
 //  - the whole request (line, headers, body) must arrive within request_timeout of the connect:
 //    the io thread shuts down the sockets of requests past it (libmicrohttpd's own timeout only
 //    measures silence, which a client sending a byte a second never is);
-//  - connections are capped in all and per client address, and bodies by max_body_bytes, read
-//    only once the hook (authentication) has accepted the headers;
+//  - connections are capped in all and per client address (Note [Keeping room for admitted
+//    clients]), and bodies by max_body_bytes, read only once the hook (authentication) has
+//    accepted the headers;
 //  - a WebSocket is a socket handed over after the handshake and served by the io thread with
 //    non-blocking writes: send_text() queues and returns, a client whose queue passes
 //    websocket_buffer_bytes, or that takes nothing for websocket_stall_timeout while bytes wait,
 //    is dropped with close code 1008. A follower that does not read costs a buffer, not a thread.
 // Every response says Connection: close (Note [No keep-alive]): a client's next request is a new
 // connection, so the deadline counts from the connect.
+
+// Note [Keeping room for admitted clients]
+// The caps on connections (max_connections in all, max_connections_per_client from one address)
+// are the server's own, not libmicrohttpd's (which is given twice as many, and no cap per
+// address, so that it never refuses first). libmicrohttpd refused whatever came past a cap: 256
+// idle connections from the workers' address (any local user on a one-host cluster), or 768 from
+// anywhere, and no heartbeat got in; without a token, a stranger had healthy nodes declared dead
+// and their jobs FAILED. Now a connection past a cap makes room: the oldest connection that no
+// hook has admitted yet (its request has not arrived, or was refused) goes, from the same address
+// for the cap per address, else from the address holding the most; a connection whose request
+// the hook admitted (an authenticated client's) is never shut down for another's. Only when
+// every connection in the way is admitted is the new one refused. Each eviction and refusal is
+// counted (Stats), so that the head knows when it may have turned a heartbeat away (Note [A head
+// that turned connections away] in head_state.cpp).
 
 // Note [No keep-alive]
 // A kept-alive connection is a client waiting between requests: with a deadline per request it
@@ -120,7 +135,21 @@ MHD_Result send_response(MHD_Connection* c, const ServerResponse& res) {
       continue;
     MHD_add_response_header(r, name.c_str(), value.c_str());
   }
-  MHD_add_response_header(r, "Connection", "close");  // Note [No keep-alive]
+  MHD_add_response_header(r, "Connection", "close");  // Note [Keeping room for admitted clients]
+  // The caps on connections (max_connections in all, max_connections_per_client from one address)
+  // are the server's own, not libmicrohttpd's (which is given twice as many, and no cap per
+  // address, so that it never refuses first). libmicrohttpd refused whatever came past a cap: 256
+  // idle connections from the workers' address (any local user on a one-host cluster), or 768 from
+  // anywhere, and no heartbeat got in; without a token, a stranger had healthy nodes declared dead
+  // and their jobs FAILED. Now a connection past a cap makes room: the oldest connection that no
+  // hook has admitted yet (its request has not arrived, or was refused) goes, from the same address
+  // for the cap per address, else from the address holding the most; a connection whose request
+  // the hook admitted (an authenticated client's) is never shut down for another's. Only when
+  // every connection in the way is admitted is the new one refused. Each eviction and refusal is
+  // counted (Stats), so that the head knows when it may have turned a heartbeat away (Note [A head
+  // that turned connections away] in head_state.cpp).
+
+  // Note [No keep-alive]
   const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(res.status), r);
   MHD_destroy_response(r);
   return ok;
@@ -405,11 +434,14 @@ struct Request {
   bool too_large = false;  // the body passed max_body_bytes: discarded, answered 413
 };
 
-// One connection, for its request deadline.
+// One connection, for its request deadline and the caps.
 struct Conn {
   int fd = -1;
   Clock::time_point started;
+  std::string address;        // the client's
   bool request_done = false;  // the request arrived (or the deadline already cut it)
+  bool admitted = false;      // the hook accepted its request: Note [Keeping room for ...]
+  bool evicted = false;       // shut down to make room for another
 };
 
 }  // namespace
@@ -463,7 +495,7 @@ struct HttpServer::Impl {
   int wake_fd = -1;  // eventfd: a writer queued bytes, or a socket arrived
   std::thread io;
   std::atomic<bool> stopping{false};
-  std::atomic<std::uint64_t> timed_out{0}, dropped{0};
+  std::atomic<std::uint64_t> timed_out{0}, dropped{0}, evicted{0}, refused{0};
 
   void wake() const {
     const std::uint64_t one = 1;
@@ -491,6 +523,54 @@ struct HttpServer::Impl {
   void request_arrived(MHD_Connection* c) {
     std::lock_guard<std::mutex> lock(conns_mu);
     if (auto it = conns.find(c); it != conns.end()) it->second.request_done = true;
+  }
+
+  // The hook accepted the request's headers: Note [Keeping room for admitted clients].
+  void admit(MHD_Connection* c) {
+    std::lock_guard<std::mutex> lock(conns_mu);
+    if (auto it = conns.find(c); it != conns.end()) it->second.admitted = true;
+  }
+
+  // Note [Keeping room for admitted clients]: after connection `newest` arrived, shuts down
+  // connections not yet admitted until both caps hold (`newest` itself when nothing else can
+  // go). Under conns_mu.
+  void make_room(Conn& newest) {
+    std::size_t total = 0;
+    std::unordered_map<std::string, std::size_t> per_address;
+    for (const auto& [c, conn] : conns) {
+      if (conn.evicted) continue;
+      ++total;
+      ++per_address[conn.address];
+    }
+    const auto max_total = static_cast<std::size_t>(options.max_connections);
+    const auto max_per_address = static_cast<std::size_t>(options.max_connections_per_client);
+    while (!newest.evicted &&
+           (total > max_total || per_address[newest.address] > max_per_address)) {
+      // From the new connection's address when it is past its own cap, else from the address
+      // holding the most connections not yet admitted.
+      std::string from = newest.address;
+      if (per_address[newest.address] <= max_per_address) {
+        std::unordered_map<std::string, std::size_t> waiting;
+        for (const auto& [c, conn] : conns)
+          if (!conn.evicted && !conn.admitted) ++waiting[conn.address];
+        std::size_t most = 0;
+        for (const auto& [address, n] : waiting) {
+          if (n <= most) continue;
+          most = n;
+          from = address;
+        }
+      }
+      Conn* victim = &newest;  // refused, unless an older one can go
+      for (auto& [c, conn] : conns)
+        if (!conn.evicted && !conn.admitted && conn.address == from &&
+            conn.started < victim->started)
+          victim = &conn;
+      ++(victim == &newest ? refused : evicted);
+      victim->evicted = victim->request_done = true;
+      if (victim->fd >= 0) ::shutdown(victim->fd, SHUT_RDWR);
+      --total;
+      --per_address[victim->address];
+    }
   }
 
   // The answer to a WebSocket handshake: nullopt to upgrade, else the refusal.
@@ -548,6 +628,7 @@ struct HttpServer::Impl {
         // The hook (authentication) judges the headers before the body is read, so that a client
         // without the token cannot make the server read and hold up to max_body_bytes.
         if (self->hook) refusal = self->hook(r->req);
+        if (!refusal) self->admit(c);
         if (!refusal && upgrade) refusal = self->admit_websocket(static_cast<Upgrade&>(*r));
         const char* length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (!refusal && length != nullptr && std::atoll(length) > self->options.max_body_bytes) {
@@ -660,7 +741,9 @@ struct HttpServer::Impl {
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
       const MHD_ConnectionInfo* info =
           MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-      self->conns[c] = Conn{.fd = info ? info->connect_fd : -1, .started = Clock::now()};
+      Conn& conn = self->conns[c] = Conn{
+          .fd = info ? info->connect_fd : -1, .started = Clock::now(), .address = peer_address(c)};
+      self->make_room(conn);
     } else {
       self->conns.erase(c);
     }
@@ -802,9 +885,10 @@ void HttpServer::start() {
       flags, static_cast<std::uint16_t>(o.port), nullptr, nullptr, &Impl::on_request, impl_.get(),
       // The logger first, so that libmicrohttpd says nothing on its own stderr.
       MHD_OPTION_EXTERNAL_LOGGER, &Impl::on_log, impl_.get(), MHD_OPTION_SOCK_ADDR, addr,
+      // Twice the server's own caps, which it keeps itself: Note [Keeping room for admitted
+      // clients].
       MHD_OPTION_THREAD_POOL_SIZE, static_cast<unsigned>(o.threads), MHD_OPTION_CONNECTION_LIMIT,
-      static_cast<unsigned>(o.max_connections), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-      static_cast<unsigned>(o.max_connections_per_client), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+      static_cast<unsigned>(2 * o.max_connections), MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
       MHD_OPTION_NOTIFY_COMPLETED, &Impl::on_completed, impl_.get(), MHD_OPTION_NOTIFY_CONNECTION,
       &Impl::on_connection, impl_.get(), MHD_OPTION_LISTEN_BACKLOG_SIZE, 512u, MHD_OPTION_END);
   if (impl_->daemon == nullptr) {
@@ -867,6 +951,8 @@ HttpServer::Stats HttpServer::stats() const {
   Stats s;
   s.requests_timed_out = impl_->timed_out;
   s.websockets_dropped = impl_->dropped;
+  s.connections_evicted = impl_->evicted;
+  s.connections_refused = impl_->refused;
   std::lock_guard<std::mutex> lock(impl_->ws_mu);
   s.websockets_open = impl_->sockets.size();
   return s;

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -113,11 +114,18 @@ inline std::string websocket_read_all(const std::string& url,
   return out;
 }
 
-// A TCP connection to 127.0.0.1:port for hostile-client tests; closed when destroyed.
+// A TCP connection to 127.0.0.1:port for hostile-client tests, from `source` (another loopback
+// address, such as 127.0.0.2, plays another host); closed when destroyed.
 class RawClient {
  public:
-  explicit RawClient(int port) {
+  explicit RawClient(int port, const char* source = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (source != nullptr && fd_ >= 0) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) return;
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
@@ -170,6 +178,16 @@ class RawClient {
   int fd_ = -1;
   bool connected_ = false;
 };
+
+// Raises this process's soft limit on open files to `wanted` (a flood of connections to a server
+// in the same process holds two descriptors each); false when the hard limit is lower.
+inline bool raise_open_files_limit(rlim_t wanted) {
+  rlimit l{};
+  if (::getrlimit(RLIMIT_NOFILE, &l) != 0 || l.rlim_max < wanted) return false;
+  if (l.rlim_cur >= wanted) return true;
+  l.rlim_cur = wanted;
+  return ::setrlimit(RLIMIT_NOFILE, &l) == 0;
+}
 
 // A WebSocket handshake for `path` as a client sends it (it then never reads, if it so wishes).
 inline std::string websocket_handshake(const std::string& path, const std::string& token = "") {

@@ -491,6 +491,40 @@ TEST_F(HeadTest, FloodsAndFollowersThatDoNotReadDelayNoHeartbeat) {
   EXPECT_EQ(status_of(id), "SUCCEEDED");
 }
 
+// Note [Keeping room for admitted clients], Note [A head that turned connections away]: idle
+// connections without a token, 300 from the workers' own address (past its 256 per address) and
+// 4 x 256 from four other hosts (past the 768 in all), made the server refuse every heartbeat:
+// the node was declared dead and its running job FAILED. The flood now makes room for them.
+TEST_F(HeadTest, IdleConnectionFloodsWithoutATokenTurnAwayNoHeartbeat) {
+  if (!test::raise_open_files_limit(4096))
+    GTEST_SKIP() << "the hard limit on open files is below 4096: the flood needs ~2,700";
+  start(short_lived(options()));  // suspect after 0.4 s without a heartbeat, dead after 1.5 s
+  register_node("n1", 2);
+  std::string id = submit({{"entrypoint", "x"}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  std::vector<std::unique_ptr<test::RawClient>> flood;
+  for (int i = 0; i < 300; ++i) flood.push_back(std::make_unique<test::RawClient>(head_->port()));
+  for (const char* from : {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"})
+    for (int i = 0; i < 256; ++i)
+      flood.push_back(std::make_unique<test::RawClient>(head_->port(), from));
+  for (const auto& c : flood) ASSERT_TRUE(c->connected());
+  double worst_ms = 0;
+  for (int step = 0; step < 30; ++step) {  // 3 s: twice dead_after
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(heartbeat("n1")["registered"], true);
+    worst_ms = std::max(
+        worst_ms,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_LT(worst_ms, 1000);
+  EXPECT_EQ(node_in_status("n1")["state"], "alive");
+  EXPECT_EQ(status_of(id), "RUNNING");
+  heartbeat("n1", json::array({report(id, "succeeded")}));
+  EXPECT_EQ(status_of(id), "SUCCEEDED");
+}
+
 TEST_F(HeadTest, AReusedSubmissionIdIgnoresTheOldJobsLateReportsAndLines) {
   // Note [Job instances on the wire]: a deleted job's id submitted again got the old job's late
   // FAILED and its lines.

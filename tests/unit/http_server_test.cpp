@@ -206,6 +206,53 @@ TEST(HttpServerTest, IdleAndSlowClientsHoldNothingAndAreCutAtTheDeadline) {
   EXPECT_EQ(http("GET", base(server) + "/x").status, 200);
 }
 
+// Note [Keeping room for admitted clients]: past a cap the oldest connection no hook admitted
+// goes (from the crowded address), an admitted one never does, and a new connection is refused
+// only when every other in the way is admitted. libmicrohttpd refused every newcomer instead, so
+// idle connections from anywhere locked out the clients with the token.
+TEST(HttpServerTest, PastItsCapsTheServerEvictsUnadmittedConnectionsNeverAdmittedOnes) {
+  HttpServer server(
+      HttpServerOptions{.threads = 2, .max_connections = 12, .max_connections_per_client = 4});
+  server.set_hook([](const ServerRequest& req) -> std::optional<ServerResponse> {
+    if (req.header("Authorization") == "Bearer t") return std::nullopt;
+    return ServerResponse::json_error(401, "no token");
+  });
+  server.route("POST", "/x",
+               [](const ServerRequest& req) { return ServerResponse{.body = req.body}; });
+  server.start();
+  auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(300)); };
+  // Four admitted connections from 127.0.0.1, their bodies still to come: its cap per address.
+  std::vector<std::unique_ptr<test::RawClient>> admitted, idle;
+  for (int i = 0; i < 4; ++i) {
+    admitted.push_back(std::make_unique<test::RawClient>(server.port()));
+    ASSERT_TRUE(admitted.back()->send(
+        "POST /x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer t\r\nContent-Length: 2\r\n\r\n"));
+  }
+  settle();
+  // Four idle ones from each of two other hosts: the total cap of 12.
+  for (const char* from : {"127.0.0.2", "127.0.0.3"})
+    for (int i = 0; i < 4; ++i)
+      idle.push_back(std::make_unique<test::RawClient>(server.port(), from));
+  settle();
+  EXPECT_EQ(server.stats().connections_evicted, 0u);
+  // A thirteenth, from a third host: the oldest idle connection of a crowded host goes.
+  test::RawClient newcomer(server.port(), "127.0.0.4");
+  settle();
+  EXPECT_EQ(server.stats().connections_evicted, 1u);
+  EXPECT_EQ(server.stats().connections_refused, 0u);
+  EXPECT_FALSE(newcomer.closed_by_server());
+  EXPECT_TRUE(idle[0]->closed_by_server() || idle[4]->closed_by_server()) << "the oldest first";
+  // A fifth from 127.0.0.1, where every connection is admitted: the newcomer is refused.
+  test::RawClient fifth(server.port());
+  EXPECT_TRUE(test::eventually([&] { return fifth.closed_by_server(); }));
+  EXPECT_EQ(server.stats().connections_refused, 1u);
+  for (auto& c : admitted) {
+    EXPECT_FALSE(c->closed_by_server()) << "an admitted connection is never evicted";
+    c->send("ok");
+    EXPECT_NE(c->read_head(std::chrono::seconds(5)).find(" 200 "), std::string::npos);
+  }
+}
+
 TEST(HttpServerTest, AWebSocketClientThatDoesNotReadIsDroppedAndDelaysNothing) {
   HttpServer server(HttpServerOptions{.websocket_buffer_bytes = 256 << 10,
                                       .websocket_stall_timeout = std::chrono::seconds(1)});

@@ -105,8 +105,9 @@ struct HttpServerOptions {
   std::chrono::milliseconds request_timeout{10'000};
   // A larger body is refused with 413 naming the limit, before it is read.
   long long max_body_bytes = kDefaultMaxBodyBytes;
-  // Open connections (WebSockets included), in all and from one client address; past them a new
-  // connection is closed at once.
+  // Open connections (WebSockets included), in all and from one client address. Past either cap
+  // the oldest connection no hook has admitted yet is shut down to make room, and the new one
+  // only when every other in the way is admitted (Note [Keeping room for admitted clients]).
   int max_connections = 768;
   int max_connections_per_client = 256;
   // WebSockets: open at once (past it 503), bytes queued for one client before it is dropped,
@@ -148,6 +149,10 @@ class HttpServer {
     std::uint64_t requests_timed_out = 0;  // cut at request_timeout
     std::uint64_t websockets_dropped = 0;  // did not read (buffer full or stalled)
     std::uint64_t websockets_open = 0;     // now
+    // Past a connection cap: connections not yet admitted shut down to make room, and new ones
+    // refused because every connection in the way was admitted. Both only grow.
+    std::uint64_t connections_evicted = 0;
+    std::uint64_t connections_refused = 0;
   };
   Stats stats() const;
 
