@@ -44,6 +44,13 @@ class CheckpointCorruptError : public CorruptDataError {
   using CorruptDataError::CorruptDataError;
 };
 
+// A loss or a weight became NaN or Inf: training cannot go on from this step (Note [Non-finite
+// training] in train/trainer.cpp).
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The rendezvous was closed (the job finished or gave up) while this node waited on it.
 class RendezvousClosedError : public Error {
  public:

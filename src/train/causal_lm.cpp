@@ -733,6 +733,19 @@ Result report_result(const CausalLmOptions& o,
   return result;
 }
 
+// A resumed LoRA run's adapters were trained on `base` (Note [A LoRA checkpoint's base]).
+void check_resumed_base(Trainer& trainer, const std::string& base) {
+  const auto where = storage::join_uri(trainer.run().uri(), trainer.resumed_from());
+  if (const auto recorded = trainer.resumed_file(kLoraBaseFile)) {
+    check_same_base(*recorded, base, where);
+  } else if (trainer.rank() == 0) {
+    logger("train")->warn(
+        "{} holds no {} (it predates them): whether its adapters were trained on this base "
+        "cannot be checked.",
+        where, kLoraBaseFile);
+  }
+}
+
 }  // namespace
 
 void CausalLmOptions::validate() const {
@@ -793,7 +806,14 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
       wrapped.params,
       torch::optim::AdamWOptions(o.effective_lr()).eps(o.eps).weight_decay(o.weight_decay));
   const auto io = checkpoint_io(wrapped, optimizer, trainer, o.run.uri());
+  trainer.guard_weights(wrapped.params);
+  std::string base;  // Note [A LoRA checkpoint's base]
+  if (o.lora) {
+    base = base_fingerprint(o.model, data.source);
+    trainer.add_checkpoint_file(kLoraBaseFile, base);
+  }
   trainer.resume(*io);
+  if (o.lora && !trainer.resumed_from().empty()) check_resumed_base(trainer, base);
   const auto stats = train_epochs(o, data, wrapped, optimizer, trainer);
   const std::string last_checkpoint = trainer.finish_training();
   auto result = report_result(o, stats, last_checkpoint, trainer);

@@ -89,8 +89,19 @@ LoadedLm untrained_model_of_run(const std::string& run_uri,
   }
   TY_CHECK(config.value("recipe", "") == "causal-lm", run_uri,
            "/config.json is not a causal-lm run's (recipe \"", config.value("recipe", ""), "\").");
-  const auto source = resolve_model(config.at("model").get<std::string>());
+  const auto model = config.at("model").get<std::string>();
   const auto lora = lora_of_run(config, run_uri);
+  const auto source = [&] {
+    try {
+      return resolve_model(model);
+    } catch (const InvalidArgumentError& e) {
+      if (!lora) throw;
+      throw InvalidArgumentError(detail::concat(
+          "The LoRA run ", run_uri, " adapts the base model ", model,
+          " (its config.json's \"model\"), which cannot be read: ", e.what(),
+          " Its checkpoints hold the adapters only. HINT: restore the base model at ", model, "."));
+    }
+  }();
   if (lora) {
     // Note [A LoRA run's base]: its checkpoints hold the adapters only; the base is rebuilt as
     // the run built it, from its model folder's weights or its seed, in one whole model.
@@ -104,6 +115,7 @@ LoadedLm untrained_model_of_run(const std::string& run_uri,
       load_text_tokenizer(config.value("tokenizer", "bytes")), run_uri};
   if (lora && !source.dir.empty() && has_hf_weights(source.dir))
     models::load_hf_weights(*lm.model, hf::WeightReader(source.dir));
+  if (lora) lm.lora_base = base_fingerprint(model, source);
   return lm;
 }
 
@@ -138,6 +150,8 @@ void load_run_checkpoint(LoadedLm& lm,
                          const std::string& name) {
   const auto manifest = checkpointer.read_manifest(name);
   const auto where = storage::join_uri(run_uri, manifest.name);
+  if (!lm.lora_base.empty() && manifest.files.count(kLoraBaseFile) != 0)
+    check_same_base(checkpointer.read_file(manifest, kLoraBaseFile), lm.lora_base, where);
   if (manifest.files.count(fsdp::kShardedMetadataFile) != 0) {
     fsdp::load_sharded_into_module(*lm.model, *parameter_reader(checkpointer, manifest, where),
                                    where);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/error.h"
@@ -88,6 +89,110 @@ ModelSource resolve_model(const std::string& model) {
   } catch (const Error& e) {
     throw InvalidArgumentError(detail::concat(path.string(), ": ", e.what()));
   }
+}
+
+// Note [A LoRA checkpoint's base]
+// A LoRA run's checkpoints hold its adapters only (Note [A LoRA run's base]), and adapters mean
+// something only over the weights they were trained on: merged onto another model of the same
+// shapes, or onto the random weights a folder without weights gives, they make a different model
+// without a word. So each checkpoint of such a run holds kLoraBaseFile, the base's fingerprint:
+// the --model it names and, for a folder, each of its config.json and weight files (*.safetensors,
+// *.bin and their index) with its size and the SHA-256 of samples of it: the first and the last
+// MiB and 16 pieces of 64 KiB evenly between. That reads ~3 MiB a file whatever its size, so a
+// 10 GB base costs a glance at every start; a safetensors header (every tensor's name, dtype,
+// shape and offset) lies in the first MiB, and another model's weights differ throughout. A
+// resume, generate and export compare it with the folder as it is now and refuse a base that
+// changed or went missing, naming each file. A preset has no files: its seed, which the run's
+// config.json records, makes it.
+namespace {
+
+bool is_base_file(const std::string& name) {
+  auto ends_with = [&name](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return name == "config.json" || ends_with(".safetensors") || ends_with(".bin") ||
+         ends_with(".index.json");
+}
+
+// The SHA-256 of the size and samples of a file (the Note's).
+std::string sampled_sha256(const fs::path& path, std::uintmax_t bytes) {
+  constexpr std::uintmax_t kEnd = 1 << 20, kPiece = 64 << 10, kPieces = 16;
+  std::ifstream in(path, std::ios::binary);
+  TY_CHECK(in.good(), "cannot read ", path.string(), ".");
+  std::string samples = std::to_string(bytes) + "\n";
+  auto take = [&](std::uintmax_t offset, std::uintmax_t length) {
+    length = std::min(length, bytes - std::min(offset, bytes));
+    const auto old = samples.size();
+    samples.resize(old + length);
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(samples.data() + old, static_cast<std::streamsize>(length));
+    TY_CHECK(in.gcount() == static_cast<std::streamsize>(length), "cannot read ", path.string(),
+             ": it ended before its size (", bytes, " bytes).");
+  };
+  if (bytes <= 2 * kEnd + kPieces * kPiece) {
+    take(0, bytes);
+  } else {
+    take(0, kEnd);
+    const std::uintmax_t span = bytes - 2 * kEnd - kPiece;
+    for (std::uintmax_t i = 0; i < kPieces; ++i) take(kEnd + span * i / (kPieces - 1), kPiece);
+    take(bytes - kEnd, kEnd);
+  }
+  return checkpoint::sha256_hex(samples);
+}
+
+}  // namespace
+
+std::string base_fingerprint(const std::string& model, const ModelSource& source) {
+  nlohmann::json files = nlohmann::json::object();
+  if (!source.dir.empty()) {
+    for (const auto& entry : fs::directory_iterator(source.dir)) {
+      const auto name = entry.path().filename().string();
+      if (!entry.is_regular_file() || !is_base_file(name)) continue;
+      const auto bytes = entry.file_size();
+      files[name] = {{"bytes", bytes}, {"sampled_sha256", sampled_sha256(entry.path(), bytes)}};
+    }
+  }
+  return nlohmann::json{{"model", model}, {"files", files}}.dump(2) + "\n";
+}
+
+void check_same_base(const std::string& recorded,
+                     const std::string& now,
+                     const std::string& where) {
+  nlohmann::json then_json;
+  try {
+    then_json = nlohmann::json::parse(recorded);
+  } catch (const std::exception& e) {
+    throw CheckpointCorruptError(
+        detail::concat(where, "/", kLoraBaseFile, " is not valid JSON: ", e.what()));
+  }
+  const auto now_json = nlohmann::json::parse(now);
+  const auto& before = then_json.at("files");
+  const auto& after = now_json.at("files");
+  std::string changes;
+  auto add = [&changes](const std::string& change) {
+    changes += (changes.empty() ? "" : "; ") + change;
+  };
+  for (const auto& [name, file] : before.items()) {
+    if (!after.contains(name)) {
+      add(detail::concat(name, " is gone (", file.at("bytes").get<std::uint64_t>(),
+                         " bytes then)"));
+    } else if (after[name] != file) {
+      add(detail::concat(name, " changed (", file.at("bytes").get<std::uint64_t>(), " bytes then, ",
+                         after[name].at("bytes").get<std::uint64_t>(), " now; sampled SHA-256 ",
+                         file.at("sampled_sha256").get<std::string>().substr(0, 12), " then, ",
+                         after[name].at("sampled_sha256").get<std::string>().substr(0, 12),
+                         " now)"));
+    }
+  }
+  for (const auto& [name, file] : after.items())
+    if (!before.contains(name)) add(detail::concat(name, " is new"));
+  if (changes.empty()) return;
+  throw InvalidArgumentError(detail::concat(
+      where, " holds LoRA adapters trained on the base model ",
+      then_json.value("model", std::string("?")), ", which has changed since: ", changes,
+      ". Adapters apply only to the weights they were trained on. HINT: restore that base as it "
+      "was, or train new adapters on this one (another --name, or a fresh --storage)."));
 }
 
 bool has_hf_weights(const std::string& dir) {

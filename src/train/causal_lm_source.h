@@ -24,6 +24,15 @@ ModelSource resolve_model(const std::string& model);
 // Whether `dir` holds weights hf::WeightReader reads.
 bool has_hf_weights(const std::string& dir);
 
+// Note [A LoRA checkpoint's base]: every checkpoint of a LoRA run holds this file, the
+// fingerprint of the base model its adapters were trained on.
+inline constexpr const char* kLoraBaseFile = "lora_base.json";
+// The fingerprint (JSON text) of the base `model` (the --model given) resolved to `source`.
+std::string base_fingerprint(const std::string& model, const ModelSource& source);
+// Throws InvalidArgumentError naming each file that is gone, new or changed when the base as it
+// is now (`now`) is not the one `recorded` in checkpoint `where`.
+void check_same_base(const std::string& recorded, const std::string& now, const std::string& where);
+
 // Bytes as tokens (ids 0-255).
 TextTokenizer byte_tokenizer();
 // --tokenizer when given, else the model folder's tokenizer.json, else bytes.

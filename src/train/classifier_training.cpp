@@ -103,11 +103,10 @@ ClassifierEpoch train_classifier_epoch(
     out.samples += batch->inputs.size(0);
     const std::int64_t step = trainer.epoch_steps() + 1;
     const bool show = bar_enabled && (step % 5 == 0 || step == batches);
-    // The loss is read (a sync) only when it is shown or recorded as a metric.
-    const bool read_loss = show || trainer.step_timer().enabled();
-    const double loss_value = read_loss ? loss.item<double>() : 0;
-    trainer.step_done(options.batch_size,
-                      read_loss ? Metrics{{"loss", loss_value}, {"lr", options.lr}} : Metrics{});
+    // Read every step (on a GPU, a sync): step_done() stops the run at a NaN or Inf loss
+    // before anything of the step is saved (Note [Non-finite training] in trainer.cpp).
+    const double loss_value = loss.item<double>();
+    trainer.step_done(options.batch_size, {{"loss", loss_value}, {"lr", options.lr}});
     if (show) bar.update(step, loss_value);
     lap = Clock::now();
   }

@@ -96,6 +96,7 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
   const DdpModel ddp_model{.module = *model,
                            .forward = [&ddp](const at::Tensor& x) { return ddp.forward(x); },
                            .reducer = ddp.reducer()};
+  trainer.guard_weights(model->parameters());
   trainer.resume(*io);
 
   data::DistributedSampler sampler({.dataset_size = train_set.size(),

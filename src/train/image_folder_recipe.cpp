@@ -281,6 +281,7 @@ Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
   const DdpModel ddp_model{.module = *model,
                            .forward = [&ddp](const at::Tensor& x) { return ddp.forward(x); },
                            .reducer = ddp.reducer()};
+  trainer.guard_weights(model->parameters());
   trainer.resume(*io);
 
   // The sampler deals positions into train_positions; the loader gets the folder's indices.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <limits>
@@ -118,6 +119,31 @@ class FsdpCheckpointIO final : public CheckpointIO {
   Distributed& dist_;
   std::string last_;
 };
+
+// Note [Non-finite training]
+// A loss that turns NaN or Inf (a learning rate far too high, an overflow in low precision, bad
+// data) poisons the weights its step updates, and a run that goes on keeps saving them:
+// retention then deletes the last good checkpoint, and export and generation "succeed" on NaN
+// weights. So the Trainer stops the run at the first sign and never saves one:
+//  - step_done() throws NonFiniteError naming the step when the loss the recipe reports is not
+//    finite (causal-lm reports the mean over the ranks, so every rank stops together; a
+//    classifier rank its own, and the launcher stops the others when it exits);
+//  - save_checkpoint() first checks the weights the recipe guards (guard_weights(): what its
+//    optimizer updates), all ranks agreeing through a MAX all-reduce, because one step can take
+//    finite weights to Inf while its own loss, computed before the update, was still finite.
+// The rank then exits non-zero and so does the job; the newest checkpoint is the last finite one,
+// from which the run resumes when started again (with a lower --lr, say).
+bool all_finite(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors)
+    if (t.defined() && !torch::isfinite(t).all().item<bool>()) return false;
+  return true;
+}
+
+// Where a run stopped by a non-finite value can resume from, for its error.
+std::string last_good_checkpoint(const std::string& run_uri) {
+  return detail::concat("The checkpoints saved before it in ", run_uri,
+                        " hold finite weights; the same command resumes from the newest.");
+}
 
 // How many recent steps the samples/s and tokens/s gauges average over, and the longest span they
 // look back (a slow step or a pause counts for at most that long).
@@ -373,6 +399,22 @@ const Progress& Trainer::resume(CheckpointIO& io) {
   return progress_;
 }
 
+std::optional<std::string> Trainer::resumed_file(const std::string& name) {
+  if (resumed_from_.empty()) return std::nullopt;
+  const auto manifest = checkpointer_->read_manifest(resumed_from_);
+  if (manifest.files.count(name) == 0) return std::nullopt;
+  return checkpointer_->read_file(manifest, name);
+}
+
+void Trainer::add_checkpoint_file(const std::string& name, std::string bytes) {
+  TY_CHECK(name != kStateFile, name, " is the Trainer's own checkpoint file.");
+  checkpoint_files_[name] = std::move(bytes);
+}
+
+void Trainer::guard_weights(std::vector<at::Tensor> weights) {
+  guarded_weights_ = std::move(weights);
+}
+
 // Note [Positions across world sizes]
 // The position within an epoch counts sample positions of the sampler's permutation consumed by
 // all ranks together: after s steps of B samples on W ranks, s * B * W. A resumed epoch starts
@@ -395,6 +437,14 @@ std::int64_t Trainer::begin_epoch(int epoch, std::int64_t batches) {
 }
 
 void Trainer::step_done(std::int64_t batch_size, Metrics metrics, std::int64_t tokens) {
+  for (const auto& [key, value] : metrics) {  // Note [Non-finite training]
+    if ((key == "loss" || key == "train_loss") && !std::isfinite(value)) {
+      throw NonFiniteError(detail::concat(
+          "the loss of step ", progress_.global_step + 1, " (epoch ", current_epoch_, ") is ",
+          value, ": the run stops here and saves nothing of this step. ",
+          last_good_checkpoint(run_.uri()), " HINT: lower --lr, or look at this step's data."));
+    }
+  }
   step_timer_->phase(metrics::Phase::kOther);
   heartbeat();  // one step of progress; see Note [Hang watchdog]
   ++epoch_steps_;
@@ -458,11 +508,22 @@ void Trainer::on_report(std::function<void(const Report&)> sink) {
 void Trainer::save_checkpoint() {
   TY_CHECK(io_ != nullptr, "Trainer::save_checkpoint needs resume() first (it sets the io).");
   heartbeat();  // around each phase that may take a while: Note [Hang watchdog]
+  if (!guarded_weights_.empty()) {  // Note [Non-finite training]
+    auto bad = torch::tensor({all_finite(guarded_weights_) ? 0.0 : 1.0}, torch::kFloat64);
+    all_reduce(bad, /*max=*/true);
+    TY_CHECK_T(NonFiniteError, bad.item<double>() == 0, "step ", progress_.global_step, " (epoch ",
+               current_epoch_,
+               ") left NaN or Inf in the weights: the run stops "
+               "without saving them. ",
+               last_good_checkpoint(run_.uri()), " HINT: lower --lr.");
+  }
   const double t0 = now_s();
   last_checkpoint_step_ = progress_.global_step;  // on every rank: it decides the final save
   Progress saved = progress_;
   saved.world_size = world_size();
-  io_->save(*checkpointer_, progress_.global_step, {{kStateFile, progress_json(saved)}});
+  auto files = checkpoint_files_;
+  files[kStateFile] = progress_json(saved);
+  io_->save(*checkpointer_, progress_.global_step, std::move(files));
   heartbeat();
   if (rank() == 0)
     logger("train")->info("Checkpoint of step {}: training stalled {:.2f} s", progress_.global_step,

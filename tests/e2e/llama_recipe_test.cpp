@@ -274,6 +274,66 @@ TEST(LlamaRecipe, LoraTrainsAdaptersOnlyAndExportsThemMergedOrAsPeft) {
   EXPECT_NE(merged.find("model.layers.1.self_attn.q_proj.weight"), std::string::npos);
 }
 
+// Note [A LoRA checkpoint's base]: the checkpoint records the base it adapts, and the run's
+// readers and its resume refuse a base whose weights changed or went missing, naming the file,
+// where they would merge the adapters onto other (or random) weights.
+TEST(LlamaRecipe, LoraCheckpointsRefuseABaseThatChangedOrIsGone) {
+  TY_REQUIRE_HF_ORACLE("transformers");
+  TempDir dir;
+  const auto base = dir.path() / "base";
+  trainyard::test::transformers_save({{base, "llama"}});
+  auto train = [&](const std::string& steps) {
+    return run_program(
+        trainyard::test::train_on_bytes_command(
+            base, dir.path(), "lora", {"--lr", "1e-2", "--max-steps", steps, "--peft", "lora"}),
+        {}, 90s);
+  };
+  auto first = train("2");
+  ASSERT_TRUE(first.status.success()) << first.out << first.err;
+  const auto checkpoint = dir.path() / "lora" / "checkpoint_000000";
+  const auto recorded = nlohmann::json::parse(read_file(checkpoint / "lora_base.json"));
+  EXPECT_EQ(recorded["model"], base.string());
+  fs::path weights;  // the first shard of the saved folder
+  for (const auto& [name, file] : recorded["files"].items())
+    if (weights.empty() && name.find(".safetensors") != std::string::npos &&
+        name.find(".index.json") == std::string::npos)
+      weights = base / name;
+  ASSERT_FALSE(weights.empty()) << recorded.dump();
+  auto export_to = [&](const std::string& out) {
+    return run_program({TRAINYARD_CLI_PATH, "export", "--checkpoint", checkpoint.string(), "--out",
+                        (dir.path() / out).string()},
+                       {}, 60s);
+  };
+  auto refused = [&](const trainyard::mptest::RunOutput& r, const std::string& why) {
+    EXPECT_FALSE(r.status.success()) << r.out;
+    EXPECT_NE(r.err.find(why), std::string::npos) << r.err;
+  };
+
+  // Other weights of the same shapes: the last float of the shard's data changed.
+  const auto original = read_file(weights);
+  std::string changed = original;
+  changed[changed.size() - 2] = static_cast<char>(changed[changed.size() - 2] ^ 0x40);
+  std::ofstream(weights, std::ios::binary | std::ios::trunc) << changed;
+  const std::string why = weights.filename().string() + " changed";
+  refused(export_to("merged"), why);
+  refused(run_program({TRAINYARD_CLI_PATH, "generate", "--model", (dir.path() / "lora").string(),
+                       "--prompt-ids", "65,66", "--max-new-tokens", "2", "--print-ids"},
+                      {}, 60s),
+          why);
+  refused(train("4"), why);
+  EXPECT_FALSE(fs::exists(dir.path() / "lora" / "checkpoint_000001")) << "the resume saved nothing";
+
+  std::ofstream(weights, std::ios::binary | std::ios::trunc) << original;
+  auto restored = export_to("merged");
+  EXPECT_TRUE(restored.status.success()) << "the same base again: " << restored.err;
+
+  fs::remove(weights);
+  // Gone: the reader names the file (the folder's index lists it), or the fingerprint does.
+  refused(export_to("merged2"), weights.filename().string());
+  fs::remove_all(base);
+  refused(export_to("merged3"), "adapts the base model " + base.string());
+}
+
 // --peft lora on a base with weights (a tied Llama with llama3 rotary scaling that transformers'
 // save_pretrained wrote, sharded: tests/hf_oracle.h), every linear layer adapted, alpha / r = 4:
 // peft.PeftModel.from_pretrained loads the --adapter-only export onto that base, and its logits

@@ -103,6 +103,9 @@ struct LoadedLm {
   models::CausalLm model{nullptr};
   TextTokenizer tokenizer;
   std::string description;  // what was loaded, for a log line
+  // A LoRA run's base as it is now (JSON text; Note [A LoRA checkpoint's base] in
+  // causal_lm_source.cpp), which a checkpoint's adapters must have been trained on; else empty.
+  std::string lora_base;
 };
 LoadedLm load_causal_lm(const std::string& model_or_run, std::uint64_t seed = 0);
 

@@ -163,9 +163,18 @@ class Trainer {
   // stands: the start when there is none. Rank 0 prints what it resumed from, or names the
   // damaged checkpoints it could not.
   const Progress& resume(CheckpointIO& io);
+  // The tensors the optimizer updates (this rank's: whole parameters, or its FSDP shards), which
+  // every save checks first: a checkpoint of NaN or Inf weights is never written (Note
+  // [Non-finite training] in trainer.cpp). Recipes name them before the first step.
+  void guard_weights(std::vector<at::Tensor> weights);
   const Progress& progress() const { return progress_; }
   // The resumed checkpoint's name; empty when the run started from scratch.
   const std::string& resumed_from() const { return resumed_from_; }
+  // File `name` of the resumed checkpoint, verified against its manifest; nullopt when the run
+  // started from scratch or that checkpoint has no such file.
+  std::optional<std::string> resumed_file(const std::string& name);
+  // A file every checkpoint saved from now on holds beside the recipe's state (written by rank 0).
+  void add_checkpoint_file(const std::string& name, std::string bytes);
 
   // Starts epoch `epoch` of `batches` steps per rank (counted from the epoch's first sample) and
   // returns the sample position to start it from: where the resumed checkpoint left it, else 0.
@@ -173,7 +182,8 @@ class Trainer {
   // One optimizer step over `batch_size` samples (and `tokens` tokens, for recipes that count
   // them) per rank is done: advances the position, beats the hang watchdog, report()s `metrics`,
   // saves a checkpoint when checkpoint_every says so, and ends the step's timing (what it does
-  // itself is Phase::kOther) and begins the next one's.
+  // itself is Phase::kOther) and begins the next one's. A "loss" or "train_loss" in `metrics`
+  // that is NaN or Inf stops the run: NonFiniteError naming the step, nothing of it saved.
   void step_done(std::int64_t batch_size, Metrics metrics, std::int64_t tokens = 0);
   // Enters `phase` of the current step (metrics/step_timer.h); cheap: one clock read.
   void phase(metrics::Phase phase) { step_timer_->phase(phase); }
@@ -191,6 +201,7 @@ class Trainer {
   const Report& last_report() const { return last_report_; }
 
   // Collective: saves a checkpoint now (it is written in the background where the io can).
+  // Throws NonFiniteError, saving nothing, when a guarded weight holds NaN or Inf.
   void save_checkpoint();
   // Collective: saves a checkpoint now, waits for it, and (rank 0) marks it the run's best, so
   // that retention keeps it beyond num_to_keep (checkpoint::Checkpointer::mark_best). Returns
@@ -223,6 +234,8 @@ class Trainer {
   double start_s_ = 0;  // steady clock, seconds
   std::string config_json_ = "{}";
   CheckpointIO* io_ = nullptr;
+  std::vector<at::Tensor> guarded_weights_;
+  std::map<std::string, std::string> checkpoint_files_;  // add_checkpoint_file()
   Progress progress_;
   std::string resumed_from_;
   std::string last_checkpoint_;
