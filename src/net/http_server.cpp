@@ -135,21 +135,7 @@ MHD_Result send_response(MHD_Connection* c, const ServerResponse& res) {
       continue;
     MHD_add_response_header(r, name.c_str(), value.c_str());
   }
-  MHD_add_response_header(r, "Connection", "close");  // Note [Keeping room for admitted clients]
-  // The caps on connections (max_connections in all, max_connections_per_client from one address)
-  // are the server's own, not libmicrohttpd's (which is given twice as many, and no cap per
-  // address, so that it never refuses first). libmicrohttpd refused whatever came past a cap: 256
-  // idle connections from the workers' address (any local user on a one-host cluster), or 768 from
-  // anywhere, and no heartbeat got in; without a token, a stranger had healthy nodes declared dead
-  // and their jobs FAILED. Now a connection past a cap makes room: the oldest connection that no
-  // hook has admitted yet (its request has not arrived, or was refused) goes, from the same address
-  // for the cap per address, else from the address holding the most; a connection whose request
-  // the hook admitted (an authenticated client's) is never shut down for another's. Only when
-  // every connection in the way is admitted is the new one refused. Each eviction and refusal is
-  // counted (Stats), so that the head knows when it may have turned a heartbeat away (Note [A head
-  // that turned connections away] in head_state.cpp).
-
-  // Note [No keep-alive]
+  MHD_add_response_header(r, "Connection", "close");  // Note [No keep-alive]
   const MHD_Result ok = MHD_queue_response(c, static_cast<unsigned>(res.status), r);
   MHD_destroy_response(r);
   return ok;

@@ -107,12 +107,8 @@ ModelSource resolve_model(const std::string& model) {
 namespace {
 
 bool is_base_file(const std::string& name) {
-  auto ends_with = [&name](std::string_view suffix) {
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  return name == "config.json" || ends_with(".safetensors") || ends_with(".bin") ||
-         ends_with(".index.json");
+  return name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".bin") ||
+         name.ends_with(".index.json");
 }
 
 // The SHA-256 of the size and samples of a file (the Note's).

@@ -134,9 +134,13 @@ class FsdpCheckpointIO final : public CheckpointIO {
 // The rank then exits non-zero and so does the job; the newest checkpoint is the last finite one,
 // from which the run resumes when started again (with a lower --lr, say).
 bool all_finite(const std::vector<at::Tensor>& tensors) {
-  for (const auto& t : tensors)
-    if (t.defined() && !torch::isfinite(t).all().item<bool>()) return false;
-  return true;
+  at::Tensor finite;  // on the tensors' device, read once: one sync on a GPU
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    auto one = torch::isfinite(t).all();
+    finite = finite.defined() ? finite.logical_and(one) : one;
+  }
+  return !finite.defined() || finite.item<bool>();
 }
 
 // Where a run stopped by a non-finite value can resume from, for its error.
@@ -513,8 +517,7 @@ void Trainer::save_checkpoint() {
     all_reduce(bad, /*max=*/true);
     TY_CHECK_T(NonFiniteError, bad.item<double>() == 0, "step ", progress_.global_step, " (epoch ",
                current_epoch_,
-               ") left NaN or Inf in the weights: the run stops "
-               "without saving them. ",
+               ") left NaN or Inf in the weights: the run stops without saving them. ",
                last_good_checkpoint(run_.uri()), " HINT: lower --lr.");
   }
   const double t0 = now_s();
