@@ -30,8 +30,8 @@
 #include "trainyard/models/causal_lm.h"
 #include "trainyard/nn/autocast.h"
 #include "trainyard/optim/fused_adamw.h"
+#include "trainyard/strategy.h"
 #include "trainyard/train/causal_lm.h"
-#include "trainyard/train/strategy.h"
 
 namespace fsdp = trainyard::fsdp;
 namespace models = trainyard::models;
@@ -85,7 +85,7 @@ int main(int argc, char** argv) try {
   // 1. Flags.
   CLI::App app{"GPT-NeoX with FSDP"};
   std::string preset = "pythia-14m", precision = "fp32", data_path;
-  trainyard::train::Strategy strategy;
+  auto strategy = trainyard::Strategy::kFullShard;
   std::string storage, device_name, profile_path;
   bool checkpointing = false, memory_trace = false;
   std::int64_t seq_len = 256, batch = 4, steps = 10, checkpoint_every = 0, warmup = 0;
@@ -95,8 +95,10 @@ int main(int argc, char** argv) try {
       ->check(CLI::IsMember(models::CausalLmConfig::preset_names()));
   app.add_option_function<std::string>(
       "--strategy",
-      [&](const std::string& name) { strategy = trainyard::train::Strategy::parse(name); },
-      trainyard::train::Strategy::names());
+      [&](const std::string& name) {
+        strategy = trainyard::parse_strategy(name, trainyard::kTrainingStrategies);
+      },
+      trainyard::strategy_names(trainyard::kTrainingStrategies));
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16-mixed"}));
   app.add_flag("--activation-checkpointing", checkpointing);
   app.add_flag("--memory-trace", memory_trace, "print RSS and heap use at every phase of a step");
@@ -119,7 +121,8 @@ int main(int argc, char** argv) try {
   CLI11_PARSE(app, argc, argv);
   TY_CHECK(profile_path.empty() || steps >= 2,
            "--profile records step 1: it needs --steps >= 2, got --steps ", steps, ".");
-  TY_CHECK(storage.empty() || !strategy.is_ddp(), "--storage needs an FSDP --strategy.");
+  TY_CHECK(storage.empty() || strategy != trainyard::Strategy::kDdp,
+           "--storage needs an FSDP --strategy.");
 
   // 2. Join the job and build the model (the same initial values on every rank: seeded per name).
   auto init_options = trainyard::init_options_from_env();
@@ -130,7 +133,7 @@ int main(int argc, char** argv) try {
   const auto config = models::CausalLmConfig::preset(preset);
   // Under FSDP the model is deferred: FSDP materialises it one unit at a time, on the rank's
   // device (FsdpOptions.device). DDP's is built on the device.
-  const bool fsdp = !strategy.is_ddp();
+  const bool fsdp = strategy != trainyard::Strategy::kDdp;
   auto model = models::make_causal_lm(
       config, {.device = fsdp ? torch::kCPU : device, .seed = seed, .deferred = fsdp});
   const bool bf16 = precision == "bf16-mixed";
@@ -139,14 +142,14 @@ int main(int argc, char** argv) try {
   std::unique_ptr<fsdp::FullyShardedDataParallel<models::CausalLm>> sharded;
   std::unique_ptr<trainyard::ddp::DistributedDataParallel<models::CausalLm>> replicated;
   std::vector<torch::Tensor> params;
-  if (strategy.is_ddp()) {
+  if (strategy == trainyard::Strategy::kDdp) {
     TY_CHECK(!checkpointing, "--strategy ddp runs without activation checkpointing.");
     replicated = std::make_unique<trainyard::ddp::DistributedDataParallel<models::CausalLm>>(
         model, dist->process_group());
     params = model->parameters();
   } else {
     fsdp::FsdpOptions options{
-        .sharding = *strategy.sharding,
+        .sharding = strategy,
         .wrap = trainyard::train::causal_lm_wrap_policy(model),
         .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
         .forward_prefetch = true,
@@ -252,7 +255,7 @@ int main(int argc, char** argv) try {
       "(%s, %s%s)\n",
       dist->rank(), (steps - timed_from) * batch * seq_len * dist->world_size() / seconds,
       usage.ru_maxrss / 1024.0, state / 1048576.0, pool.c_str(), exposed_ms / 10 / seconds,
-      std::string(trainyard::train::to_string(strategy)).c_str(), precision.c_str(),
+      std::string(trainyard::to_string(strategy)).c_str(), precision.c_str(),
       checkpointing ? ", activation checkpointing" : "");
   return 0;
 } catch (const std::exception& e) {

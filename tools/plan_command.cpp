@@ -73,14 +73,12 @@ void print_csv(const plan::PlanOptions& o) {
   std::printf(
       "strategy,params,grads,optimizer,activations,runtime,total,persistent,paper_total,fits,"
       "peak_at\n");
-  for (auto s :
-       {plan::Strategy::kDdp, plan::Strategy::kZero1, plan::Strategy::kShardGradOp,
-        plan::Strategy::kHybridShard, plan::Strategy::kFullShard, plan::Strategy::kNoShard}) {
+  for (auto s : plan::kPlannedStrategies) {
     const auto r = plan::plan_strategy(o, s);
     std::printf("%s,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%s,%s\n",
-                std::string(plan::to_string(s)).c_str(), r.params, r.grads, r.optimizer,
-                r.activations, r.runtime, r.total(), r.persistent, r.paper_total(),
-                r.fits ? "yes" : "no", r.peak_phase.c_str());
+                std::string(display_name(s)).c_str(), r.params, r.grads, r.optimizer, r.activations,
+                r.runtime, r.total(), r.persistent, r.paper_total(), r.fits ? "yes" : "no",
+                r.peak_phase.c_str());
   }
 }
 

@@ -156,8 +156,10 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
                  "tokenizer.json (default: the model folder's; else bytes are the tokens)");
     c.add_option_function<std::string>(
          "--strategy",
-         [this](const std::string& name) { options_.strategy = Strategy::parse(name); },
-         Strategy::names())
+         [this](const std::string& name) {
+           options_.strategy = parse_strategy(name, kTrainingStrategies);
+         },
+         strategy_names(kTrainingStrategies))
         ->default_str(std::string(to_string(options_.strategy)));
     auto* precision =
         c.add_option_function<std::string>(

@@ -152,6 +152,8 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
            groups_.world_size, " but the shard group has ", shard_size_,
            " ranks and the replicate group ", replicate_size_,
            ". HINT: build the groups with make_fsdp_groups().");
+  TY_CHECK(is_fsdp(options_.sharding), "FsdpOptions.sharding is ", to_string(options_.sharding),
+           "; FSDP runs ", strategy_names(kFsdpStrategies), ".");
   const auto& mp = options_.mixed_precision;
   trainable_dtype_ = mp.shard_dtype.value_or(torch::kFloat32);
   compute_dtype_ = mp.param_dtype.value_or(trainable_dtype_);
@@ -161,8 +163,8 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module,
              "FsdpOptions.mixed_precision: shard_dtype, param_dtype and reduce_dtype must be "
              "float32 or bfloat16, got ",
              dtype, ".");
-  reshard_after_forward_ = options_.sharding == ShardingStrategy::kFullShard ||
-                           options_.sharding == ShardingStrategy::kHybridShard;
+  reshard_after_forward_ =
+      options_.sharding == Strategy::kFullShard || options_.sharding == Strategy::kHybridShard;
   device_ = choose_device();
 
   select_units();
@@ -950,7 +952,7 @@ FullyShardedDataParallelBase::NoSyncGuard::~NoSyncGuard() {
 
 // --- groups ------------------------------------------------------------------------------------
 
-FsdpGroups make_fsdp_groups(ShardingStrategy strategy,
+FsdpGroups make_fsdp_groups(Strategy strategy,
                             const c10::intrusive_ptr<c10d::ProcessGroup>& world,
                             const c10::intrusive_ptr<c10d::Store>& store,
                             int local_world_size,
@@ -959,16 +961,24 @@ FsdpGroups make_fsdp_groups(ShardingStrategy strategy,
   const int w = world->getSize();
   const int rank = world->getRank();
   switch (strategy) {
-    case ShardingStrategy::kFullShard:
-    case ShardingStrategy::kShardGradOp:
+    case Strategy::kFullShard:
+    case Strategy::kShardGradOp:
       return FsdpGroups{.shard = world, .replicate = {}, .world_size = w};
-    case ShardingStrategy::kNoShard:
+    case Strategy::kNoShard:
       return FsdpGroups{.shard = {},
                         .replicate = w > 1 ? world : c10::intrusive_ptr<c10d::ProcessGroup>(),
                         .world_size = w};
-    case ShardingStrategy::kHybridShard:
-    case ShardingStrategy::kHybridShardGradOp:
+    case Strategy::kHybridShard:
+    case Strategy::kHybridShardGradOp:
       break;
+    case Strategy::kDdp:
+    case Strategy::kZero1:
+      throw InvalidArgumentError(
+          detail::concat("FSDP's sharding strategy is ", to_string(strategy),
+                         ", which is not one of FSDP's (", strategy_names(kFsdpStrategies),
+                         "). HINT: wrap the model in DistributedDataParallel "
+                         "for ",
+                         to_string(strategy), "."));
   }
   TY_CHECK(local_world_size >= 1 && w % local_world_size == 0,
            "HYBRID sharding needs the world size (", w,
@@ -993,7 +1003,7 @@ FsdpGroups make_fsdp_groups(ShardingStrategy strategy,
   return groups;
 }
 
-FsdpGroups groups_from(const std::shared_ptr<Distributed>& dist, ShardingStrategy strategy) {
+FsdpGroups groups_from(const std::shared_ptr<Distributed>& dist, Strategy strategy) {
   TY_CHECK(dist != nullptr, "FullyShardedDataParallel needs a Distributed (trainyard::init()).");
   return make_fsdp_groups(strategy, dist->process_group(), dist->store(),
                           dist->env().local_world_size, dist->env().master_addr);

@@ -211,6 +211,18 @@ nlohmann::json parse_json(const std::string& text, const std::string& what) {
   }
 }
 
+// fsdp.json's "strategy": the FSDP strategy the checkpoint was saved under.
+Strategy parse_saved_strategy(const nlohmann::json& meta, const std::string& what) {
+  const std::string meta_what = what + "/" + kShardedMetadataFile;
+  try {
+    return parse_strategy(meta.at("strategy").get<std::string>(), kFsdpStrategies, "\"strategy\"");
+  } catch (const nlohmann::json::exception& e) {
+    corrupt(meta_what, detail::concat("malformed (", e.what(), ")."));
+  } catch (const InvalidArgumentError& e) {
+    corrupt(meta_what, e.what());
+  }
+}
+
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -557,7 +569,7 @@ std::optional<LoadedFsdpCheckpoint> load_latest_checkpoint(
         staged = stage_sharded(st, optimizer, meta_text, read, what);
         const auto meta = nlohmann::json::parse(meta_text);
         out.saved_world_size = meta.value("world_size", 0);
-        out.saved_strategy = meta.value("strategy", "");
+        out.saved_strategy = parse_saved_strategy(meta, what);
       } else if (manifest.files.count(kFullIndexFile)) {
         out.format = CheckpointFormat::kFull;
         staged = stage_full(st, read, what);
@@ -581,10 +593,10 @@ std::optional<LoadedFsdpCheckpoint> load_latest_checkpoint(
       if (st.global_rank() == 0) {
         if (out.format == CheckpointFormat::kSharded)
           log->info("Resumed from {} (step {}), saved by {} ranks ({}), loaded on {} ({}){}", what,
-                    out.step, out.saved_world_size, out.saved_strategy, st.world_size(),
+                    out.step, out.saved_world_size, to_string(*out.saved_strategy), st.world_size(),
                     to_string(fsdp.options().sharding),
                     out.saved_world_size != st.world_size() ||
-                            out.saved_strategy != to_string(fsdp.options().sharding)
+                            out.saved_strategy != fsdp.options().sharding
                         ? ": resharded on load"
                         : "");
         else

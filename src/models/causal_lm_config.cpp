@@ -10,22 +10,6 @@
 namespace trainyard::models {
 namespace {
 
-// What each architecture's config answers the same way.
-template <typename Config>
-struct Traits;
-template <>
-struct Traits<GptNeoXConfig> {
-  static constexpr std::string_view model_types[] = {"gpt_neox"};
-  static constexpr std::string_view architecture = "GPT-NeoX";
-  static std::string_view model_type(const GptNeoXConfig&) { return "gpt_neox"; }
-};
-template <>
-struct Traits<LlamaConfig> {
-  static constexpr std::string_view model_types[] = {"llama", "mistral", "qwen2"};
-  static constexpr std::string_view architecture = "Llama";
-  static std::string_view model_type(const LlamaConfig& c) { return c.model_type; }
-};
-
 template <typename F>
 decltype(auto) visit(const CausalLmConfig::Variant& v, F&& f) {
   return std::visit(std::forward<F>(f), v);
@@ -42,7 +26,7 @@ bool for_each_architecture(F&& f) {
 std::string supported_model_types() {
   std::string out;
   for_each_architecture([&](auto config) {
-    for (auto type : Traits<decltype(config)>::model_types)
+    for (auto type : decltype(config)::kModelTypes)
       out += detail::concat(out.empty() ? "\"" : ", \"", type, "\"");
     return false;
   });
@@ -82,7 +66,7 @@ bool CausalLmConfig::is_preset(const std::string& name) {
 }
 
 CausalLmConfig CausalLmConfig::from_json(const std::string& json_text) {
-  auto j = parse_config_object(json_text);
+  const auto j = parse_config_object(json_text);
   // Without model_type: GPT-NeoX, which trainyard read before it knew other architectures.
   std::string type = "gpt_neox";
   if (j.contains("model_type")) {
@@ -93,9 +77,9 @@ CausalLmConfig CausalLmConfig::from_json(const std::string& json_text) {
   std::optional<CausalLmConfig> found;
   for_each_architecture([&](auto config) {
     using Config = decltype(config);
-    const auto& types = Traits<Config>::model_types;
+    const auto& types = Config::kModelTypes;
     if (std::find(std::begin(types), std::end(types), type) == std::end(types)) return false;
-    found = CausalLmConfig(Config::from_json(json_text));
+    found = CausalLmConfig(Config::from_json(j));
     return true;
   });
   TY_CHECK(found.has_value(), "config.json: \"model_type\" is \"", type, "\"; trainyard builds ",
@@ -113,14 +97,12 @@ void CausalLmConfig::validate() const {
 }
 
 std::string_view CausalLmConfig::model_type() const {
-  return visit(config_, [](const auto& c) -> std::string_view {
-    return Traits<std::decay_t<decltype(c)>>::model_type(c);
-  });
+  return visit(config_, [](const auto& c) -> std::string_view { return c.model_type(); });
 }
 
 std::string_view CausalLmConfig::architecture() const {
   return visit(config_, [](const auto& c) -> std::string_view {
-    return Traits<std::decay_t<decltype(c)>>::architecture;
+    return std::decay_t<decltype(c)>::kArchitecture;
   });
 }
 
@@ -143,7 +125,32 @@ std::int64_t CausalLmConfig::max_position_embeddings() const {
   return visit(config_, [](const auto& c) { return c.max_position_embeddings; });
 }
 std::int64_t CausalLmConfig::parameter_count() const {
-  return visit(config_, [](const auto& c) { return c.parameter_count(); });
+  return parameter_layout().total();
+}
+
+ParameterLayout CausalLmConfig::parameter_layout() const {
+  return visit(config_, [](const auto& c) { return c.parameter_layout(); });
+}
+std::vector<LayerLinear> CausalLmConfig::layer_linears() const {
+  return visit(config_, [](const auto& c) { return c.layer_linears(); });
+}
+bool CausalLmConfig::is_unused_checkpoint_tensor(std::string_view name) const {
+  return visit(config_, [&](const auto& c) { return c.is_unused_checkpoint_tensor(name); });
+}
+double CausalLmConfig::layer_activation_bytes(const ActivationShape& shape) const {
+  return visit(config_, [&](const auto& c) { return c.layer_activation_bytes(shape); });
+}
+
+std::int64_t ParameterLayout::layer_elements() const {
+  std::int64_t n = 0;
+  for (auto e : layer) n += e;
+  return n;
+}
+
+std::int64_t ParameterLayout::total() const {
+  std::int64_t n = embedding + num_layers * layer_elements() + (tied ? 0 : embedding);
+  for (auto e : final_norm) n += e;
+  return n;
 }
 
 }  // namespace trainyard::models

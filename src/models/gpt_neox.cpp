@@ -134,24 +134,11 @@ GptNeoXLayerImpl& GptNeoXModelImpl::layer(std::int64_t index) {
 }
 
 torch::Tensor GptNeoXModelImpl::forward(const torch::Tensor& input_ids) {
-  TY_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
-           "GptNeoX expects (batch, seq) int64 token ids, got ", input_ids.sizes(), " ",
-           input_ids.scalar_type(), ".");
-  TY_CHECK(input_ids.size(1) <= max_positions_, "GptNeoX got a sequence of ", input_ids.size(1),
-           " tokens; max_position_embeddings is ", max_positions_, ".");
+  parts::check_token_ids(input_ids, 0, max_positions_, "GptNeoX");
   // The embeddings, like the layers, are called as units, so a wrapper may shard them too.
-  auto embed = embed_in.ptr();
-  auto x = maybe_dropout(
-      trainyard::nn::call_unit(*embed, input_ids,
-                               [embed](const torch::Tensor& ids) { return embed->forward(ids); }),
-      hidden_dropout_, is_training());  // (B, T, hidden)
-  for (std::int64_t i = 0; i < num_layers(); ++i) {
-    // The unit's forward holds the layer by value: a hook may call it again in backward
-    // (activation checkpointing), after this frame is gone.
-    auto unit = layers->ptr<GptNeoXLayerImpl>(static_cast<std::size_t>(i));
-    x = trainyard::nn::call_unit(*unit, x,
-                                 [unit](const torch::Tensor& h) { return unit->forward(h); });
-  }
+  auto x = maybe_dropout(parts::call_as_unit(embed_in.ptr(), input_ids), hidden_dropout_,
+                         is_training());  // (B, T, hidden)
+  x = parts::call_layers<GptNeoXLayerImpl>(layers, x);
   return final_layer_norm->forward(x);
 }
 
@@ -173,25 +160,14 @@ GptNeoXImpl::GptNeoXImpl(GptNeoXConfig config, GptNeoXInit init)
 }
 
 torch::Tensor GptNeoXImpl::forward(const torch::Tensor& input_ids) {
-  auto head = embed_out.ptr();
-  return trainyard::nn::call_unit(
-      *head, gpt_neox->forward(input_ids),
-      [head](const torch::Tensor& h) { return head->forward(h); });  // (B, T, vocab_size)
+  return parts::call_as_unit(embed_out.ptr(), gpt_neox->forward(input_ids));  // (B, T, vocab)
 }
 
 torch::Tensor GptNeoXImpl::forward_cached(const torch::Tensor& input_ids, KvCache& cache) {
   auto& m = *gpt_neox;
-  const auto past = cache.length();
-  TY_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
-           "GptNeoX expects (batch, seq) int64 token ids, got ", input_ids.sizes(), " ",
-           input_ids.scalar_type(), ".");
-  TY_CHECK(past + input_ids.size(1) <= config_.max_position_embeddings, "GptNeoX got ",
-           past + input_ids.size(1), " positions; max_position_embeddings is ",
-           config_.max_position_embeddings, ".");
-  cache.layers.resize(static_cast<std::size_t>(m.num_layers()));
+  parts::check_token_ids(input_ids, cache.length(), config_.max_position_embeddings, "GptNeoX");
   auto x = m.embed_in->forward(input_ids);
-  for (std::int64_t i = 0; i < m.num_layers(); ++i)
-    x = m.layer(i).forward_cached(x, &cache.layers[static_cast<std::size_t>(i)]);
+  x = parts::call_layers_cached<GptNeoXLayerImpl>(m.layers, x, cache);
   return embed_out->forward(m.final_layer_norm->forward(x)).to(torch::kFloat32);
 }
 
@@ -216,6 +192,11 @@ bool GptNeoXImpl::is_layer(const torch::nn::Module& module) const {
 
 std::vector<std::string> GptNeoXImpl::unit_names() const {
   return {"gpt_neox.embed_in", "embed_out"};
+}
+
+CausalLm make_model(const GptNeoXConfig& config, CausalLmInit init) {
+  return CausalLm(
+      std::shared_ptr<CausalLmImpl>(std::make_shared<GptNeoXImpl>(config, std::move(init))));
 }
 
 }  // namespace trainyard::models

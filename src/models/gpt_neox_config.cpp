@@ -73,12 +73,7 @@ std::vector<std::string> GptNeoXConfig::preset_names() {
   return names_of(presets());
 }
 
-GptNeoXConfig GptNeoXConfig::from_json(const std::string& json_text) {
-  Json j = parse_config_object(json_text);
-  if (j.contains("model_type")) {
-    TY_CHECK(j["model_type"] == "gpt_neox", "config.json: \"model_type\" is ",
-             j["model_type"].dump(), "; this reader takes \"gpt_neox\" only.");
-  }
+GptNeoXConfig GptNeoXConfig::from_json(const Json& j) {
   if (j.contains("hidden_act")) {
     TY_CHECK(j["hidden_act"] == "gelu", "config.json: \"hidden_act\" is ", j["hidden_act"].dump(),
              "; GptNeoX supports \"gelu\" (exact erf GELU) only.");
@@ -190,17 +185,57 @@ std::int64_t GptNeoXConfig::rotary_ndims() const {
   return static_cast<std::int64_t>(static_cast<double>(head_size()) * rotary_pct);
 }
 
-std::int64_t GptNeoXConfig::parameter_count() const {
-  const auto h = hidden_size, v = vocab_size, i = intermediate_size;
-  const auto layer = 2 * (2 * h)            // input_layernorm, post_attention_layernorm
-                     + (h * 3 * h + 3 * h)  // attention.query_key_value
-                     + (h * h + h)          // attention.dense
-                     + (h * i + i)          // mlp.dense_h_to_4h
-                     + (i * h + h);         // mlp.dense_4h_to_h
-  return v * h                              // gpt_neox.embed_in
-         + num_hidden_layers * layer        // gpt_neox.layers
-         + 2 * h                            // gpt_neox.final_layer_norm
-         + v * h;                           // embed_out (untied, no bias)
+ParameterLayout GptNeoXConfig::parameter_layout() const {
+  const auto h = hidden_size, i = intermediate_size;
+  return {.embedding = vocab_size * h,           // gpt_neox.embed_in, embed_out
+          .layer = {h, h, h, h,                  // input_, post_attention_layernorm
+                    3 * h * h, 3 * h, h * h, h,  // attention.query_key_value, dense
+                    i * h, i, h * i, h},         // mlp.dense_h_to_4h, dense_4h_to_h
+          .layer_norm_elements = 4 * h,
+          .num_layers = num_hidden_layers,
+          .final_norm = {h, h},  // gpt_neox.final_layer_norm
+          .tied = false};
+}
+
+std::vector<LayerLinear> GptNeoXConfig::layer_linears() const {
+  const auto h = hidden_size, i = intermediate_size;
+  return {{"attention.query_key_value", h, 3 * h},
+          {"attention.dense", h, h},
+          {"mlp.dense_h_to_4h", h, i},
+          {"mlp.dense_4h_to_h", i, h}};
+}
+
+bool GptNeoXConfig::is_unused_checkpoint_tensor(std::string_view name) {
+  for (std::string_view suffix :
+       {".attention.rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias"})
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
+// Note [GPT-NeoX activations]
+// What autograd keeps per GPT-NeoX layer in trainyard's model (src/models/gpt_neox.cpp), for a
+// micro-batch of B sequences of T tokens, hidden h, intermediate i, H heads, c bytes per compute
+// element:
+//   layer input x (B,T,h) c       kept by both layer norms
+//   input_layernorm out (B,T,h) c kept by query_key_value
+//   qkv (B,T,3h) c                v is a view of it, kept by probs @ v
+//   q, k rotated, in fp32 (B,T,h) 4 each: kept by the fp32 score matmul
+//   probs (B,H,T,T) 4             kept by softmax; under bf16 also its bf16 copy (2) for @ v
+//   attention output (B,T,h) c    reshaped copy, kept by dense
+//   post_attention_layernorm out (B,T,h) c   kept by dense_h_to_4h
+//   dense_h_to_4h out, gelu out (B,T,i) c each
+//   layer norm statistics 2 x 2 x (B,T) fp32
+// fp32: 36 BTh + 8 BTi + 4 BHT^2 bytes; bf16-mixed: 22 BTh + 4 BTi + 6 BHT^2. DDP's autocast
+// keeps its layer norms and residual stream in fp32: 24 BTh + 4 BTi + 6 BHT^2 (the planner
+// counts FSDP's). The rest of the step's activations: Note [Activations around the layers] in
+// src/plan/memory_plan.cpp.
+double GptNeoXConfig::layer_activation_bytes(const ActivationShape& shape) const {
+  const double b = static_cast<double>(shape.micro_batch), t = static_cast<double>(shape.seq_len);
+  const double bth = b * t * static_cast<double>(hidden_size);
+  const double bti = b * t * static_cast<double>(intermediate_size);
+  const double bhtt = b * static_cast<double>(num_attention_heads) * t * t;
+  const double c = shape.bf16 ? 2 : 4;
+  return (shape.bf16 ? 22 : 36) * bth + 2 * c * bti + (shape.bf16 ? 6 : 4) * bhtt + 16 * b * t;
 }
 
 }  // namespace trainyard::models

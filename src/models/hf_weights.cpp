@@ -19,22 +19,16 @@
 
 namespace trainyard::models {
 
-bool is_ignored_hf_buffer(const std::string& name) {
-  for (std::string_view suffix :
-       {".attention.rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias",
-        ".self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq"})
-    if (std::string_view(name).ends_with(suffix)) return true;
-  return false;
-}
-
-void check_hf_tensor_names(const std::vector<std::string>& model_names,
+void check_hf_tensor_names(const CausalLmConfig& config,
+                           const std::vector<std::string>& model_names,
                            const hf::WeightReader& reader) {
   const std::set<std::string> wanted(model_names.begin(), model_names.end());
   std::vector<std::string> missing, unexpected;
   for (const auto& name : model_names)
     if (!reader.contains(name)) missing.push_back(name);
   for (const auto& name : reader.names())
-    if (!wanted.contains(name) && !is_ignored_hf_buffer(name)) unexpected.push_back(name);
+    if (!wanted.contains(name) && !config.is_unused_checkpoint_tensor(name))
+      unexpected.push_back(name);
   if (missing.empty() && unexpected.empty()) return;
   // At most this many names of each kind in the message, then a count.
   constexpr std::size_t kNamesShown = 8;
@@ -60,13 +54,13 @@ void check_hf_tensor_names(const std::vector<std::string>& model_names,
       "layers than the weights); use the config.json saved with these weights."));
 }
 
-void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader) {
+void load_hf_weights(CausalLmImpl& model, const hf::WeightReader& reader) {
   std::vector<std::string> names;
-  for (const auto& p : module.named_parameters())
+  for (const auto& p : model.named_parameters())
     if (!is_lora_parameter(p.key())) names.push_back(p.key());
-  check_hf_tensor_names(names, reader);
+  check_hf_tensor_names(model.lm_config(), names, reader);
   torch::NoGradGuard no_grad;
-  for (auto& p : module.named_parameters()) {
+  for (auto& p : model.named_parameters()) {
     if (is_lora_parameter(p.key())) continue;  // the adapters keep their initial values
     auto& t = p.value();
     TY_CHECK_T(CheckpointCorruptError, reader.contains(p.key()), reader.dir().string(),

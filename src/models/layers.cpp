@@ -343,6 +343,12 @@ torch::Tensor apply_rotary(const torch::Tensor& x,
   return torch::cat({rot * cos + rotate_half(rot) * sin, pass}, -1);
 }
 
+torch::Tensor repeat_kv(const torch::Tensor& x, std::int64_t n) {
+  if (n == 1) return x;
+  const auto b = x.size(0), kv = x.size(1), t = x.size(2), d = x.size(3);
+  return x.unsqueeze(2).expand({b, kv, n, t, d}).reshape({b, kv * n, t, d});
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q,
                                const torch::Tensor& k,
                                const torch::Tensor& v,
@@ -372,6 +378,44 @@ torch::Tensor causal_attention(const torch::Tensor& q,
   return torch::matmul(probs, v)  // (B, heads, T, head_size)
       .permute({0, 2, 1, 3})
       .reshape({batch, seq, heads * hs});
+}
+
+void check_token_ids(const torch::Tensor& ids,
+                     std::int64_t past,
+                     std::int64_t max_positions,
+                     std::string_view model) {
+  TY_CHECK(ids.dim() == 2 && ids.scalar_type() == torch::kInt64, model,
+           " expects (batch, seq) int64 token ids, got ", ids.sizes(), " ", ids.scalar_type(), ".");
+  TY_CHECK(past + ids.size(1) <= max_positions, model, " got ", past + ids.size(1),
+           " positions; max_position_embeddings is ", max_positions, ".");
+}
+
+torch::Tensor split_heads(const torch::Tensor& x, std::int64_t heads, std::int64_t d) {
+  return x.view({x.size(0), x.size(1), heads, d}).transpose(1, 2);
+}
+
+torch::Tensor rotary_gqa_attention(torch::Tensor q,
+                                   torch::Tensor k,
+                                   torch::Tensor v,
+                                   const torch::Tensor& inv_freq,
+                                   KvCache::Layer* cache,
+                                   double dropout,
+                                   bool training) {
+  const std::int64_t past = cache != nullptr && cache->key.defined() ? cache->key.size(2) : 0;
+  const auto d = q.size(3);
+  const auto [cos, sin] = rotary_cos_sin(inv_freq, past, q.size(2), q.scalar_type());
+  q = apply_rotary(q, cos, sin, d);
+  k = apply_rotary(k, cos, sin, d);
+  if (cache != nullptr) {
+    if (past > 0) {
+      k = torch::cat({cache->key, k}, 2);
+      v = torch::cat({cache->value, v}, 2);
+    }
+    cache->key = k;
+    cache->value = v;
+  }
+  const auto groups = q.size(1) / k.size(1);
+  return causal_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), dropout, training);
 }
 
 }  // namespace parts

@@ -10,10 +10,9 @@
 #include "trainyard/nn/unit_hook.h"
 
 namespace trainyard::models {
-namespace {
 
-// What the parameter `name` of Llama(config) is, or nullopt when there is none by that name.
-std::optional<parts::ParamSpec> param_spec(const LlamaConfig& c, std::string_view name) {
+std::optional<parts::ParamSpec> parts::llama_param_spec(const LlamaConfig& c,
+                                                        std::string_view name) {
   const auto h = c.hidden_size, i = c.intermediate_size;
   const auto q = c.num_attention_heads * c.head_size();
   const auto kv = c.num_key_value_heads * c.head_size();
@@ -39,16 +38,6 @@ std::optional<parts::ParamSpec> param_spec(const LlamaConfig& c, std::string_vie
   if (p->module == "mlp.down_proj") return dense(p->field, i, h, c.mlp_bias);
   return std::nullopt;
 }
-
-// (B, kv_heads, T, d) -> (B, kv_heads * n, T, d), each key/value head repeated for the n query
-// heads it serves (HF's repeat_kv).
-torch::Tensor repeat_kv(const torch::Tensor& x, std::int64_t n) {
-  if (n == 1) return x;
-  const auto b = x.size(0), kv = x.size(1), t = x.size(2), d = x.size(3);
-  return x.unsqueeze(2).expand({b, kv, n, t, d}).reshape({b, kv * n, t, d});
-}
-
-}  // namespace
 
 // Note [Llama 3 rotary scaling]
 // Llama 3.1 and 3.2 stretch rotary embeddings past the 8192 positions they were trained on by
@@ -99,26 +88,12 @@ torch::Tensor LlamaAttentionImpl::forward_cached(const torch::Tensor& x,
                                                  const torch::Tensor& inv_freq,
                                                  KvCache::Layer* cache) {
   TY_CHECK(x.dim() == 3, "LlamaAttention expects (batch, seq, hidden) input, got ", x.sizes(), ".");
-  const auto batch = x.size(0), seq = x.size(1), hs = head_size_;
-  const std::int64_t past = cache != nullptr && cache->key.defined() ? cache->key.size(2) : 0;
-  // (B, heads, T, head_size) each.
-  auto q = q_proj->forward(x).view({batch, seq, num_heads_, hs}).transpose(1, 2);
-  auto k = k_proj->forward(x).view({batch, seq, num_kv_heads_, hs}).transpose(1, 2);
-  auto v = v_proj->forward(x).view({batch, seq, num_kv_heads_, hs}).transpose(1, 2);
-  const auto [cos, sin] = parts::rotary_cos_sin(inv_freq, past, seq, q.scalar_type());
-  q = parts::apply_rotary(q, cos, sin, hs);
-  k = parts::apply_rotary(k, cos, sin, hs);
-  if (cache != nullptr) {  // the cache keeps the key/value heads, not their repeats
-    if (past > 0) {
-      k = torch::cat({cache->key, k}, 2);
-      v = torch::cat({cache->value, v}, 2);
-    }
-    cache->key = k;
-    cache->value = v;
-  }
-  const auto groups = num_heads_ / num_kv_heads_;
-  return o_proj->forward(parts::causal_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
-                                                 attention_dropout_, is_training()));
+  const auto hs = head_size_;
+  return o_proj->forward(
+      parts::rotary_gqa_attention(parts::split_heads(q_proj->forward(x), num_heads_, hs),
+                                  parts::split_heads(k_proj->forward(x), num_kv_heads_, hs),
+                                  parts::split_heads(v_proj->forward(x), num_kv_heads_, hs),
+                                  inv_freq, cache, attention_dropout_, is_training()));
 }
 
 LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c, const torch::TensorOptions& options) {
@@ -184,53 +159,30 @@ LlamaImpl::LlamaImpl(LlamaConfig config, CausalLmInit init)
   initialise(init);
 }
 
-void LlamaImpl::check_ids(const torch::Tensor& input_ids, std::int64_t past) const {
-  TY_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
-           "Llama expects (batch, seq) int64 token ids, got ", input_ids.sizes(), " ",
-           input_ids.scalar_type(), ".");
-  TY_CHECK(past + input_ids.size(1) <= config_.max_position_embeddings, "Llama got ",
-           past + input_ids.size(1), " positions; max_position_embeddings is ",
-           config_.max_position_embeddings, ".");
-}
-
 torch::Tensor LlamaImpl::logits(const torch::Tensor& hidden) {
   if (config_.tie_word_embeddings)  // in the root unit with the embedding (unit_names())
     return torch::linear(hidden, model->embed_tokens->weight);
-  auto head = lm_head.ptr();
-  return trainyard::nn::call_unit(*head, hidden,
-                                  [head](const torch::Tensor& h) { return head->forward(h); });
+  return parts::call_as_unit(lm_head.ptr(), hidden);
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& input_ids) {
-  check_ids(input_ids, 0);
-  auto& m = *model;
+  parts::check_token_ids(input_ids, 0, config_.max_position_embeddings, "Llama");
   // The embeddings, like the layers, are called as units, so a wrapper may shard them too.
-  auto embed = m.embed_tokens.ptr();
-  auto x = trainyard::nn::call_unit(
-      *embed, input_ids, [embed](const torch::Tensor& ids) { return embed->forward(ids); });
-  for (std::int64_t i = 0; i < m.num_layers(); ++i) {
-    // The unit's forward holds the layer by value: a hook may call it again in backward
-    // (activation checkpointing), after this frame is gone.
-    auto unit = m.layers->ptr<LlamaDecoderLayerImpl>(static_cast<std::size_t>(i));
-    x = trainyard::nn::call_unit(*unit, x,
-                                 [unit](const torch::Tensor& h) { return unit->forward(h); });
-  }
-  return logits(m.norm->forward(x));  // (B, T, vocab_size)
+  auto x = parts::call_as_unit(model->embed_tokens.ptr(), input_ids);
+  x = parts::call_layers<LlamaDecoderLayerImpl>(model->layers, x);
+  return logits(model->norm->forward(x));  // (B, T, vocab_size)
 }
 
 torch::Tensor LlamaImpl::forward_cached(const torch::Tensor& input_ids, KvCache& cache) {
-  auto& m = *model;
-  check_ids(input_ids, cache.length());
-  cache.layers.resize(static_cast<std::size_t>(m.num_layers()));
-  auto x = m.embed_tokens->forward(input_ids);
-  for (std::int64_t i = 0; i < m.num_layers(); ++i)
-    x = m.layer(i).forward_cached(x, &cache.layers[static_cast<std::size_t>(i)]);
-  return logits(m.norm->forward(x)).to(torch::kFloat32);
+  parts::check_token_ids(input_ids, cache.length(), config_.max_position_embeddings, "Llama");
+  auto x = model->embed_tokens->forward(input_ids);
+  x = parts::call_layers_cached<LlamaDecoderLayerImpl>(model->layers, x, cache);
+  return logits(model->norm->forward(x)).to(torch::kFloat32);
 }
 
 void LlamaImpl::init_parameter(const std::string& full_name, torch::Tensor& tensor) const {
   const auto spec = parts::spec_with_lora(
-      *this, full_name, [this](std::string_view n) { return param_spec(config_, n); });
+      *this, full_name, [this](std::string_view n) { return parts::llama_param_spec(config_, n); });
   parts::init_from_spec(spec, full_name, tensor, seed(), config_.initializer_range, "Llama",
                         config_.num_hidden_layers);
 }
@@ -242,6 +194,11 @@ bool LlamaImpl::is_layer(const torch::nn::Module& module) const {
 std::vector<std::string> LlamaImpl::unit_names() const {
   if (config_.tie_word_embeddings) return {};
   return {"model.embed_tokens", "lm_head"};
+}
+
+CausalLm make_model(const LlamaConfig& config, CausalLmInit init) {
+  return CausalLm(
+      std::shared_ptr<CausalLmImpl>(std::make_shared<LlamaImpl>(config, std::move(init))));
 }
 
 }  // namespace trainyard::models

@@ -81,6 +81,22 @@ const std::vector<LlamaPreset>& llama_presets() {
   return all;
 }
 
+struct VariantNames {
+  LlamaVariant variant;
+  std::string_view model_type, hf_class;
+};
+constexpr VariantNames kVariants[] = {
+    {LlamaVariant::kLlama, "llama", "LlamaForCausalLM"},
+    {LlamaVariant::kMistral, "mistral", "MistralForCausalLM"},
+    {LlamaVariant::kQwen2, "qwen2", "Qwen2ForCausalLM"},
+};
+
+const VariantNames& names_of(LlamaVariant variant) {
+  for (const auto& v : kVariants)
+    if (v.variant == variant) return v;
+  return kVariants[0];
+}
+
 const char* rope_type_name(RopeScaling::Type type) {
   switch (type) {
     case RopeScaling::Type::kNone:
@@ -133,13 +149,11 @@ std::vector<std::string> LlamaConfig::preset_names() {
   return names_of(llama_presets());
 }
 
-LlamaConfig LlamaConfig::from_json(const std::string& json_text) {
-  Json j = parse_config_object(json_text);
+LlamaConfig LlamaConfig::from_json(const Json& j) {
   LlamaConfig c;
-  c.model_type = j.value("model_type", std::string("llama"));
-  TY_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2",
-           "config.json: \"model_type\" is \"", c.model_type,
-           "\"; this reader takes \"llama\", \"mistral\" and \"qwen2\".");
+  const auto model_type = j.value("model_type", std::string("llama"));
+  for (const auto& v : kVariants)
+    if (v.model_type == model_type) c.variant = v.variant;
   if (j.contains("hidden_act"))
     TY_CHECK(j["hidden_act"] == "silu", "config.json: \"hidden_act\" is ", j["hidden_act"].dump(),
              "; Llama's MLP supports \"silu\" (SwiGLU) only.");
@@ -159,10 +173,10 @@ LlamaConfig LlamaConfig::from_json(const std::string& json_text) {
   // Biases as transformers' classes have them: Qwen2Attention biases q/k/v and not o_proj, and
   // Mistral and Qwen2 have no attention_bias or mlp_bias setting (transformers ignores those keys
   // in their config.json, and so does this reader); Llama reads both.
-  if (c.model_type == "qwen2") {
+  if (c.variant == LlamaVariant::kQwen2) {
     c.qkv_bias = true;
     c.o_bias = false;
-  } else if (c.model_type == "llama") {
+  } else if (c.variant == LlamaVariant::kLlama) {
     bool attention_bias = false;
     read_field(j, "attention_bias", attention_bias);
     c.qkv_bias = c.o_bias = attention_bias;
@@ -173,8 +187,8 @@ LlamaConfig LlamaConfig::from_json(const std::string& json_text) {
   read_field(j, "initializer_range", c.initializer_range);
   // Mistral and Qwen2 may attend within a sliding window; a window at least as long as any
   // sequence the model takes is plain causal attention.
-  bool use_window = c.model_type == "mistral";
-  if (c.model_type == "qwen2") read_field(j, "use_sliding_window", use_window);
+  bool use_window = c.variant == LlamaVariant::kMistral;
+  if (c.variant == LlamaVariant::kQwen2) read_field(j, "use_sliding_window", use_window);
   if (use_window && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     std::int64_t window = 0;
     read_field(j, "sliding_window", window);
@@ -196,12 +210,9 @@ LlamaConfig LlamaConfig::from_json(const std::string& json_text) {
 }
 
 std::string LlamaConfig::to_json() const {
-  const char* architecture = model_type == "qwen2"     ? "Qwen2ForCausalLM"
-                             : model_type == "mistral" ? "MistralForCausalLM"
-                                                       : "LlamaForCausalLM";
   Json j = {
-      {"architectures", {architecture}},
-      {"model_type", model_type},
+      {"architectures", {names_of(variant).hf_class}},
+      {"model_type", model_type()},
       {"hidden_act", "silu"},
       {"vocab_size", vocab_size},
       {"hidden_size", hidden_size},
@@ -218,9 +229,9 @@ std::string LlamaConfig::to_json() const {
       {"initializer_range", initializer_range},
   };
   if (head_dim > 0) j["head_dim"] = head_dim;
-  if (model_type != "qwen2") j["attention_bias"] = qkv_bias;
-  if (model_type == "mistral") j["sliding_window"] = nullptr;
-  if (model_type == "qwen2") j["use_sliding_window"] = false;
+  if (variant != LlamaVariant::kQwen2) j["attention_bias"] = qkv_bias;
+  if (variant == LlamaVariant::kMistral) j["sliding_window"] = nullptr;
+  if (variant == LlamaVariant::kQwen2) j["use_sliding_window"] = false;
   if (rope_scaling.type == RopeScaling::Type::kNone) {
     j["rope_scaling"] = nullptr;
   } else {
@@ -277,17 +288,60 @@ void LlamaConfig::validate() const {
            "LlamaConfig.initializer_range must be a number >= 0, got ", initializer_range, ".");
 }
 
-std::int64_t LlamaConfig::parameter_count() const {
-  const auto h = hidden_size, i = intermediate_size, v = vocab_size;
+std::string_view LlamaConfig::model_type() const {
+  return names_of(variant).model_type;
+}
+
+ParameterLayout LlamaConfig::parameter_layout() const {
+  const auto h = hidden_size, i = intermediate_size;
   const auto q = num_attention_heads * head_size(), kv = num_key_value_heads * head_size();
-  const auto layer = 2 * h                                             // the two RMSNorms
-                     + h * q + 2 * h * kv + q * h                      // q, k, v, o projections
-                     + (qkv_bias ? q + 2 * kv : 0) + (o_bias ? h : 0)  // their biases
-                     + 3 * h * i + (mlp_bias ? 2 * i + h : 0);         // gate, up, down
-  return v * h                                                         // model.embed_tokens
-         + num_hidden_layers * layer                                   // model.layers
-         + h                                                           // model.norm
-         + (tie_word_embeddings ? 0 : v * h);                          // lm_head (no bias)
+  ParameterLayout p{.embedding = vocab_size * h,              // model.embed_tokens (and lm_head)
+                    .layer = {q * h, kv * h, kv * h, h * q},  // q, k, v, o projections
+                    .layer_norm_elements = 2 * h,
+                    .num_layers = num_hidden_layers,
+                    .final_norm = {h},  // model.norm
+                    .tied = tie_word_embeddings};
+  if (qkv_bias) p.layer.insert(p.layer.end(), {q, kv, kv});
+  if (o_bias) p.layer.push_back(h);
+  p.layer.insert(p.layer.end(), {i * h, i * h, h * i});  // gate, up, down projections
+  if (mlp_bias) p.layer.insert(p.layer.end(), {i, i, h});
+  p.layer.insert(p.layer.end(), {h, h});  // input_layernorm, post_attention_layernorm
+  return p;
+}
+
+std::vector<LayerLinear> LlamaConfig::layer_linears() const {
+  const auto h = hidden_size, i = intermediate_size;
+  const auto q = num_attention_heads * head_size(), kv = num_key_value_heads * head_size();
+  return {{"self_attn.q_proj", h, q}, {"self_attn.k_proj", h, kv}, {"self_attn.v_proj", h, kv},
+          {"self_attn.o_proj", q, h}, {"mlp.gate_proj", h, i},     {"mlp.up_proj", h, i},
+          {"mlp.down_proj", i, h}};
+}
+
+bool LlamaConfig::is_unused_checkpoint_tensor(std::string_view name) {
+  return name.ends_with(".self_attn.rotary_emb.inv_freq") || name == "model.rotary_emb.inv_freq";
+}
+
+// Note [Llama activations]
+// What autograd keeps per Llama layer in trainyard's model (src/models/llama.cpp), counted as for
+// GPT-NeoX, with q = heads x head_size and a = num_attention_heads:
+//   each RMSNorm: its fp32 input (B,T,h) 4 (the layer input itself in fp32), the normalised
+//   value cast back (B,T,h) c and its output (B,T,h) c (bf16: 8 BTh a norm; fp32: 12 BTh)
+//   q and the repeated k in fp32 for the score matmul (B,T,q) 4 each; the repeated v (B,T,q) c
+//   probs (B,a,T,T) 4, under bf16 also its bf16 copy (2); the attention output (B,T,q) c
+//   gate_proj out, silu out, up_proj out and their product (B,T,i) c each
+// bf16-mixed: 16 BTh + (8 + 2c) BTq + 4c BTi + 6 BaT^2; fp32 24 BTh + the same with c = 4 and
+// 4 BaT^2. The rest of the step's: Note [Activations around the
+// layers] in src/plan/memory_plan.cpp. These are counted from the code, not yet calibrated against
+// measured peak RSS as GPT-NeoX's were (Note [CPU ranks]).
+double LlamaConfig::layer_activation_bytes(const ActivationShape& shape) const {
+  const double b = static_cast<double>(shape.micro_batch), t = static_cast<double>(shape.seq_len);
+  const double bth = b * t * static_cast<double>(hidden_size);
+  const double btq = b * t * static_cast<double>(num_attention_heads * head_size());
+  const double bti = b * t * static_cast<double>(intermediate_size);
+  const double bhtt = b * static_cast<double>(num_attention_heads) * t * t;
+  const double c = shape.bf16 ? 2 : 4;
+  return (shape.bf16 ? 16 : 24) * bth + (8 + 2 * c) * btq + 4 * c * bti +
+         (shape.bf16 ? 6 : 4) * bhtt + 8 * b * t;
 }
 
 }  // namespace trainyard::models

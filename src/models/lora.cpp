@@ -20,24 +20,8 @@ void LoraOptions::validate() const {
            "all-linear.");
 }
 
-std::vector<LayerLinear> layer_linears(const CausalLmConfig& config) {
-  if (const auto* c = config.get_if<GptNeoXConfig>()) {
-    const auto h = c->hidden_size, i = c->intermediate_size;
-    return {{"attention.query_key_value", h, 3 * h},
-            {"attention.dense", h, h},
-            {"mlp.dense_h_to_4h", h, i},
-            {"mlp.dense_4h_to_h", i, h}};
-  }
-  const auto& c = *config.get_if<LlamaConfig>();
-  const auto h = c.hidden_size, i = c.intermediate_size;
-  const auto q = c.num_attention_heads * c.head_size(), kv = c.num_key_value_heads * c.head_size();
-  return {{"self_attn.q_proj", h, q}, {"self_attn.k_proj", h, kv}, {"self_attn.v_proj", h, kv},
-          {"self_attn.o_proj", q, h}, {"mlp.gate_proj", h, i},     {"mlp.up_proj", h, i},
-          {"mlp.down_proj", i, h}};
-}
-
 std::vector<LayerLinear> lora_targets(const CausalLmConfig& config, const LoraOptions& options) {
-  const auto all = layer_linears(config);
+  const auto all = config.layer_linears();
   const bool every = std::find(options.targets.begin(), options.targets.end(), kAllLinear) !=
                      options.targets.end();
   auto last_part = [](const std::string& name) { return name.substr(name.rfind('.') + 1); };

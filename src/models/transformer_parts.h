@@ -4,6 +4,7 @@
 // layout, and causal self-attention over (B, heads, T, head_size) tensors.
 #pragma once
 
+#include <torch/nn/modules/container/modulelist.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -13,9 +14,8 @@
 #include <string_view>
 #include <vector>
 
-namespace trainyard::models {
-class CausalLmImpl;
-}
+#include "trainyard/models/causal_lm.h"
+#include "trainyard/nn/unit_hook.h"
 
 namespace trainyard::models::parts {
 
@@ -85,6 +85,25 @@ torch::Tensor apply_rotary(const torch::Tensor& x,
                            const torch::Tensor& sin,
                            std::int64_t dim);
 
+// (B, kv_heads, T, d) -> (B, kv_heads * n, T, d), each key/value head repeated for the n query
+// heads it serves (HF's repeat_kv): grouped-query attention.
+torch::Tensor repeat_kv(const torch::Tensor& x, std::int64_t n);
+
+// (B, T, heads * d) -> (B, heads, T, d).
+torch::Tensor split_heads(const torch::Tensor& x, std::int64_t heads, std::int64_t d);
+
+// Llama's attention after its projections: rotates q (B, H, T, d) and k (B, KV, T, d) for
+// positions [past, past + T), where `cache` holds the past positions' keys and values (none when
+// null) and gets this call's appended (the key/value heads, not their repeats), then attends
+// causally with each key/value head serving H / KV query heads. Returns (B, T, H * d).
+torch::Tensor rotary_gqa_attention(torch::Tensor q,
+                                   torch::Tensor k,
+                                   torch::Tensor v,
+                                   const torch::Tensor& inv_freq,
+                                   KvCache::Layer* cache,
+                                   double dropout,
+                                   bool training);
+
 // Causal softmax attention of q (B, H, T, d) over k, v (B, H, past + T, d): query i (position
 // past + i) sees keys 0 ... past + i. Scores and softmax in fp32 whatever the activations' dtype
 // (as HF upcasts), scaled by d^-0.5; the fused kernel where Note [Fused attention on GPUs] allows.
@@ -94,5 +113,41 @@ torch::Tensor causal_attention(const torch::Tensor& q,
                                const torch::Tensor& v,
                                double dropout,
                                bool training);
+
+// What the parameter `name` of Llama(config) is, or nullopt when there is none by that name
+// (llama.cpp): architectures built on Llama's layers extend it.
+std::optional<ParamSpec> llama_param_spec(const LlamaConfig& config, std::string_view name);
+
+// Throws InvalidArgumentError naming `model` unless `ids` are (B, T) int64 token ids whose
+// positions [past, past + T) are within max_positions.
+void check_token_ids(const torch::Tensor& ids,
+                     std::int64_t past,
+                     std::int64_t max_positions,
+                     std::string_view model);
+
+// module->forward(x) through trainyard::nn::call_unit, so that a wrapper (FSDP, activation
+// checkpointing) may run around it. The unit's forward holds the module by value: a hook may call
+// it again in backward (activation checkpointing), after this frame is gone.
+template <typename Module>
+torch::Tensor call_as_unit(const std::shared_ptr<Module>& module, const torch::Tensor& x) {
+  return trainyard::nn::call_unit(
+      *module, x, [module](const torch::Tensor& in) { return module->forward(in); });
+}
+
+// x through each of `layers` (all of type Layer) in turn, each as a unit.
+template <typename Layer>
+torch::Tensor call_layers(torch::nn::ModuleList& layers, torch::Tensor x) {
+  for (std::size_t i = 0; i < layers->size(); ++i) x = call_as_unit(layers->ptr<Layer>(i), x);
+  return x;
+}
+
+// For decoding: x through each layer's forward_cached with its entry of `cache`.
+template <typename Layer>
+torch::Tensor call_layers_cached(torch::nn::ModuleList& layers, torch::Tensor x, KvCache& cache) {
+  cache.layers.resize(layers->size());
+  for (std::size_t i = 0; i < layers->size(); ++i)
+    x = layers->ptr<Layer>(i)->forward_cached(x, &cache.layers[i]);
+  return x;
+}
 
 }  // namespace trainyard::models::parts

@@ -61,27 +61,15 @@ namespace trainyard::plan {
 //   For small models the first wins (pythia-70m: 3 x B x T x V x 4 bytes of loss temporaries);
 //   for large ones the layers' buffers do.
 
-// Note [GPT-NeoX activations]
-// What autograd keeps per GPT-NeoX layer in trainyard's model (src/models/gpt_neox.cpp), for a
-// micro-batch of B sequences of T tokens, hidden h, intermediate i, H heads, c bytes per compute
-// element:
-//   layer input x (B,T,h) c       kept by both layer norms
-//   input_layernorm out (B,T,h) c kept by query_key_value
-//   qkv (B,T,3h) c                v is a view of it, kept by probs @ v
-//   q, k rotated, in fp32 (B,T,h) 4 each: kept by the fp32 score matmul
-//   probs (B,H,T,T) 4             kept by softmax; under bf16 also its bf16 copy (2) for @ v
-//   attention output (B,T,h) c    reshaped copy, kept by dense
-//   post_attention_layernorm out (B,T,h) c   kept by dense_h_to_4h
-//   dense_h_to_4h out, gelu out (B,T,i) c each
-//   layer norm statistics 2 x 2 x (B,T) fp32
-// fp32: 36 BTh + 8 BTi + 4 BHT^2 bytes; bf16-mixed: 22 BTh + 4 BTi + 6 BHT^2. DDP's autocast
-// keeps its layer norms and residual stream in fp32: 24 BTh + 4 BTi + 6 BHT^2. With activation
-// checkpointing (nn::checkpoint per unit) a layer keeps only its input (BTh c), and in backward one
-// layer at a time is recomputed. After the layers: the final norm's output (B,T,h) c and the
-// logits (B,T,V) c, which the caller holds until the step ends; the loss (causal_lm_loss) copies
-// logits[:, :-1] to fp32, keeps log_softmax's output, and at its backward holds that output, its
-// gradient and the gradient of its input: 3 x B(T-1)V x 4 bytes at once. At the head's backward
-// the logits' gradient is fp32 (B,T,V) (plus its bf16 cast under bf16-mixed).
+// Note [Activations around the layers]
+// What any causal LM's layers keep per micro-batch is its architecture's (Note [GPT-NeoX
+// activations], Note [Llama activations]). With activation checkpointing (nn::checkpoint per unit)
+// a layer keeps only its input (BTh c), and in backward one layer at a time is recomputed. After
+// the layers: the final norm's output (B,T,h) c and the logits (B,T,V) c, which the caller holds
+// until the step ends; the loss (causal_lm_loss) copies logits[:, :-1] to fp32, keeps
+// log_softmax's output, and at its backward holds that output, its gradient and the gradient of
+// its input: 3 x B(T-1)V x 4 bytes at once. At the head's backward the logits' gradient is fp32
+// (B,T,V) (plus its bf16 cast under bf16-mixed).
 
 // Note [CPU ranks]
 // trainyard's ranks on CPUs (train_gpt_fsdp) differ from devices in two ways the plan models with
@@ -120,67 +108,34 @@ std::int64_t pad_to(std::int64_t n, std::int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
 }
 
-// The parameter tensors of GptNeoX(config), in registration order, grouped by the FSDP unit
-// train_gpt_fsdp wraps them in: root (final_layer_norm), embed_in, each layer, embed_out.
+// A model's parameters grouped by the FSDP unit train_gpt_fsdp wraps them in: the root (the final
+// norm, and the embedding when tied), the input embedding, each layer, the output projection.
 struct Units {
   std::vector<std::int64_t> sizes;    // elements per unit, [0] the root
   std::int64_t layer = 0;             // one layer's elements
-  std::int64_t embedding = 0;         // embed_in's (= embed_out's) elements
+  std::int64_t embedding = 0;         // the input embedding's (= the output projection's)
   std::vector<std::int64_t> tensors;  // every parameter tensor's elements (ZeRO-1's owners)
   std::int64_t autocast_weights = 0;  // elements the bf16 autocast copies (Dense weights, biases)
 };
 
-Units gpt_neox_units(const models::GptNeoXConfig& c) {
-  const auto h = c.hidden_size, v = c.vocab_size, i = c.intermediate_size;
-  Units u;
-  u.embedding = v * h;
-  const std::vector<std::int64_t> layer_tensors = {h,         h,     h,     h,   // two layer norms
-                                                   3 * h * h, 3 * h, h * h, h,   // attention
-                                                   i * h,     i,     h * i, h};  // MLP
-  for (auto n : layer_tensors) u.layer += n;
-  u.sizes.push_back(2 * h);  // the root: final_layer_norm
-  u.sizes.push_back(u.embedding);
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) u.sizes.push_back(u.layer);
-  u.sizes.push_back(u.embedding);
-  u.tensors.push_back(u.embedding);
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-    u.tensors.insert(u.tensors.end(), layer_tensors.begin(), layer_tensors.end());
-  u.tensors.insert(u.tensors.end(), {h, h, u.embedding});
-  u.autocast_weights = c.num_hidden_layers * (u.layer - 4 * h) + u.embedding;
-  return u;
-}
-
-// The same for Llama(config): root (model.norm, and model.embed_tokens when tied), then
-// model.embed_tokens, each layer, lm_head when untied.
-Units llama_units(const models::LlamaConfig& c) {
-  const auto h = c.hidden_size, v = c.vocab_size, i = c.intermediate_size;
-  const auto q = c.num_attention_heads * c.head_size(), kv = c.num_key_value_heads * c.head_size();
-  Units u;
-  u.embedding = v * h;
-  std::vector<std::int64_t> layer_tensors = {q * h, kv * h, kv * h, h * q};  // attention
-  if (c.qkv_bias) layer_tensors.insert(layer_tensors.end(), {q, kv, kv});
-  if (c.o_bias) layer_tensors.push_back(h);
-  layer_tensors.insert(layer_tensors.end(), {i * h, i * h, h * i});  // MLP
-  if (c.mlp_bias) layer_tensors.insert(layer_tensors.end(), {i, i, h});
-  layer_tensors.insert(layer_tensors.end(), {h, h});  // two RMSNorms
-  for (auto n : layer_tensors) u.layer += n;
-  const bool tied = c.tie_word_embeddings;
-  u.sizes.push_back(h + (tied ? u.embedding : 0));
-  if (!tied) u.sizes.push_back(u.embedding);
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) u.sizes.push_back(u.layer);
-  if (!tied) u.sizes.push_back(u.embedding);
-  u.tensors.push_back(u.embedding);
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-    u.tensors.insert(u.tensors.end(), layer_tensors.begin(), layer_tensors.end());
-  u.tensors.push_back(h);
-  if (!tied) u.tensors.push_back(u.embedding);
-  u.autocast_weights = c.num_hidden_layers * (u.layer - 2 * h) + u.embedding;
-  return u;
-}
-
 Units model_units(const models::CausalLmConfig& config) {
-  if (const auto* neox = config.get_if<models::GptNeoXConfig>()) return gpt_neox_units(*neox);
-  return llama_units(*config.get_if<models::LlamaConfig>());
+  const auto p = config.parameter_layout();
+  Units u;
+  u.embedding = p.embedding;
+  u.layer = p.layer_elements();
+  std::int64_t final_norm = 0;
+  for (auto n : p.final_norm) final_norm += n;
+  u.sizes.push_back(final_norm + (p.tied ? p.embedding : 0));
+  if (!p.tied) u.sizes.push_back(p.embedding);
+  for (std::int64_t l = 0; l < p.num_layers; ++l) u.sizes.push_back(u.layer);
+  if (!p.tied) u.sizes.push_back(p.embedding);
+  u.tensors.push_back(p.embedding);
+  for (std::int64_t l = 0; l < p.num_layers; ++l)
+    u.tensors.insert(u.tensors.end(), p.layer.begin(), p.layer.end());
+  u.tensors.insert(u.tensors.end(), p.final_norm.begin(), p.final_norm.end());
+  if (!p.tied) u.tensors.push_back(p.embedding);
+  u.autocast_weights = p.num_layers * (u.layer - p.layer_norm_elements) + p.embedding;
+  return u;
 }
 
 // The largest element count greedy whole-tensor partitioning gives one of `ranks` owners (as
@@ -190,11 +145,6 @@ std::int64_t largest_owned(std::vector<std::int64_t> tensors, int ranks) {
   std::vector<std::int64_t> load(static_cast<std::size_t>(ranks), 0);
   for (auto n : tensors) *std::min_element(load.begin(), load.end()) += n;
   return *std::max_element(load.begin(), load.end());
-}
-
-bool is_fsdp(Strategy s) {
-  return s == Strategy::kShardGradOp || s == Strategy::kFullShard || s == Strategy::kHybridShard ||
-         s == Strategy::kNoShard;
 }
 
 std::string lower(std::string_view text) {
@@ -214,42 +164,6 @@ bool split_number(std::string_view text, double& value, std::string& suffix) {
 }
 
 }  // namespace
-
-std::string_view to_string(Strategy strategy) {
-  switch (strategy) {
-    case Strategy::kDdp:
-      return "DDP";
-    case Strategy::kZero1:
-      return "ZeRO-1";
-    case Strategy::kShardGradOp:
-      return "SHARD_GRAD_OP";
-    case Strategy::kHybridShard:
-      return "HYBRID_SHARD";
-    case Strategy::kFullShard:
-      return "FULL_SHARD";
-    case Strategy::kNoShard:
-      return "NO_SHARD";
-  }
-  return "unknown";
-}
-
-Strategy parse_strategy(std::string_view text, std::string_view flag) {
-  constexpr std::pair<std::string_view, Strategy> kNames[] = {
-      {"ddp", Strategy::kDdp},
-      {"zero1", Strategy::kZero1},
-      {"shard_grad_op", Strategy::kShardGradOp},
-      {"hybrid_shard", Strategy::kHybridShard},
-      {"full_shard", Strategy::kFullShard},
-      {"no_shard", Strategy::kNoShard},
-  };
-  std::string known;
-  for (const auto& [name, s] : kNames) {
-    if (name == text) return s;
-    known += (known.empty() ? "" : ", ") + std::string(name);
-  }
-  throw InvalidArgumentError(
-      detail::concat(flag, " is '", text, "'; expected one of ", known, "."));
-}
 
 StateBytes zero_paper_state_bytes(Precision precision) {
   if (precision == Precision::kFp32) return {.params = 4, .grads = 4, .optimizer = 8};
@@ -294,76 +208,26 @@ void PlanOptions::validate() const {
            runtime_bytes, ".");
 }
 
-ActivationBytes gpt_neox_activation_bytes(const models::GptNeoXConfig& config,
-                                          std::int64_t seq_len,
-                                          std::int64_t micro_batch,
-                                          Precision precision,
-                                          bool activation_checkpointing) {
-  // See Note [GPT-NeoX activations].
-  const double b = static_cast<double>(micro_batch), t = static_cast<double>(seq_len);
-  const double h = static_cast<double>(config.hidden_size);
-  const double i = static_cast<double>(config.intermediate_size);
-  const double heads = static_cast<double>(config.num_attention_heads);
-  const double v = static_cast<double>(config.vocab_size);
-  const double layers = static_cast<double>(config.num_hidden_layers);
-  const bool bf16 = precision == Precision::kBf16Mixed;
-  const double c = bf16 ? 2 : 4;
-  const double bth = b * t * h, bti = b * t * i, bhtt = b * heads * t * t;
-  ActivationBytes a;
-  a.per_layer = (bf16 ? 22 : 36) * bth + 2 * c * bti + (bf16 ? 6 : 4) * bhtt + 16 * b * t;
-  a.layers = activation_checkpointing ? layers * c * bth : layers * a.per_layer;
-  a.recompute = activation_checkpointing ? a.per_layer : 0;
-  a.head = c * bth + c * b * t * v + 8 * b * t;  // final norm out, logits, the token ids
-  a.loss_peak = 3 * b * (t - 1) * v * 4;
-  return a;
-}
-
-// Note [Llama activations]
-// What autograd keeps per Llama layer in trainyard's model (src/models/llama.cpp), counted as for
-// GPT-NeoX, with q = heads x head_size and a = num_attention_heads:
-//   each RMSNorm: its fp32 input (B,T,h) 4 (the layer input itself in fp32), the normalised
-//   value cast back (B,T,h) c and its output (B,T,h) c (bf16: 8 BTh a norm; fp32: 12 BTh)
-//   q and the repeated k in fp32 for the score matmul (B,T,q) 4 each; the repeated v (B,T,q) c
-//   probs (B,a,T,T) 4, under bf16 also its bf16 copy (2); the attention output (B,T,q) c
-//   gate_proj out, silu out, up_proj out and their product (B,T,i) c each
-// bf16-mixed: 16 BTh + (8 + 2c) BTq + 4c BTi + 6 BaT^2; fp32 24 BTh + the same with c = 4 and
-// 4 BaT^2. The head as GPT-NeoX's. These are counted from the code, not yet calibrated against
-// measured peak RSS as GPT-NeoX's were (Note [CPU ranks]).
-ActivationBytes llama_activation_bytes(const models::LlamaConfig& config,
-                                       std::int64_t seq_len,
-                                       std::int64_t micro_batch,
-                                       Precision precision,
-                                       bool activation_checkpointing) {
-  const double b = static_cast<double>(micro_batch), t = static_cast<double>(seq_len);
-  const double h = static_cast<double>(config.hidden_size);
-  const double q = static_cast<double>(config.num_attention_heads * config.head_size());
-  const double i = static_cast<double>(config.intermediate_size);
-  const double heads = static_cast<double>(config.num_attention_heads);
-  const double v = static_cast<double>(config.vocab_size);
-  const double layers = static_cast<double>(config.num_hidden_layers);
-  const bool bf16 = precision == Precision::kBf16Mixed;
-  const double c = bf16 ? 2 : 4;
-  const double bth = b * t * h, btq = b * t * q, bti = b * t * i, bhtt = b * heads * t * t;
-  ActivationBytes a;
-  a.per_layer =
-      (bf16 ? 16 : 24) * bth + (8 + 2 * c) * btq + 4 * c * bti + (bf16 ? 6 : 4) * bhtt + 8 * b * t;
-  a.layers = activation_checkpointing ? layers * c * bth : layers * a.per_layer;
-  a.recompute = activation_checkpointing ? a.per_layer : 0;
-  a.head = c * bth + c * b * t * v + 8 * b * t;  // final norm out, logits, the token ids
-  a.loss_peak = 3 * b * (t - 1) * v * 4;
-  return a;
-}
-
 ActivationBytes activation_bytes(const models::CausalLmConfig& config,
                                  std::int64_t seq_len,
                                  std::int64_t micro_batch,
                                  Precision precision,
                                  bool activation_checkpointing) {
-  if (const auto* neox = config.get_if<models::GptNeoXConfig>())
-    return gpt_neox_activation_bytes(*neox, seq_len, micro_batch, precision,
-                                     activation_checkpointing);
-  return llama_activation_bytes(*config.get_if<models::LlamaConfig>(), seq_len, micro_batch,
-                                precision, activation_checkpointing);
+  // See Note [Activations around the layers].
+  const bool bf16 = precision == Precision::kBf16Mixed;
+  const double b = static_cast<double>(micro_batch), t = static_cast<double>(seq_len);
+  const double c = bf16 ? 2 : 4;
+  const double bth = b * t * static_cast<double>(config.hidden_size());
+  const double layers = static_cast<double>(config.num_hidden_layers());
+  ActivationBytes a;
+  a.per_layer =
+      config.layer_activation_bytes({.micro_batch = micro_batch, .seq_len = seq_len, .bf16 = bf16});
+  a.layers = activation_checkpointing ? layers * c * bth : layers * a.per_layer;
+  a.recompute = activation_checkpointing ? a.per_layer : 0;
+  const double v = static_cast<double>(config.vocab_size());
+  a.head = c * bth + c * b * t * v + 8 * b * t;  // final norm out, logits, the token ids
+  a.loss_peak = 3 * b * (t - 1) * v * 4;
+  return a;
 }
 
 namespace {
@@ -560,6 +424,10 @@ MemoryPlan plan_memory(const PlanOptions& options) {
 
 StrategyPlan plan_strategy(const PlanOptions& options, Strategy strategy) {
   options.validate();
+  TY_CHECK(std::find(std::begin(kPlannedStrategies), std::end(kPlannedStrategies), strategy) !=
+               std::end(kPlannedStrategies),
+           "The planner models ", strategy_names(kPlannedStrategies), ", not ", to_string(strategy),
+           ".");
   return plan_row(options, strategy, parameter_count_of(options));
 }
 
@@ -649,8 +517,9 @@ std::string format_plan(const MemoryPlan& plan, bool decimal) {
   for (const auto& r : plan.rows) {
     const char* fits = o.device_memory_bytes == 0 ? "-" : r.fits ? "yes" : "no";
     std::snprintf(line, sizeof line, "  %-14s %8s %8s %8s %8s %8s %8s  %-5s %s\n",
-                  std::string(to_string(r.strategy)).c_str(), size_text(r.params, decimal).c_str(),
-                  size_text(r.grads, decimal).c_str(), size_text(r.optimizer, decimal).c_str(),
+                  std::string(display_name(r.strategy)).c_str(),
+                  size_text(r.params, decimal).c_str(), size_text(r.grads, decimal).c_str(),
+                  size_text(r.optimizer, decimal).c_str(),
                   o.model ? size_text(r.activations, decimal).c_str() : "n/a",
                   size_text(r.runtime, decimal).c_str(), size_text(r.total(), decimal).c_str(),
                   fits, r.peak_phase.c_str());
@@ -682,7 +551,7 @@ std::string format_plan(const MemoryPlan& plan, bool decimal) {
                                                                : "P_os+g+p";
     std::snprintf(
         line, sizeof line, "  %-14s %-9s %8s %8s %8s %8s\n",
-        std::string(to_string(r.strategy)).c_str(), stage,
+        std::string(display_name(r.strategy)).c_str(), stage,
         size_text(r.paper_params, decimal).c_str(), size_text(r.paper_grads, decimal).c_str(),
         size_text(r.paper_optimizer, decimal).c_str(), size_text(r.paper_total(), decimal).c_str());
     out << line;
@@ -699,7 +568,7 @@ std::string format_plan(const MemoryPlan& plan, bool decimal) {
         << size_text((1 - o.headroom) * static_cast<double>(o.device_memory_bytes), decimal)
         << ".\n";
     if (plan.recommended) {
-      out << "Recommended: " << to_string(*plan.recommended)
+      out << "Recommended: " << display_name(*plan.recommended)
           << ", the strategy with the least communication that fits.\n";
     } else {
       out << "Nothing fits. HINT: more devices, bf16-mixed, activation checkpointing, or a "
@@ -713,7 +582,7 @@ std::string format_plan(const MemoryPlan& plan, bool decimal) {
         const auto& r = *std::find_if(other.rows.begin(), other.rows.end(), [&](const auto& row) {
           return row.strategy == *other.recommended;
         });
-        out << "With " << change << ": " << to_string(r.strategy) << " fits ("
+        out << "With " << change << ": " << display_name(r.strategy) << " fits ("
             << size_text(r.total(), decimal) << " " << (decimal ? "GB" : "GiB") << ").\n";
         return true;
       };

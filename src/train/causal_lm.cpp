@@ -330,7 +330,7 @@ std::shared_ptr<const hf::WeightReader> initial_weights(const ModelSource& sourc
 }
 
 WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Trainer& trainer) {
-  const bool ddp_strategy = o.strategy.is_ddp();
+  const bool ddp_strategy = o.strategy == Strategy::kDdp;
   // Under FSDP the model is deferred, on any device: FSDP materialises it one unit at a time on
   // FsdpOptions.device (Hugging Face weights read slice by slice); DDP's is built on the device.
   const auto device = trainer.device();
@@ -359,7 +359,7 @@ WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Tr
   }
   const auto model = w.model;
   fsdp::FsdpOptions options{
-      .sharding = *o.strategy.sharding,
+      .sharding = o.strategy,
       .wrap = causal_lm_wrap_policy(model),
       .backward_prefetch = fsdp::BackwardPrefetch::kBackwardPre,
       .forward_prefetch = true,
@@ -377,7 +377,7 @@ WrappedModel build_model(const CausalLmOptions& o, const ModelSource& source, Tr
       shapes[p.key()] = p.value().sizes().vec();
       if (!models::is_lora_parameter(p.key())) names.push_back(p.key());
     }
-    models::check_hf_tensor_names(names, *weights);
+    models::check_hf_tensor_names(source.config, names, *weights);
     auto from_file = models::hf_slice_init(
         weights, [shapes](const std::string& name) { return shapes.at(name); });
     // LoRA's adapters are not the folder's: their slices come from their initial values.
@@ -754,11 +754,11 @@ void CausalLmOptions::validate() const {
   TY_CHECK(!data.empty(),
            "--data must name a text file to train on (e.g. "
            "/usr/share/games/fortunes/fortunes, or tiny_shakespeare's input.txt).");
-  TY_CHECK(!(strategy.is_ddp() && precision == Precision::kPureBf16),
+  TY_CHECK(!(strategy == Strategy::kDdp && precision == Precision::kPureBf16),
            "--pure-bf16 needs an FSDP --strategy (its shards are the bf16 parameters): DDP keeps "
            "fp32 parameters. HINT: --strategy no_shard replicates as DDP does, or use "
            "--precision bf16-mixed with ddp.");
-  TY_CHECK(!(strategy.is_ddp() && activation_checkpointing),
+  TY_CHECK(!(strategy == Strategy::kDdp && activation_checkpointing),
            "--activation-checkpointing needs an FSDP --strategy (it checkpoints each FSDP unit); "
            "drop it with --strategy ddp.");
   TY_CHECK(seq_len >= 2 && seq_len <= (1 << 16), "--seq-len must be in [2, 65536], got ", seq_len,

@@ -39,9 +39,9 @@
 
 namespace {
 
+using trainyard::Strategy;
 using trainyard::fsdp::FsdpOptions;
 using trainyard::fsdp::FullyShardedDataParallel;
-using trainyard::fsdp::ShardingStrategy;
 using trainyard::models::GptNeoX;
 using trainyard::models::GptNeoXInit;
 using trainyard::models::GptNeoXLayerImpl;
@@ -153,7 +153,7 @@ struct FsdpRun {
   double hidden_dropout = 0;  // > 0: the generators are seeded before the first step
 };
 
-Params train_fsdp(int world, bool nccl, ShardingStrategy strategy, FsdpRun run = {}) {
+Params train_fsdp(int world, bool nccl, Strategy strategy, FsdpRun run = {}) {
   Params result;
   run_ranks(world, nccl, [&](int rank, auto pg, auto store) {
     auto model = make_model(run.hidden_dropout);
@@ -190,12 +190,12 @@ TEST(GpuFsdp, DeferredModelIsMaterialisedOnFsdpOptionsDevice) {
   run_ranks(1, /*nccl=*/true, [&](int, auto pg, auto store) {
     GptNeoX model(trainyard::testing::tiny_gpt_neox_config(),
                   GptNeoXInit{.seed = kSeed, .deferred = true});
-    FsdpOptions options{.sharding = ShardingStrategy::kFullShard,
+    FsdpOptions options{.sharding = Strategy::kFullShard,
                         .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>(),
                         .param_init = [model](const std::string& name,
                                               torch::Tensor& t) { model->init_parameter(name, t); },
                         .device = gpu()};
-    auto groups = trainyard::fsdp::make_fsdp_groups(ShardingStrategy::kFullShard, pg, store, 1);
+    auto groups = trainyard::fsdp::make_fsdp_groups(Strategy::kFullShard, pg, store, 1);
     FullyShardedDataParallel fsdp(model, groups, options);
     for (auto& p : fsdp.parameters()) EXPECT_TRUE(p.device().is_cuda());
     auto opt = make_optimizer(fsdp.parameters());
@@ -216,7 +216,7 @@ TEST(GpuFsdp, DeferredModelIsMaterialisedOnFsdpOptionsDevice) {
 TEST(GpuFsdp, ActivationCheckpointingWithDropoutMatchesKeepingActivations) {
   REQUIRE_GPU();
   auto train = [](bool recompute, double dropout) {
-    return train_fsdp(1, /*nccl=*/true, ShardingStrategy::kFullShard,
+    return train_fsdp(1, /*nccl=*/true, Strategy::kFullShard,
                       {.recompute = recompute, .hidden_dropout = dropout});
   };
   const auto kept = train(false, 0.1);
@@ -237,7 +237,7 @@ TEST(GpuDdp, MatchesOneProcessAtW1OverNccl) {
 
 TEST(GpuFsdp, FullShardMatchesOneProcessAtW1OverNccl) {
   REQUIRE_GPU();
-  expect_same(train_reference(1), train_fsdp(1, true, ShardingStrategy::kFullShard),
+  expect_same(train_reference(1), train_fsdp(1, true, Strategy::kFullShard),
               "FSDP FULL_SHARD W=1 NCCL");
 }
 
@@ -294,7 +294,7 @@ TEST(GpuFsdp, Bf16MixedPrecisionFollowsFp32OnTheGpu) {
   REQUIRE_GPU();
   // bf16 parameters for compute, fp32 shards and reduction: within bf16's rounding of fp32.
   const auto fp32 = train_reference(1);
-  const auto bf16 = train_fsdp(1, true, ShardingStrategy::kFullShard, {.bf16 = true});
+  const auto bf16 = train_fsdp(1, true, Strategy::kFullShard, {.bf16 = true});
   ASSERT_EQ(fp32.size(), bf16.size());
   for (const auto& [name, e] : fp32) {
     const double rel =

@@ -55,7 +55,7 @@ struct TinyRun {
     testing::run_thread_ranks(1, [&](int, auto pg) {
       models::GptNeoX model(testing::tiny_gpt_neox_config(), models::GptNeoXInit{.seed = seed});
       fsdp::FullyShardedDataParallel fsdp(
-          model, fsdp::make_fsdp_groups(fsdp::ShardingStrategy::kFullShard, pg, store, 1),
+          model, fsdp::make_fsdp_groups(Strategy::kFullShard, pg, store, 1),
           fsdp::FsdpOptions{.wrap = fsdp::wrap_modules_of_type<models::GptNeoXLayerImpl>()});
       checkpoint::Checkpointer checkpointer(run.string(), {.job_instance = "test-job"});
       fsdp::save_checkpoint(fsdp, nullptr, checkpointer, *store, step);

@@ -46,7 +46,7 @@ using OptState = std::vector<std::map<std::string, torch::Tensor>>;
 
 struct Job {
   int world = 2;
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  Strategy strategy = Strategy::kFullShard;
   int local_world_size = 0;  // HYBRID: ranks per node
   bool pure_bf16 = false;    // bf16 shards and AdamW state (Note [Pure bf16])
 };
@@ -292,8 +292,8 @@ TEST(FsdpCheckpoint, ParametersAreReadWholeByRangesInOneProcess) {
 TEST(FsdpCheckpoint, HybridSavesOneCopyAndLoadsAsFullShard) {
   TempDir run;
   Params saved;
-  with_ranks({.world = 4, .strategy = ShardingStrategy::kHybridShard, .local_world_size = 2},
-             run.path(), [&](Rank& r) {
+  with_ranks({.world = 4, .strategy = Strategy::kHybridShard, .local_world_size = 2}, run.path(),
+             [&](Rank& r) {
                r.train(0, 2);
                save_checkpoint(r.fsdp, &r.opt, *r.checkpointer, r.store, 2);
                auto p = r.full();
@@ -306,7 +306,7 @@ TEST(FsdpCheckpoint, HybridSavesOneCopyAndLoadsAsFullShard) {
   with_ranks({.world = 2}, run.path(), [&](Rank& r) {
     auto loaded = load_latest_checkpoint(r.fsdp, &r.opt, *r.checkpointer);
     ASSERT_TRUE(loaded);
-    EXPECT_EQ(loaded->saved_strategy, "hybrid_shard");
+    EXPECT_EQ(loaded->saved_strategy, Strategy::kHybridShard);
     auto p = r.full();
     if (r.rank == 0) expect_equal(saved, p, "HYBRID 2x2 -> FULL_SHARD W=2");
   });

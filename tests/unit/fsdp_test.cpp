@@ -19,10 +19,10 @@
 
 namespace {
 
+using trainyard::Strategy;
 using trainyard::fsdp::BackwardPrefetch;
 using trainyard::fsdp::FsdpOptions;
 using trainyard::fsdp::FullyShardedDataParallel;
-using trainyard::fsdp::ShardingStrategy;
 using trainyard::models::GptNeoX;
 using trainyard::models::GptNeoXConfig;
 using trainyard::models::GptNeoXLayerImpl;
@@ -152,16 +152,16 @@ void expect_same(const Params& expected, const Params& actual, const std::string
   }
 }
 
-FsdpOptions layer_units(ShardingStrategy strategy) {
+FsdpOptions layer_units(Strategy strategy) {
   return FsdpOptions{.sharding = strategy,
                      .wrap = trainyard::fsdp::wrap_modules_of_type<GptNeoXLayerImpl>()};
 }
 
-std::string strategy_name(ShardingStrategy s) {
-  return std::string(trainyard::fsdp::to_string(s));
+std::string strategy_name(Strategy s) {
+  return std::string(trainyard::to_string(s));
 }
 
-class FsdpEquivalence : public ::testing::TestWithParam<std::tuple<ShardingStrategy, int>> {};
+class FsdpEquivalence : public ::testing::TestWithParam<std::tuple<Strategy, int>> {};
 
 TEST_P(FsdpEquivalence, MatchesOneProcessOnTheCombinedBatch) {
   auto [strategy, world] = GetParam();
@@ -173,14 +173,14 @@ TEST_P(FsdpEquivalence, MatchesOneProcessOnTheCombinedBatch) {
 
 INSTANTIATE_TEST_SUITE_P(StrategiesAndWorldSizes,
                          FsdpEquivalence,
-                         ::testing::Combine(::testing::Values(ShardingStrategy::kFullShard,
-                                                              ShardingStrategy::kShardGradOp,
-                                                              ShardingStrategy::kNoShard),
+                         ::testing::Combine(::testing::Values(Strategy::kFullShard,
+                                                              Strategy::kShardGradOp,
+                                                              Strategy::kNoShard),
                                             ::testing::Values(1, 2, 3)));
 
 TEST(Fsdp, SharedMemoryGroupsMatchOneProcess) {
   auto expected = train_reference(3, {});
-  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp})
+  for (auto strategy : {Strategy::kFullShard, Strategy::kShardGradOp})
     expect_same(expected, train_fsdp(3, layer_units(strategy), {.shm = true}),
                 std::string("shm ") + strategy_name(strategy));
 }
@@ -190,7 +190,7 @@ TEST(Fsdp, SharedMemoryGroupsMatchOneProcess) {
 // steps.
 TEST(Fsdp, Bf16MixedPrecisionFollowsFp32) {
   std::vector<double> fp32, bf16;
-  auto options = layer_units(ShardingStrategy::kFullShard);
+  auto options = layer_units(Strategy::kFullShard);
   train_fsdp(2, options, {.steps = 20, .losses = &fp32});
   options.mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32};
   train_fsdp(2, options, {.steps = 20, .losses = &bf16});
@@ -207,7 +207,7 @@ TEST(Fsdp, Bf16MixedPrecisionFollowsFp32) {
 // above bf16's rounding of 0.2%).
 TEST(Fsdp, PureBf16HoldsBf16ShardsAndFollowsFp32) {
   std::vector<double> fp32, pure;
-  auto options = layer_units(ShardingStrategy::kFullShard);
+  auto options = layer_units(Strategy::kFullShard);
   train_fsdp(2, options, {.steps = 20, .losses = &fp32});
   options.mixed_precision = {.param_dtype = torch::kBFloat16,
                              .reduce_dtype = torch::kBFloat16,
@@ -252,7 +252,7 @@ TEST(Fsdp, MemoryStaysWithinTheShardedBounds) {
   const std::int64_t root = total - largest_layer * tiny_config().num_hidden_layers;
   trainyard::testing::run_thread_ranks(world, [&](int rank, auto pg) {
     GptNeoX m(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
-    auto options = layer_units(ShardingStrategy::kFullShard);
+    auto options = layer_units(Strategy::kFullShard);
     options.forward_prefetch = true;
     FullyShardedDataParallel fsdp(m, trainyard::fsdp::FsdpGroups{.shard = pg, .world_size = world},
                                   options);
@@ -277,7 +277,7 @@ TEST(Fsdp, MemoryStaysWithinTheShardedBounds) {
 
 TEST(Fsdp, HybridShardOnTwoNodesOfTwoMatchesOneProcess) {
   auto expected = train_reference(4, {});
-  for (auto strategy : {ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardGradOp}) {
+  for (auto strategy : {Strategy::kHybridShard, Strategy::kHybridShardGradOp}) {
     auto actual = train_fsdp(4, layer_units(strategy), {}, /*local_world_size=*/2);
     expect_same(expected, actual, strategy_name(strategy));
   }
@@ -285,7 +285,7 @@ TEST(Fsdp, HybridShardOnTwoNodesOfTwoMatchesOneProcess) {
 
 TEST(Fsdp, ActivationCheckpointingAndPrefetchChangeNothing) {
   auto expected = train_reference(2, {});
-  auto options = layer_units(ShardingStrategy::kFullShard);
+  auto options = layer_units(Strategy::kFullShard);
   options.activation_checkpointing = true;
   options.forward_prefetch = true;
   for (auto prefetch :
@@ -302,14 +302,14 @@ TEST(Fsdp, ActivationCheckpointingAndPrefetchChangeNothing) {
 
 TEST(Fsdp, GradientAccumulationWithNoSyncMatches) {
   auto expected = train_reference(2, {});
-  auto actual = train_fsdp(2, layer_units(ShardingStrategy::kFullShard), {.micro_batches = 2});
+  auto actual = train_fsdp(2, layer_units(Strategy::kFullShard), {.micro_batches = 2});
   expect_same(expected, actual, "no_sync");
 }
 
 TEST(Fsdp, AFrozenParameterSharesAUnitAndStaysUnchanged) {
   const std::string frozen = "gpt_neox.layers.1.attention.dense.weight";
   auto expected = train_reference(2, {.frozen = frozen});
-  auto actual = train_fsdp(2, layer_units(ShardingStrategy::kFullShard), {.frozen = frozen});
+  auto actual = train_fsdp(2, layer_units(Strategy::kFullShard), {.frozen = frozen});
   expect_same(expected, actual, "frozen");
   GptNeoX initial(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed});
   EXPECT_TRUE(torch::equal(actual[frozen], initial->named_parameters()[frozen]));
@@ -318,7 +318,7 @@ TEST(Fsdp, AFrozenParameterSharesAUnitAndStaysUnchanged) {
 TEST(Fsdp, ClippingEqualsSingleProcessClipping) {
   std::vector<double> expected_norms, norms;
   auto expected = train_reference(3, {.clip = 0.05}, &expected_norms);
-  auto actual = train_fsdp(3, layer_units(ShardingStrategy::kFullShard), {.clip = 0.05}, 0, &norms);
+  auto actual = train_fsdp(3, layer_units(Strategy::kFullShard), {.clip = 0.05}, 0, &norms);
   expect_same(expected, actual, "clipped");
   ASSERT_EQ(expected_norms.size(), norms.size());
   for (std::size_t i = 0; i < norms.size(); ++i) {
@@ -332,7 +332,7 @@ TEST(Fsdp, ClippingEqualsSingleProcessClipping) {
 // stays gathered from forward to the end of backward, so it is gathered once.
 TEST(Fsdp, CommunicationVolumeFollowsTheFormula) {
   const int world = 2;
-  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+  for (auto strategy : {Strategy::kFullShard, Strategy::kShardGradOp}) {
     trainyard::fsdp::FsdpStats stats;
     std::int64_t root_padded = 0, units_padded = 0;
     int units = 0;
@@ -353,7 +353,7 @@ TEST(Fsdp, CommunicationVolumeFollowsTheFormula) {
       root_padded = pad(all - in_units);
     }
     train_fsdp(world, layer_units(strategy), {}, 0, nullptr, &stats);
-    const int unit_gathers = strategy == ShardingStrategy::kFullShard ? 2 : 1;
+    const int unit_gathers = strategy == Strategy::kFullShard ? 2 : 1;
     EXPECT_EQ(stats.all_gathers, 1 + units * unit_gathers) << strategy_name(strategy);
     EXPECT_EQ(stats.reduce_scatters, 1 + units) << strategy_name(strategy);
     const std::int64_t expected =
@@ -444,7 +444,7 @@ TEST(Fsdp, DeferredModelIsMaterialisedUnitByUnitWithTheEagerValues) {
               << e.what();
         }
       }
-      auto options = layer_units(ShardingStrategy::kFullShard);
+      auto options = layer_units(Strategy::kFullShard);
       options.param_init = [model](const std::string& name, torch::Tensor& t) {
         model->init_parameter(name, t);
       };
@@ -483,7 +483,7 @@ TEST(Fsdp, DeferredModelIsReadSliceBySliceIntoEachRanksShards) {
     auto store = c10::make_intrusive<c10d::HashStore>();
     trainyard::testing::run_thread_ranks(world, [&](int rank, auto pg) {
       GptNeoX model(tiny_config(), trainyard::models::GptNeoXInit{.seed = kSeed, .deferred = true});
-      auto options = layer_units(ShardingStrategy::kFullShard);
+      auto options = layer_units(Strategy::kFullShard);
       options.param_slice_init = [&, rank](const std::string& name, std::int64_t begin,
                                            std::int64_t count, float* dst) {
         auto flat = eager.at(name).reshape({-1}).narrow(0, begin, count);

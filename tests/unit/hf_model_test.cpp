@@ -50,7 +50,8 @@ TEST(HfModel, AnotherImplementationsGptNeoXLoadsAndGivesItsLogits) {
         read_raw_tensor(dir.path() / "logits.f32", torch::kFloat32).view({2, 11, 72});
     for (const char* format : {"safetensors", "bin"}) {
       const auto folder = dir.path() / format;
-      GptNeoX model(GptNeoXConfig::from_json(slurp(folder / "config.json")));
+      GptNeoX model(
+          *CausalLmConfig::from_json(slurp(folder / "config.json")).get_if<GptNeoXConfig>());
       const trainyard::hf::WeightReader reader(folder);
       load_hf_weights(*model, reader);
       torch::NoGradGuard no_grad;
@@ -73,7 +74,8 @@ TEST(GptNeoXTransformers, ReferenceFoldersAndTheExportGiveTrainyardsLogits) {
                    "/tests/unit/python/gpt_neox_reference.py " + dir.str() + " f32";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const auto folder = dir.path() / "safetensors";
-  const auto config = GptNeoXConfig::from_json(slurp(folder / "config.json"));
+  const auto config =
+      *CausalLmConfig::from_json(slurp(folder / "config.json")).get_if<GptNeoXConfig>();
   GptNeoX model(config);
   load_hf_weights(*model, trainyard::hf::WeightReader(folder));
   export_hf(*model, config.to_json(), (dir.path() / "exported").string());
@@ -91,8 +93,8 @@ TEST(GptNeoXTransformers, ReferenceFoldersAndTheExportGiveTrainyardsLogits) {
 // Folders transformers' save_pretrained wrote (5.x: rope_parameters, dtype; shards of 20 KB with
 // model.safetensors.index.json), one per architecture trainyard reads, with what each varies
 // from its defaults (hf_oracle.py's KINDS: partial rotary, rope_theta, llama3 scaling, tied
-// embeddings, head_dim, one key/value head, q/k/v biases): trainyard reads config.json and the
-// shards and computes transformers' logits to 1e-4.
+// embeddings, head_dim, one key/value head, q/k/v biases): trainyard reads
+// config.json and the shards and computes transformers' logits to 1e-4.
 TEST(SavePretrainedFolders, ShardedGptNeoXLlamaMistralQwen2GiveTrainyardsLogits) {
   TY_REQUIRE_HF_ORACLE("transformers");
   TempDir dir;
@@ -130,8 +132,9 @@ TEST(HfModel, ExportThenLoadGivesIdenticalLogits) {
     TempDir dir;
     export_hf(*original, config.to_json(), dir.str(), {.max_shard_bytes = shard_bytes});
     EXPECT_EQ(fs::exists(dir.path() / "model.safetensors.index.json"), shard_bytes == 4096);
-    GptNeoX loaded(GptNeoXConfig::from_json(slurp(dir.path() / "config.json")),
-                   GptNeoXInit{.seed = 99});
+    GptNeoX loaded(
+        *CausalLmConfig::from_json(slurp(dir.path() / "config.json")).get_if<GptNeoXConfig>(),
+        GptNeoXInit{.seed = 99});
     load_hf_weights(*loaded, trainyard::hf::WeightReader(dir.path()));
     EXPECT_TRUE(torch::equal(loaded->forward(ids), expected)) << "shards of " << shard_bytes;
   }

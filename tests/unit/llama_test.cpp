@@ -194,9 +194,7 @@ void expect_fsdp_matches_one_process(LlamaConfig config, int world, bool checkpo
     auto model = make_causal_lm(config, {.seed = 5, .deferred = true});
     auto store = c10::make_intrusive<c10d::HashStore>();
     trainyard::fsdp::FullyShardedDataParallel fsdp(
-        model,
-        trainyard::fsdp::make_fsdp_groups(trainyard::fsdp::ShardingStrategy::kFullShard, pg, store,
-                                          world),
+        model, trainyard::fsdp::make_fsdp_groups(trainyard::Strategy::kFullShard, pg, store, world),
         {.wrap = trainyard::train::causal_lm_wrap_policy(model),
          .activation_checkpointing = checkpointing,
          .param_init = [model](const std::string& n, torch::Tensor& t) {

@@ -119,8 +119,7 @@ TEST(Lora, FullShardMatchesOneProcessAndTheBaseNeverChanges) {
       auto store = c10::make_intrusive<c10d::HashStore>();
       trainyard::fsdp::FullyShardedDataParallel fsdp(
           model,
-          trainyard::fsdp::make_fsdp_groups(trainyard::fsdp::ShardingStrategy::kFullShard, pg,
-                                            store, world),
+          trainyard::fsdp::make_fsdp_groups(trainyard::Strategy::kFullShard, pg, store, world),
           {.wrap = {.wraps = [model](const std::string&, const torch::nn::Module& m,
                                      std::int64_t) { return model->is_layer(m); }},
            .param_init = [model](const std::string& n, torch::Tensor& t) {
@@ -169,9 +168,7 @@ TEST(Lora, FullShardKeepsFewLayersGatheredInBackwardAndFrozenShardsInBf16) {
     auto model = make_causal_lm(config, {.deferred = true, .lora = lora()});
     auto store = c10::make_intrusive<c10d::HashStore>();
     trainyard::fsdp::FullyShardedDataParallel fsdp(
-        model,
-        trainyard::fsdp::make_fsdp_groups(trainyard::fsdp::ShardingStrategy::kFullShard, pg, store,
-                                          2),
+        model, trainyard::fsdp::make_fsdp_groups(trainyard::Strategy::kFullShard, pg, store, 2),
         {.wrap = {.wraps = [model](const std::string&, const torch::nn::Module& m,
                                    std::int64_t) { return model->is_layer(m); }},
          .mixed_precision = {.param_dtype = torch::kBFloat16, .reduce_dtype = torch::kFloat32},

@@ -26,7 +26,7 @@ double paper_gb(double bytes) {
 const StrategyPlan& row(const MemoryPlan& plan, Strategy s) {
   for (const auto& r : plan.rows)
     if (r.strategy == s) return r;
-  throw std::runtime_error("no row for " + std::string(to_string(s)));
+  throw std::runtime_error("no row for " + std::string(display_name(s)));
 }
 
 // The message of the InvalidArgumentError `f` throws ("" when it throws none).
@@ -102,7 +102,7 @@ TEST(MemoryPlan, FsdpShardsAreWhatTheEngineKeeps) {
                                  .seq_len = 256,
                                  .micro_batch = 4});
   for (auto s : {Strategy::kShardGradOp, Strategy::kFullShard, Strategy::kHybridShard})
-    EXPECT_DOUBLE_EQ(row(plan, s).persistent, 4.0 * 140853248) << to_string(s);
+    EXPECT_DOUBLE_EQ(row(plan, s).persistent, 4.0 * 140853248) << display_name(s);
   EXPECT_DOUBLE_EQ(plan_strategy(plan.options, Strategy::kNoShard).persistent, 4.0 * 281706496);
 }
 
@@ -123,20 +123,20 @@ TEST(MemoryPlan, ActivationCheckpointingLowersActivations) {
     const auto with = plan_memory(options);
     for (std::size_t i = 0; i < with.rows.size(); ++i) {
       EXPECT_LT(with.rows[i].activations, without.rows[i].activations)
-          << to_string(with.rows[i].strategy);
+          << display_name(with.rows[i].strategy);
       EXPECT_EQ(with.rows[i].persistent, without.rows[i].persistent);
     }
   }
 }
 
 TEST(MemoryPlan, ActivationsGrowWithBatchAndSequence) {
-  const auto config = GptNeoXConfig::preset("pythia-160m");
-  const auto base = gpt_neox_activation_bytes(config, 512, 2, Precision::kBf16Mixed, false);
-  const auto batch = gpt_neox_activation_bytes(config, 512, 4, Precision::kBf16Mixed, false);
-  const auto seq = gpt_neox_activation_bytes(config, 1024, 2, Precision::kBf16Mixed, false);
+  const models::CausalLmConfig config = GptNeoXConfig::preset("pythia-160m");
+  const auto base = activation_bytes(config, 512, 2, Precision::kBf16Mixed, false);
+  const auto batch = activation_bytes(config, 512, 4, Precision::kBf16Mixed, false);
+  const auto seq = activation_bytes(config, 1024, 2, Precision::kBf16Mixed, false);
   EXPECT_DOUBLE_EQ(batch.layers, 2 * base.layers);  // linear in the batch
   EXPECT_GT(seq.layers, 2 * base.layers);           // the attention scores are quadratic in T
-  const auto fp32 = gpt_neox_activation_bytes(config, 512, 2, Precision::kFp32, false);
+  const auto fp32 = activation_bytes(config, 512, 2, Precision::kFp32, false);
   EXPECT_GT(fp32.layers, base.layers);
 }
 
@@ -165,9 +165,9 @@ TEST(MemoryPlan, RecommendsTheLeastCommunicationThatFits) {
   for (const auto& r : plan.rows) {
     EXPECT_EQ(r.fits, r.total() <= 0.9 * static_cast<double>(std::int64_t{80} << 30));
     if (r.strategy == *plan.recommended) break;
-    EXPECT_FALSE(r.fits) << to_string(r.strategy) << " fits but comes before the recommendation";
+    EXPECT_FALSE(r.fits) << display_name(r.strategy) << " fits but comes before the recommendation";
   }
-  EXPECT_NE(format_plan(plan).find("Recommended: " + std::string(to_string(*plan.recommended))),
+  EXPECT_NE(format_plan(plan).find("Recommended: " + std::string(display_name(*plan.recommended))),
             std::string::npos);
   // DDP needs 16 bytes per parameter beyond activations: 7B does not fit on 80 GiB.
   EXPECT_FALSE(row(plan, Strategy::kDdp).fits);
@@ -207,7 +207,8 @@ TEST(MemoryPlan, BadFlagsNameTheFlag) {
     EXPECT_NE(message.find("--params"), std::string::npos) << "'" << bad << "': " << message;
   }
   EXPECT_NE(error_of([] { parse_precision("fp16"); }).find("--precision"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_strategy("zero3"); }).find("full_shard"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_strategy("zero3", kPlannedStrategies); }).find("full_shard"),
+            std::string::npos);
   const auto model = error_of([] { resolve_model("pythia-7b"); });
   EXPECT_NE(model.find("--model"), std::string::npos) << model;
   EXPECT_NE(model.find("pythia-70m"), std::string::npos) << model;  // lists the presets
@@ -250,7 +251,7 @@ TEST(MemoryPlan, AParameterCountAlonePlansModelStatesOnly) {
   const auto plan = plan_memory({.parameter_count = 7'500'000'000,
                                  .world_size = 64,
                                  .device_memory_bytes = std::int64_t{80} << 30});
-  for (const auto& r : plan.rows) EXPECT_EQ(r.activations, 0) << to_string(r.strategy);
+  for (const auto& r : plan.rows) EXPECT_EQ(r.activations, 0) << display_name(r.strategy);
   // FULL_SHARD's engine keeps the fp32 shard, its gradient and two moments: 16 Psi / 64.
   EXPECT_DOUBLE_EQ(row(plan, Strategy::kFullShard).total(), 16 * 7.5e9 / 64);
   EXPECT_NE(format_plan(plan).find("need the model's"), std::string::npos);
@@ -282,8 +283,8 @@ TEST(MemoryPlan, CpuRanksCountTheAllocatorsPoolsAndTheNodesBuckets) {
          {Strategy::kDdp, Strategy::kShardGradOp, Strategy::kFullShard, Strategy::kNoShard}) {
       const auto on_cpu = plan_strategy(cpu, s), on_device = plan_strategy(device, s);
       // The pools' sum is at least the largest single moment; the resident state is the same.
-      EXPECT_GE(on_cpu.total(), on_device.total()) << to_string(s);
-      EXPECT_EQ(on_cpu.persistent, on_device.persistent) << to_string(s);
+      EXPECT_GE(on_cpu.total(), on_device.total()) << display_name(s);
+      EXPECT_EQ(on_cpu.persistent, on_device.persistent) << display_name(s);
     }
     // DDP's ranks each count the peer's shared-memory bucket (4 bytes per parameter) too.
     const double psi = 70'426'624;
@@ -325,7 +326,7 @@ TEST(MemoryPlan, AgreesWithTheMeasuredPeakRssOfTrainGptFsdp) {
     options.gpus_per_node = m.gpus_per_node;
     const double planned = plan_strategy(options, m.strategy).total() / 1048576;
     EXPECT_NEAR(planned / m.peak_rss_mib, 1.0, 0.10)
-        << to_string(m.strategy) << " " << to_string(m.precision)
+        << display_name(m.strategy) << " " << to_string(m.precision)
         << (m.checkpointing ? " checkpointing" : "") << ": planned " << planned << " MiB, measured "
         << m.peak_rss_mib << " MiB";
   }

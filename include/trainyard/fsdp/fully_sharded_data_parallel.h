@@ -8,7 +8,7 @@
 // src/fsdp/fully_sharded_data_parallel.cpp.
 //
 //   trainyard::fsdp::FullyShardedDataParallel fsdp(model, dist, {
-//       .sharding = ShardingStrategy::kFullShard,
+//       .sharding = Strategy::kFullShard,
 //       .wrap = wrap_modules_of_type<models::GptNeoXLayerImpl>()});
 //   torch::optim::AdamW opt(fsdp.parameters(), ...);   // the local fp32 shards
 //   auto loss = models::causal_lm_loss(fsdp.forward(ids), ids);
@@ -31,8 +31,8 @@
 #include <utility>
 #include <vector>
 
-#include "trainyard/fsdp/sharding_strategy.h"
 #include "trainyard/fsdp/wrap_policy.h"
+#include "trainyard/strategy.h"
 
 namespace trainyard {
 class Distributed;
@@ -77,7 +77,7 @@ using ParamSliceInit = std::function<void(
     const std::string& name, std::int64_t begin, std::int64_t count, float* dst)>;
 
 struct FsdpOptions {
-  ShardingStrategy sharding = ShardingStrategy::kFullShard;
+  Strategy sharding = Strategy::kFullShard;  // one of kFsdpStrategies
   WrapPolicy wrap;
   MixedPrecision mixed_precision;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
@@ -119,7 +119,7 @@ struct FsdpGroups {
 // the node and cross-node groups are created over `store` (collective, every rank in the same
 // order; Gloo binds as init() does for `master_addr`). Throws InvalidArgumentError when
 // world_size is not a multiple of local_world_size.
-FsdpGroups make_fsdp_groups(ShardingStrategy strategy,
+FsdpGroups make_fsdp_groups(Strategy strategy,
                             const c10::intrusive_ptr<c10d::ProcessGroup>& world,
                             const c10::intrusive_ptr<c10d::Store>& store,
                             int local_world_size,
@@ -141,7 +141,7 @@ struct FsdpStats {
 };
 
 // make_fsdp_groups over a job's group and store, with its LOCAL_WORLD_SIZE.
-FsdpGroups groups_from(const std::shared_ptr<Distributed>& dist, ShardingStrategy strategy);
+FsdpGroups groups_from(const std::shared_ptr<Distributed>& dist, Strategy strategy);
 
 class FsdpState;  // the engine; see src/fsdp/fully_sharded_data_parallel.cpp
 

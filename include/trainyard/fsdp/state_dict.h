@@ -127,7 +127,7 @@ struct LoadedFsdpCheckpoint {
   std::int64_t step = 0;
   CheckpointFormat format = CheckpointFormat::kSharded;
   int saved_world_size = 0;                  // 0 for a full checkpoint
-  std::string saved_strategy;                // "full_shard", ...; empty for a full checkpoint
+  std::optional<Strategy> saved_strategy;    // nullopt for a full checkpoint
   std::map<std::string, std::string> extra;  // the files asked for, verified
 };
 

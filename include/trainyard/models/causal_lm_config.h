@@ -1,12 +1,14 @@
 // The configuration of any causal language model trainyard builds, chosen by config.json's
-// model_type: GPT-NeoX ("gpt_neox") and Llama ("llama", "mistral", "qwen2"). One value that the
-// recipe, generation, export and the planner pass around without knowing the architecture; each
-// architecture's own fields stay in its config (gpt_neox_config.h). LibTorch-free, like those.
+// model_type. One value that the recipe, generation, export and the planner pass around without
+// knowing the architecture: it forwards to the architecture's own config, which states the facts
+// models/architecture.h lists. The set of architectures is Variant; adding one is its own files
+// and one entry there. LibTorch-free, like the configs.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -17,20 +19,22 @@ namespace trainyard::models {
 
 class CausalLmConfig {
  public:
+  // Every architecture trainyard builds, each with its model (make_causal_lm).
   using Variant = std::variant<GptNeoXConfig, LlamaConfig>;
 
-  CausalLmConfig(GptNeoXConfig config) : config_(std::move(config)) {}  // NOLINT: implicit
-  CausalLmConfig(LlamaConfig config) : config_(std::move(config)) {}    // NOLINT: implicit
+  template <typename Config>
+  requires std::is_constructible_v<Variant, Config> CausalLmConfig(Config config)
+      : config_(std::move(config)) {}  // NOLINT: implicit
 
   // Every architecture's presets ("pythia-70m", ...). Throws InvalidArgumentError naming the known
   // ones.
   static CausalLmConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   static bool is_preset(const std::string& name);
-  // A Hugging Face config.json, read by the reader of its model_type ("gpt_neox", "llama",
-  // "mistral", "qwen2"; a file without model_type is read as GPT-NeoX). Throws InvalidArgumentError
-  // naming an unsupported model_type and the supported ones, and whatever the architecture's reader
-  // refuses.
+  // A Hugging Face config.json, parsed once and read by the architecture whose kModelTypes has
+  // its model_type (a file without model_type is read as GPT-NeoX). Throws InvalidArgumentError
+  // for text that is not a JSON object, naming an unsupported model_type and the supported ones,
+  // and whatever the architecture's reader refuses.
   static CausalLmConfig from_json(const std::string& json_text);
   // The architecture's config.json, as Hugging Face writes it.
   std::string to_json() const;
@@ -50,6 +54,12 @@ class CausalLmConfig {
   std::int64_t max_position_embeddings() const;
   // Parameters of the model, by formula (allocates nothing).
   std::int64_t parameter_count() const;
+
+  // The architecture's facts (models/architecture.h).
+  ParameterLayout parameter_layout() const;
+  std::vector<LayerLinear> layer_linears() const;
+  bool is_unused_checkpoint_tensor(std::string_view name) const;
+  double layer_activation_bytes(const ActivationShape& shape) const;
 
   // The architecture's own config, or null when it is another architecture's.
   template <typename Config>

@@ -3,14 +3,22 @@
 // tools (trainyard::plan) and config checks need no tensors; gpt_neox.h builds the model from it.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "trainyard/models/architecture.h"
 
 namespace trainyard::models {
 
 // Hugging Face's GPTNeoXConfig fields (config.json), with HF's defaults.
 struct GptNeoXConfig {
+  static constexpr std::string_view kArchitecture = "GPT-NeoX";
+  static constexpr std::string_view kModelTypes[] = {"gpt_neox"};
+
   std::int64_t vocab_size = 50432;
   std::int64_t hidden_size = 6144;
   std::int64_t num_hidden_layers = 44;
@@ -30,13 +38,14 @@ struct GptNeoXConfig {
   static GptNeoXConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 
-  // Reads a Hugging Face config.json (model_type "gpt_neox"). The fields that give the model its
+  // Reads a Hugging Face config.json (model_type "gpt_neox"; CausalLmConfig::from_json parses
+  // and dispatches). The fields that give the model its
   // size (vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
   // max_position_embeddings) are required: an error names the missing ones. Unknown keys are
   // ignored; keys that change the architecture in ways this model lacks (tie_word_embeddings,
   // rope_scaling, attention_bias false, hidden_act other than "gelu") are refused. Validates the
   // result.
-  static GptNeoXConfig from_json(const std::string& json_text);
+  static GptNeoXConfig from_json(const nlohmann::json& j);
   // The fields above plus model_type, architectures, hidden_act and tie_word_embeddings, as HF
   // writes them; from_json(to_json()) == *this.
   std::string to_json() const;
@@ -47,10 +56,23 @@ struct GptNeoXConfig {
   std::int64_t head_size() const { return hidden_size / num_attention_heads; }
   // HF's int(head_size * rotary_pct): the leading dimensions of each head that are rotated.
   std::int64_t rotary_ndims() const;
-  // Number of parameters of GptNeoX(config), by formula (allocates nothing).
-  std::int64_t parameter_count() const;
+  // The facts every architecture states (models/architecture.h).
+  std::string_view model_type() const { return "gpt_neox"; }
+  ParameterLayout parameter_layout() const;
+  std::int64_t parameter_count() const { return parameter_layout().total(); }
+  // attention.query_key_value, attention.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h.
+  std::vector<LayerLinear> layer_linears() const;
+  // Buffers older checkpoints saved beside the weights that the model recomputes from config.json:
+  // "*.attention.rotary_emb.inv_freq", "*.attention.bias" (the causal mask),
+  // "*.attention.masked_bias".
+  static bool is_unused_checkpoint_tensor(std::string_view name);
+  // What autograd keeps for one layer (Note [GPT-NeoX activations]).
+  double layer_activation_bytes(const ActivationShape& shape) const;
 
   bool operator==(const GptNeoXConfig&) const = default;
 };
+
+// GptNeoX(config) as a CausalLm (gpt_neox.cpp), for make_causal_lm.
+CausalLm make_model(const GptNeoXConfig& config, CausalLmInit init);
 
 }  // namespace trainyard::models

@@ -19,25 +19,24 @@ class WeightReader;
 
 namespace trainyard::models {
 
-// Whether a stored tensor is a buffer older GPT-NeoX and Llama checkpoints saved beside the
-// weights and that the model recomputes from config.json, so that loading ignores it by name:
-// "*.attention.rotary_emb.inv_freq", "*.attention.bias" (the causal mask),
-// "*.attention.masked_bias" and Llama's "*.self_attn.rotary_emb.inv_freq".
-bool is_ignored_hf_buffer(const std::string& name);
+class CausalLmConfig;
+class CausalLmImpl;
 
 // Throws CheckpointCorruptError unless `reader` holds exactly the tensors named in `model_names`
-// (besides ignored buffers): the message names the tensors the model needs and the folder lacks,
-// and those the folder holds and the model lacks (a config.json with fewer layers than the
-// weights), with a HINT. A silent subset is never loaded.
-void check_hf_tensor_names(const std::vector<std::string>& model_names,
+// (besides the buffers older checkpoints saved that `config`'s architecture recomputes:
+// CausalLmConfig::is_unused_checkpoint_tensor): the message names the tensors the model needs and
+// the folder lacks, and those the folder holds and the model lacks (a config.json with fewer layers
+// than the weights), with a HINT. A silent subset is never loaded.
+void check_hf_tensor_names(const CausalLmConfig& config,
+                           const std::vector<std::string>& model_names,
                            const hf::WeightReader& reader);
 
-// Copies every parameter of `module` (HF names, e.g. GptNeoX's) from `reader`, converting the
+// Copies every parameter of `model` (HF names) from `reader`, converting the
 // stored dtype, after check_hf_tensor_names; LoRA adapters (is_lora_parameter) are not the
 // folder's and keep their values. Throws CheckpointCorruptError naming the tensor, its
 // file and both shapes when a shape disagrees with the model (its config.json), and naming the
 // missing and unexpected tensors.
-void load_hf_weights(torch::nn::Module& module, const hf::WeightReader& reader);
+void load_hf_weights(CausalLmImpl& model, const hf::WeightReader& reader);
 
 // An FSDP ParamSliceInit (fsdp/fully_sharded_data_parallel.h) reading the elements a rank's
 // shards hold from `reader` and nothing else. `shapes(name)` gives the model's shape of a

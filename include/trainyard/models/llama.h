@@ -102,7 +102,6 @@ class LlamaImpl : public CausalLmImpl {
 
  private:
   torch::Tensor logits(const torch::Tensor& hidden);  // (B, T, hidden) -> (B, T, vocab)
-  void check_ids(const torch::Tensor& input_ids, std::int64_t past) const;
 
   LlamaConfig config_;
 };

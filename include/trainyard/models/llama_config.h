@@ -5,9 +5,14 @@
 // LibTorch-free, like gpt_neox_config.h; llama.h builds the model from it.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "trainyard/models/architecture.h"
 
 namespace trainyard::models {
 
@@ -25,8 +30,15 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// Which of the family a config.json describes: its model_type, and transformers' class for it.
+// The biases and config.json keys follow it (from_json).
+enum class LlamaVariant { kLlama, kMistral, kQwen2 };
+
 struct LlamaConfig {
-  std::string model_type = "llama";  // "llama", "mistral" or "qwen2": names and biases follow it
+  static constexpr std::string_view kArchitecture = "Llama";
+  static constexpr std::string_view kModelTypes[] = {"llama", "mistral", "qwen2"};
+
+  LlamaVariant variant = LlamaVariant::kLlama;
   std::int64_t vocab_size = 32000;
   std::int64_t hidden_size = 4096;
   std::int64_t intermediate_size = 11008;
@@ -50,11 +62,12 @@ struct LlamaConfig {
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 
-  // Reads a Hugging Face config.json of model_type llama, mistral or qwen2. The size fields are
+  // Reads a Hugging Face config.json of model_type llama, mistral or qwen2 (CausalLmConfig::
+  // from_json parses and dispatches). The size fields are
   // required (an error names the missing ones); what this model lacks (hidden_act other than
   // silu, a rope_scaling type other than linear and llama3, a Mistral/Qwen2 sliding window
   // shorter than max_position_embeddings) is refused naming the key. Validates the result.
-  static LlamaConfig from_json(const std::string& json_text);
+  static LlamaConfig from_json(const nlohmann::json& j);
   // As Hugging Face writes it; from_json(to_json()) == *this.
   std::string to_json() const;
 
@@ -64,10 +77,23 @@ struct LlamaConfig {
   std::int64_t head_size() const {
     return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
   }
-  // Number of parameters of Llama(config), by formula (allocates nothing).
-  std::int64_t parameter_count() const;
+
+  // The facts every architecture states (models/architecture.h).
+  std::string_view model_type() const;  // "llama", "mistral" or "qwen2"
+  ParameterLayout parameter_layout() const;
+  std::int64_t parameter_count() const { return parameter_layout().total(); }
+  // self_attn.q_proj, k_proj, v_proj, o_proj, mlp.gate_proj, up_proj, down_proj.
+  std::vector<LayerLinear> layer_linears() const;
+  // Rotary frequencies older checkpoints saved: "*.self_attn.rotary_emb.inv_freq",
+  // "model.rotary_emb.inv_freq".
+  static bool is_unused_checkpoint_tensor(std::string_view name);
+  // What autograd keeps for one layer (Note [Llama activations]).
+  double layer_activation_bytes(const ActivationShape& shape) const;
 
   bool operator==(const LlamaConfig&) const = default;
 };
+
+// Llama(config) as a CausalLm (llama.cpp), for make_causal_lm.
+CausalLm make_model(const LlamaConfig& config, CausalLmInit init);
 
 }  // namespace trainyard::models

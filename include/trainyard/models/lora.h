@@ -27,14 +27,8 @@ struct LoraOptions {
   bool operator==(const LoraOptions&) const = default;
 };
 
-// One linear layer of a transformer layer: its path below the layer and its sizes.
-struct LayerLinear {
-  std::string name;  // "self_attn.q_proj", "attention.query_key_value", ...
-  std::int64_t in = 0, out = 0;
-};
-// Every linear layer of one transformer layer of `config`'s architecture, in module order.
-std::vector<LayerLinear> layer_linears(const CausalLmConfig& config);
-// The ones options.targets selects. Throws InvalidArgumentError naming a target the architecture
+// The linear layers of one transformer layer (CausalLmConfig::layer_linears) that
+// options.targets selects. Throws InvalidArgumentError naming a target the architecture
 // has no linear layer for, and listing the ones it has.
 std::vector<LayerLinear> lora_targets(const CausalLmConfig& config, const LoraOptions& options);
 // The adapters' parameters: r x (in + out) per targeted linear layer, in every layer.

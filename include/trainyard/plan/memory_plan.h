@@ -14,24 +14,16 @@
 #include "trainyard/models/causal_lm_config.h"
 #include "trainyard/models/lora.h"
 #include "trainyard/precision.h"
+#include "trainyard/strategy.h"
 
 namespace trainyard::plan {
 
-// The rows of a plan, in order of growing communication per step.
-enum class Strategy {
-  kDdp,          // everything replicated; gradients all-reduced (DistributedDataParallel)
-  kZero1,        // DDP with Adam's state sharded (ShardedAdam): ZeRO stage 1, P_os
-  kShardGradOp,  // FSDP SHARD_GRAD_OP: gradients and optimizer state sharded, P_os+g
-  kHybridShard,  // FSDP HYBRID_SHARD: FULL_SHARD within a node, replicated across nodes
-  kFullShard,    // FSDP FULL_SHARD: everything sharded, P_os+g+p
-  // FSDP NO_SHARD: DDP's replication through FSDP's engine. Not a row of the table (DDP's
-  // memory); planned on request, to compare with train_gpt_fsdp --strategy no_shard.
-  kNoShard,
-};
-std::string_view to_string(Strategy strategy);  // "DDP", "ZeRO-1", "SHARD_GRAD_OP", ...
-// train_gpt_fsdp's --strategy names: "ddp", "zero1", "shard_grad_op", "hybrid_shard",
-// "full_shard", "no_shard"; anything else throws InvalidArgumentError naming `flag`.
-Strategy parse_strategy(std::string_view text, std::string_view flag = "--strategy");
+// The strategies the planner models: the rows of a plan, in order of growing communication per
+// step, then FSDP's NO_SHARD (DDP's memory through FSDP's engine: planned on request, to compare
+// with train_gpt_fsdp --strategy no_shard).
+inline constexpr Strategy kPlannedStrategies[] = {Strategy::kDdp,         Strategy::kZero1,
+                                                  Strategy::kShardGradOp, Strategy::kHybridShard,
+                                                  Strategy::kFullShard,   Strategy::kNoShard};
 
 // Bytes per parameter of each model state (the ZeRO paper's 2 + 2 + K for mixed-precision Adam).
 struct StateBytes {

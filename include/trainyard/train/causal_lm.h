@@ -21,10 +21,9 @@
 #include "trainyard/models/hf_weights.h"
 #include "trainyard/models/lora.h"
 #include "trainyard/precision.h"
-
+#include "trainyard/strategy.h"
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
-#include "trainyard/train/strategy.h"
 
 namespace trainyard::train {
 
@@ -47,7 +46,7 @@ struct CausalLmOptions {
   double val_fraction = 0;  // (0, 1): that share of --data held out for validation
   // tokenizer.json; empty: the model folder's, else bytes as tokens (ids 0-255).
   std::string tokenizer;
-  Strategy strategy;  // FSDP's FULL_SHARD unless --strategy names another, or ddp
+  Strategy strategy = Strategy::kFullShard;  // one of kTrainingStrategies
   // bf16-mixed: FSDP's MixedPrecision (bf16 gathers, fp32 shards and reductions) or DDP's
   // autocast; pure-bf16 (FSDP only): bf16 shards, gradients, reductions and AdamW state.
   Precision precision = Precision::kBf16Mixed;
