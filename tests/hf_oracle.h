@@ -148,8 +148,8 @@ inline std::vector<std::vector<std::int64_t>> transformers_greedy(
 }
 
 // Tiny random models written by transformers' save_pretrained as sharded safetensors, one per
-// (folder, kind): "gpt_neox", "llama", "mistral" or "qwen2" (hf_oracle.py's KINDS: 256 tokens,
-// 2 layers, 64 positions), in one start of Python.
+// (folder, kind): "gpt_neox", "llama", "mistral", "qwen2" or "qwen3" (hf_oracle.py's KINDS: 256
+// tokens, 2 layers, 64 positions), in one start of Python.
 inline void transformers_save(
     const std::vector<std::pair<std::filesystem::path, std::string>>& folders) {
   std::vector<std::string> args = {"save"};

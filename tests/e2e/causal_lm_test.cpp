@@ -220,7 +220,7 @@ TEST_P(CausalLmTransformers, SavedShardedFolderTrainsAndItAndItsExportGenerateAs
 
 INSTANTIATE_TEST_SUITE_P(Architectures,
                          CausalLmTransformers,
-                         testing::Values("gpt_neox", "llama", "mistral", "qwen2"),
+                         testing::Values("gpt_neox", "llama", "mistral", "qwen2", "qwen3"),
                          [](const testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param);
                          });

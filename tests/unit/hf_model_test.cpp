@@ -93,12 +93,12 @@ TEST(GptNeoXTransformers, ReferenceFoldersAndTheExportGiveTrainyardsLogits) {
 // Folders transformers' save_pretrained wrote (5.x: rope_parameters, dtype; shards of 20 KB with
 // model.safetensors.index.json), one per architecture trainyard reads, with what each varies
 // from its defaults (hf_oracle.py's KINDS: partial rotary, rope_theta, llama3 scaling, tied
-// embeddings, head_dim, one key/value head, q/k/v biases): trainyard reads
+// embeddings, head_dim, one key/value head, q/k/v biases, Qwen3's per-head norms): trainyard reads
 // config.json and the shards and computes transformers' logits to 1e-4.
-TEST(SavePretrainedFolders, ShardedGptNeoXLlamaMistralQwen2GiveTrainyardsLogits) {
+TEST(SavePretrainedFolders, ShardedGptNeoXLlamaMistralQwen2Qwen3GiveTrainyardsLogits) {
   TY_REQUIRE_HF_ORACLE("transformers");
   TempDir dir;
-  const std::vector<std::string> kinds = {"gpt_neox", "llama", "mistral", "qwen2"};
+  const std::vector<std::string> kinds = {"gpt_neox", "llama", "mistral", "qwen2", "qwen3"};
   std::vector<std::pair<fs::path, std::string>> folders;
   for (const auto& kind : kinds) folders.emplace_back(dir.path() / kind, kind);
   trainyard::test::transformers_save(folders);

@@ -98,9 +98,41 @@ TEST(LlamaConfigTest, WhatTheModelLacksIsRefusedByName) {
             std::string::npos);
   const auto unknown = expect_refused(config("gemma"));
   EXPECT_NE(unknown.find("\"model_type\" is \"gemma\""), std::string::npos) << unknown;
-  EXPECT_NE(unknown.find("\"llama\", \"mistral\", \"qwen2\""), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("\"llama\", \"mistral\", \"qwen2\", \"qwen3\""), std::string::npos)
+      << unknown;
   const auto missing = expect_refused(R"({"model_type": "llama", "hidden_size": 32})");
   EXPECT_NE(missing.find("lacks \"vocab_size\""), std::string::npos) << missing;
+}
+
+// Qwen3 (qwen3_config.h), the architecture added through the seam of models/architecture.h.
+TEST(Qwen3ConfigTest, ReadsQwen3sDefaultsRoundTripsAndCountsThePerHeadNorms) {
+  const auto preset = CausalLmConfig::preset("qwen3-0.6b");
+  EXPECT_EQ(preset.parameter_count(), 596'049'920);  // Qwen3-0.6B's num_parameters()
+  EXPECT_EQ(preset.architecture(), "Qwen3");
+  EXPECT_EQ(preset.model_type(), "qwen3");
+
+  // head_dim is 128 unless given (not hidden_size / heads); attention_bias biases all four
+  // projections; mlp_bias, which transformers' Qwen3 ignores, adds nothing.
+  const auto qwen3 =
+      CausalLmConfig::from_json(config("qwen3", R"("attention_bias": true, "mlp_bias": true)"));
+  const auto* q = qwen3.get_if<Qwen3Config>();
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->head_dim, 128);
+  EXPECT_TRUE(q->attention_bias);
+  EXPECT_EQ(CausalLmConfig::from_json(qwen3.to_json()), qwen3);
+  const std::int64_t h = 32, i = 64, qd = 4 * 128, kv = 4 * 128, d = 128;
+  const std::int64_t layer = h * qd + 2 * h * kv + qd * h + (qd + 2 * kv + h)  // attention
+                             + 3 * h * i                                       // MLP, no biases
+                             + 2 * h + 2 * d;  // the two RMSNorms, q_norm and k_norm
+  EXPECT_EQ(qwen3.parameter_count(), 100 * h + 2 * layer + h + 100 * h);
+  EXPECT_EQ(qwen3.layer_linears().size(), 7u);
+
+  const auto window =
+      expect_refused(config("qwen3", R"("use_sliding_window": true, "sliding_window": 32)"));
+  EXPECT_NE(window.find("\"sliding_window\" is 32 with use_sliding_window true"), std::string::npos)
+      << window;
+  // Without use_sliding_window, transformers ignores the window.
+  EXPECT_NO_THROW(CausalLmConfig::from_json(config("qwen3", R"("sliding_window": 32)")));
 }
 
 }  // namespace

@@ -140,7 +140,7 @@ TEST(Llama, ExportThenLoadGivesIdenticalLogits) {
 // so the presets' exact counts (LlamaConfigTest) hold for the model built.
 TEST(Llama, PresetsBuildTheParametersTheirCountsSay) {
   for (const char* name : {"llama-tiny", "smollm2-135m", "tinyllama-1.1b", "llama-2-7b",
-                           "llama-3.2-1b", "llama-2-70b"}) {
+                           "llama-3.2-1b", "llama-2-70b", "qwen3-0.6b"}) {
     const auto config = CausalLmConfig::preset(name);
     auto model = make_causal_lm(config, {.device = torch::kMeta});
     std::int64_t count = 0;

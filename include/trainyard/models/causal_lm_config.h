@@ -14,13 +14,14 @@
 
 #include "trainyard/models/gpt_neox_config.h"
 #include "trainyard/models/llama_config.h"
+#include "trainyard/models/qwen3_config.h"
 
 namespace trainyard::models {
 
 class CausalLmConfig {
  public:
   // Every architecture trainyard builds, each with its model (make_causal_lm).
-  using Variant = std::variant<GptNeoXConfig, LlamaConfig>;
+  using Variant = std::variant<GptNeoXConfig, LlamaConfig, Qwen3Config>;
 
   template <typename Config>
   requires std::is_constructible_v<Variant, Config> CausalLmConfig(Config config)

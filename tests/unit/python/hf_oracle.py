@@ -17,7 +17,7 @@ usage:
       the logits of peft.PeftModel.from_pretrained(BASE_FOLDER's model, ADAPTER_FOLDER), as
       `logits` writes them
   hf_oracle.py save FOLDER KIND [FOLDER KIND ...]
-      a tiny random model of KIND (gpt_neox, llama, mistral, qwen2: see KINDS) written by
+      a tiny random model of KIND (gpt_neox, llama, mistral, qwen2, qwen3: see KINDS) written by
       save_pretrained as safetensors shards of at most 20 KB with model.safetensors.index.json
 
 A tensor the folder holds that transformers' model does not take, or one the model needs that the
@@ -59,6 +59,10 @@ KINDS = {
     # Biased q/k/v, tied embeddings, no sliding window.
     "qwen2": (transformers.Qwen2Config, {"num_key_value_heads": 2, "tie_word_embeddings": True,
                                          "use_sliding_window": False}),
+    # Per-head q/k norms with eps 1e-5; head_dim 16 (its default is 128, not hidden_size / heads);
+    # biases on all four attention projections; untied.
+    "qwen3": (transformers.Qwen3Config, {"num_key_value_heads": 2, "head_dim": 16,
+                                         "attention_bias": True, "rms_norm_eps": 1e-5}),
 }
 
 
