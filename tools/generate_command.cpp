@@ -58,7 +58,9 @@ int run_generate(const GenerateFlags& f) {
     for (auto id : lm.tokenizer.encode(f.prompt)) prompt.push_back(id);
   }
   auto options = f.options;
-  options.vocab_limit = lm.tokenizer.vocab_size;
+  // Text needs ids the tokenizer can decode (a byte tokenizer's 256 for a folder without
+  // tokenizer.json); working in ids, the model's whole vocabulary applies, as in transformers.
+  if (!f.print_ids) options.vocab_limit = lm.tokenizer.vocab_size;
   if (lm.tokenizer.eos_id >= 0) options.eos_id = lm.tokenizer.eos_id;
   const auto out = models::generate(*lm.model, prompt, options);
   if (f.print_ids) {

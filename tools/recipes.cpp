@@ -201,22 +201,31 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
          "lora: train LoRA adapters on --lora-targets, the base model frozen")
         ->check(CLI::IsMember({"lora"}));
     // The LoRA flags apply to the options once parsing is done (any order).
-    c.add_option("--lora-r", lora_.r, "LoRA rank")->capture_default_str();
-    c.add_option("--lora-alpha", lora_.alpha, "LoRA alpha (the update is scaled by alpha / r)")
-        ->capture_default_str();
-    c.add_option("--lora-dropout", lora_.dropout, "Dropout on the LoRA adapters' input")
-        ->capture_default_str();
-    c.add_option("--lora-targets", lora_.targets,
-                 "Linear layers to adapt, by name (q_proj,v_proj; query_key_value for GPT-NeoX), "
-                 "or all-linear")
-        ->delimiter(',')
-        ->capture_default_str();
+    lora_flags_ = {
+        c.add_option("--lora-r", lora_.r, "LoRA rank")->capture_default_str(),
+        c.add_option("--lora-alpha", lora_.alpha, "LoRA alpha (the update is scaled by alpha / r)")
+            ->capture_default_str(),
+        c.add_option("--lora-dropout", lora_.dropout, "Dropout on the LoRA adapters' input")
+            ->capture_default_str(),
+        c.add_option("--lora-targets", lora_.targets,
+                     "Linear layers to adapt, by name (q_proj,v_proj; query_key_value for "
+                     "GPT-NeoX), or all-linear")
+            ->delimiter(',')
+            ->capture_default_str()};
     c.add_option("--weight-decay", options_.weight_decay, "AdamW decoupled weight decay")
         ->capture_default_str();
     c.add_option("--seed", options_.seed, "Seed for initialisation and shuffling")
         ->capture_default_str();
   }
-  void validate() const override { with_lora().validate(); }
+  void validate() const override {
+    // A LoRA flag without --peft lora would be ignored and a full fine-tune run.
+    for (const auto* flag : lora_flags_)
+      TY_CHECK(options_.lora || flag->count() == 0, flag->get_name(),
+               " applies to LoRA adapters, but --peft lora is not given: the run would be a full "
+               "fine-tune. HINT: add --peft lora, or drop ",
+               flag->get_name(), ".");
+    with_lora().validate();
+  }
   void run_rank() override { run_causal_lm_rank(with_lora()); }
 
  private:
@@ -226,6 +235,7 @@ class CausalLmRecipe final : public RecipeOf<CausalLmOptions> {
     return o;
   }
   models::LoraOptions lora_;
+  std::vector<const CLI::Option*> lora_flags_;
 };
 
 }  // namespace

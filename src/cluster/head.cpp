@@ -66,7 +66,7 @@ Head::~Head() {
 void Head::start() {
   Impl& m = *impl_;
   TY_CHECK(!m.server, "Head::start() was called twice.");
-  m.state_dir = std::make_unique<StateDir>(m.o.state_dir, "a trainyard head");
+  m.state_dir = std::make_unique<StateDir>(m.o.state_dir, "trainyard head");
   // Note [Secure by default] (auth.cpp).
   if (!m.o.token && !m.o.unauthenticated) {
     m.generated_token_file = m.o.state_dir / kGeneratedTokenFile;

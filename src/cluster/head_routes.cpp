@@ -1,4 +1,5 @@
 #include <cctype>
+#include <charconv>
 
 #include "cluster/dashboard.h"
 #include "cluster/head_impl.h"
@@ -139,12 +140,12 @@ void Head::Impl::add_routes() {
     std::int64_t from = 0;
     std::int64_t limit = INT64_MAX;
     if (after != req.query.end()) {
-      try {
-        from = std::stoll(after->second);
-      } catch (const std::exception&) {
+      // The whole value as a decimal line number: "1e3" or "5x" is not 1 or 5.
+      const auto& text = after->second;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), from);
+      if (ec != std::errc() || end != text.data() + text.size() || from < 0)
         throw net::HttpStatusError(
-            400, "The query 'after' must be a line number; got '" + after->second + "'.");
-      }
+            400, "The query 'after' must be a line number (0, 1, 2, ...); got '" + text + "'.");
       limit = kLogPageLines;
     }
     wire::LogPage page;

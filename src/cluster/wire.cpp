@@ -6,6 +6,7 @@
 
 #include "cluster/json_fields.h"
 #include "trainyard/cluster/api.h"
+#include "trainyard/env.h"
 
 // Note [Message limits]
 // Everything a client sends the head is kept (SQLite), repeated (every job listing carries each
@@ -84,6 +85,16 @@ std::string required_string(const json& j,
 }
 
 // An object of strings, at most max_entries of them and max_bytes of keys and values together.
+// A NUL byte would cut a command, an environment value or name where the C side ends it, so that
+// something other than what was sent runs: refused, naming the field.
+void check_no_nul(const std::string& field, std::string_view text) {
+  if (const auto at = text.find('\0'); at != std::string_view::npos)
+    throw InvalidArgumentError(detail::concat(
+        "The field '", field, "' holds a NUL byte at offset ", at,
+        ": a command or an environment variable cannot carry one (it would be cut there). Hint: "
+        "remove it; pass binary data in a file."));
+}
+
 std::map<std::string, std::string> string_map(const std::string& field,
                                               const json& v,
                                               std::size_t max_entries,
@@ -98,11 +109,36 @@ std::map<std::string, std::string> string_map(const std::string& field,
   std::size_t bytes = 0;
   for (const auto& [k, x] : v.items()) {
     if (!x.is_string()) wrong_type(field + "." + k, "a string", x);
+    check_no_nul(field + " key", k);
+    check_no_nul(field + "." + k, x.get_ref<const std::string&>());
     bytes += k.size() + x.get_ref<const std::string&>().size();
     out.emplace(k, x.get<std::string>());
   }
   check_size(field, bytes, max_bytes, why);
   return out;
+}
+
+// runtime_env.env_vars as a process environment takes them: a name that is not empty and has no
+// '=', and none of the variables the launcher sets for each rank (torchrun's contract), which
+// the job's own would silently replace or be replaced by.
+void check_env_vars(const std::map<std::string, std::string>& env) {
+  static const std::set<std::string_view> kContract = {
+      kRankEnv,           kLocalRankEnv,   kWorldSizeEnv,     kLocalWorldSizeEnv, kGroupRankEnv,
+      kGroupWorldSizeEnv, kRoleRankEnv,    kRoleNameEnv,      kRoleWorldSizeEnv,  kMasterAddrEnv,
+      kMasterPortEnv,     kJobInstanceEnv, kHeartbeatFileEnv, kMetricsDirEnv,     kBindAddrEnv};
+  for (const auto& [name, value] : env) {
+    if (name.empty() || name.find('=') != std::string::npos)
+      throw InvalidArgumentError(detail::concat(
+          "runtime_env.env_vars has the name '", name.substr(0, kMaxNameBytes),
+          "', which is not an environment variable's name (empty, or holding '='). Hint: give "
+          "NAME: VALUE pairs."));
+    if (kContract.count(name) || name.starts_with("TORCHELASTIC_"))
+      throw InvalidArgumentError(detail::concat(
+          "runtime_env.env_vars sets ", name,
+          ", which the launcher sets for each rank (torchrun's contract). Hint: give the job's "
+          "size with trainyard.nodes and trainyard.nproc_per_node, and leave the rank "
+          "variables to the launcher."));
+  }
 }
 
 std::optional<double> non_negative_number(const json& body, const char* field) {
@@ -442,6 +478,7 @@ void from_json(const json& body, JobSubmission& v) {
   if (v.entrypoint.empty()) {
     throw InvalidArgumentError("The field 'entrypoint' is empty: give the shell command to run.");
   }
+  check_no_nul(f::kEntrypoint, v.entrypoint);
   check_size(f::kEntrypoint, v.entrypoint.size(), kMaxEntrypointBytes,
              " (Linux's MAX_ARG_STRLEN: the longest argument `/bin/sh -c` can be given). Hint: "
              "put a long command into a script on a path the nodes share and run that");
@@ -474,6 +511,7 @@ void from_json(const json& body, JobSubmission& v) {
     if (auto env = it->find(f::kEnvVars); env != it->end() && !env->is_null()) {
       v.env_vars = string_map("runtime_env.env_vars", *env, kMaxEnvVars, kMaxEnvBytes,
                               " (every variable is in every rank's environment)");
+      check_env_vars(v.env_vars);
     }
   }
   if (auto it = body.find(f::kMetadata); it != body.end() && !it->is_null()) {

@@ -309,7 +309,7 @@ void Worker::Impl::start() {
              "WorkerOptions.state_dir is empty. HINT: pass --state-dir, a folder of its own for "
              "each worker on a machine.");
   base = net::base_url(options.head, kDefaultHeadPort, "--head");
-  state_dir = std::make_unique<StateDir>(options.state_dir, "a trainyard worker");
+  state_dir = std::make_unique<StateDir>(options.state_dir, "trainyard worker");
   std::error_code ec;
   fs::create_directories(fs::path(options.state_dir) / "jobs", ec);
   TY_CHECK_T(Error, !ec, "Could not create the worker's state directory ", options.state_dir, ": ",

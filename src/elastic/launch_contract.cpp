@@ -204,8 +204,15 @@ LaunchContract read_engine(const EnvLookup& env, const EngineRow& row) {
 
   std::vector<std::string> hosts;
   if (auto v = env_value(env, row.hosts)) {
-    hosts =
-        row.host_list == HostList::kSlurm ? expand_slurm_hostlist(*v, row.hosts) : host_lines(*v);
+    // A list far longer than the job's node count is wrong whatever it says: stop expanding
+    // there (a list a few hosts off is counted and named below).
+    const std::size_t max_hosts =
+        c.nnodes && row.host_list == HostList::kSlurm
+            ? 2 * static_cast<std::size_t>(parse_count(c.nnodes->value).value_or(kMaxSlurmHosts)) +
+                  1
+            : kMaxSlurmHosts;
+    hosts = row.host_list == HostList::kSlurm ? expand_slurm_hostlist(*v, row.hosts, max_hosts)
+                                              : host_lines(*v);
     TY_CHECK(!hosts.empty(), row.hosts, " names no host.");
   }
   if (auto v = env_value(env, row.master_addr)) {
@@ -274,11 +281,15 @@ namespace {
 // Appends the expansion of `item` (one host pattern, commas only inside brackets) to `out`.
 void expand_host_item(std::string_view item,
                       std::string_view what,
+                      std::size_t max_hosts,
                       std::vector<std::string>& out,
                       const std::string& prefix = "") {
   const auto open = item.find('[');
   if (open == std::string_view::npos) {
     TY_CHECK(item.find(']') == std::string_view::npos, what, ": '", item, "' has ']' without '['.");
+    TY_CHECK(out.size() < max_hosts, what, " names more than ", max_hosts, " hosts by '", item,
+             "', more than the job can have. HINT: the list and the node count disagree; check "
+             "the job's variables.");
     out.push_back(prefix + std::string(item));
     return;
   }
@@ -296,19 +307,21 @@ void expand_host_item(std::string_view item,
     const auto lo_text = range.substr(0, dash);
     const auto hi_text = dash == std::string_view::npos ? lo_text : range.substr(dash + 1);
     const auto lo = parse_count(lo_text), hi = parse_count(hi_text);
-    TY_CHECK(lo && hi && *lo >= 0 && *lo <= *hi && *hi - *lo < 100000, what, ": '", range, "' in '",
-             item, "' is not a number or a range LOW-HIGH.");
+    TY_CHECK(lo && hi && *lo >= 0 && *lo <= *hi, what, ": '", range, "' in '", item,
+             "' is not a number or a range LOW-HIGH.");
     for (long long n = *lo; n <= *hi; ++n) {
       std::string digits = std::to_string(n);
       if (digits.size() < lo_text.size()) digits.insert(0, lo_text.size() - digits.size(), '0');
-      expand_host_item(rest, what, out, head + digits);
+      expand_host_item(rest, what, max_hosts, out, head + digits);
     }
   }
 }
 
 }  // namespace
 
-std::vector<std::string> expand_slurm_hostlist(std::string_view list, std::string_view what) {
+std::vector<std::string> expand_slurm_hostlist(std::string_view list,
+                                               std::string_view what,
+                                               std::size_t max_hosts) {
   std::vector<std::string> out;
   int depth = 0;
   std::size_t start = 0;
@@ -319,7 +332,7 @@ std::vector<std::string> expand_slurm_hostlist(std::string_view list, std::strin
     if (ch == ',' && depth == 0) {
       const auto item = list.substr(start, i - start);
       TY_CHECK(!item.empty(), what, ": '", list, "' has an empty host name.");
-      expand_host_item(item, what, out);
+      expand_host_item(item, what, max_hosts, out);
       start = i + 1;
     }
   }

@@ -225,6 +225,28 @@ INSTANTIATE_TEST_SUITE_P(Architectures,
                            return std::string(info.param);
                          });
 
+// Working in ids (--prompt-ids, --print-ids), the model's whole vocabulary applies: on a
+// 512-token folder without tokenizer.json (whose byte tokenizer knows 256 ids) greedy ids equal
+// transformers', ids above 255 among them.
+TEST(CausalLmGenerate, PrintIdsUsesTheModelsWholeVocabularyAsTransformers) {
+  TY_REQUIRE_HF_ORACLE("transformers");
+  TempDir dir;
+  const auto folder = dir.path() / "llama_512";
+  trainyard::test::transformers_save({{folder, "llama_512"}});
+  const std::string prompt = "300,65,400,110,97";
+  constexpr std::int64_t kNewTokens = 16;
+  const auto theirs = trainyard::test::transformers_greedy(
+      {folder}, trainyard::test::ids_of(prompt), kNewTokens)[0];
+  ASSERT_TRUE(std::any_of(theirs.begin(), theirs.end(), [](auto id) { return id > 255; }))
+      << "the test needs a continuation with ids a byte tokenizer lacks";
+  auto g = run_program(
+      {TRAINYARD_CLI_PATH, "generate", "--model", folder.string(), "--prompt-ids", prompt,
+       "--greedy", "--max-new-tokens", std::to_string(kNewTokens), "--print-ids"},
+      {}, 60s);
+  ASSERT_TRUE(g.status.success()) << g.err;
+  EXPECT_EQ(trainyard::test::ids_of(g.out), theirs) << g.out;
+}
+
 // Note [Non-finite training]: at --lr 1e3 (fp32) the loss grows for four steps and turns NaN at
 // the fifth, after checkpoints at steps 2 and 4 (at 1e6 it is NaN at step 2, before any). The run
 // fails naming the step, every checkpoint it kept holds finite weights (retention at

@@ -215,6 +215,18 @@ TEST(LlamaRecipe, BadRecordsAndFlagsAreRefusedNamingTheFileAndLine) {
   EXPECT_FALSE(both.status.success());
   EXPECT_NE(both.err.find("Give --val-data or --val-fraction, not both"), std::string::npos)
       << both.err;
+  // A LoRA flag without --peft lora would run a full fine-tune.
+  const std::pair<std::string, std::string> lora_flags[] = {{"--lora-r", "8"},
+                                                            {"--lora-alpha", "16"},
+                                                            {"--lora-dropout", "0.1"},
+                                                            {"--lora-targets", "q_proj"}};
+  for (const auto& [flag, value] : lora_flags) {
+    auto lora = run_program(command(dir.path(), {flag, value}));
+    EXPECT_FALSE(lora.status.success()) << flag;
+    EXPECT_NE(lora.err.find(flag + " applies to LoRA adapters, but --peft lora is not"),
+              std::string::npos)
+        << lora.err;
+  }
   // A prompt longer than --seq-len: every record dropped, counted and named.
   auto short_seq = run_program(command(dir.path(), {"--seq-len", "16", "--workers", "1"}), {}, 60s);
   EXPECT_FALSE(short_seq.status.success());

@@ -212,6 +212,24 @@ TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
   expect_400({{"entrypoint", "x"}, {"entrypoint_num_cpus", "2"}}, {"entrypoint_num_cpus"});
   expect_400({{"entrypoint", "x"}, {"trainyard", {{"nodes", "3:1"}}}}, {"trainyard.nodes"});
   expect_400({{"entrypoint", "x"}, {"trainyard", {{"gpus", 1}}}}, {"trainyard.gpus"});
+  // A NUL byte would cut the command or the variable where C ends the string (issue 36, defect
+  // 7): "echo a\0b; echo c" ran `echo a` and succeeded.
+  const auto env = [](json vars) { return json{{"env_vars", std::move(vars)}}; };
+  expect_400({{"entrypoint", std::string("echo a\0b; echo c", 16)}},
+             {"'entrypoint' holds a NUL byte at offset 6"});
+  expect_400({{"entrypoint", "x"},
+              {"runtime_env", env({{"A", std::string("1\0"
+                                                     "2",
+                                                     3)}})}},
+             {"'runtime_env.env_vars.A' holds a NUL byte"});
+  expect_400({{"entrypoint", "x"}, {"runtime_env", env({{std::string("A\0B", 3), "1"}})}},
+             {"'runtime_env.env_vars key' holds a NUL byte"});
+  expect_400({{"entrypoint", "x"}, {"metadata", {{"a", std::string("\0", 1)}}}}, {"metadata.a"});
+  expect_400({{"entrypoint", "x"}, {"runtime_env", env({{"", "1"}})}}, {"not an environment"});
+  expect_400({{"entrypoint", "x"}, {"runtime_env", env({{"A=B", "1"}})}}, {"'A=B'"});
+  for (const char* contract : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"})
+    expect_400({{"entrypoint", "x"}, {"runtime_env", env({{contract, "1"}})}},
+               {std::string("sets ") + contract, "torchrun's contract"});
   auto bad = call_text("POST", "/api/jobs/", "{not json");
   EXPECT_EQ(bad.status, 400);
 
@@ -221,6 +239,13 @@ TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
   EXPECT_EQ(submit({{"entrypoint", "sleep 100"}, {"submission_id", "s1"}}), "s1");
   auto dup = call("POST", "/api/jobs/", {{"entrypoint", "true"}, {"submission_id", "s1"}});
   EXPECT_EQ(dup.status, 409);
+  // `?after=N` pages a log from line N: the whole value, not a prefix of it ("1e3" is not 1).
+  EXPECT_EQ(call("GET", "/api/jobs/s1/logs?after=0").status, 200);
+  for (const char* bad : {"1e3", "5x", "-1", ""}) {
+    auto page = call("GET", std::string("/api/jobs/s1/logs?after=") + bad);
+    EXPECT_EQ(page.status, 400) << bad;
+    EXPECT_NE(page.body.find("'after' must be a line number"), std::string::npos) << page.body;
+  }
   auto missing = call("GET", "/api/jobs/nope");
   EXPECT_EQ(missing.status, 404);
   EXPECT_NE(missing.json().value("error", "").find("nope"), std::string::npos);
@@ -306,7 +331,8 @@ TEST_F(HeadTest, ASecondHeadOnTheSameStateDirIsRefusedAndSecretsArePrivate) {
     FAIL() << "a second head started on the same state directory";
   } catch (const InvalidArgumentError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("is in use by a trainyard head (host "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is in use by trainyard head (host "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("a second trainyard head there would take over"), std::string::npos) << msg;
     EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
     EXPECT_NE(msg.find("started "), std::string::npos) << msg;
     EXPECT_NE(msg.find("--state-dir"), std::string::npos) << msg;

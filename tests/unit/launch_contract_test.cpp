@@ -50,6 +50,32 @@ TEST(SlurmHostlist, ExpandsRangesListsPaddingAndSeveralGroups) {
   }
 }
 
+// Each bracket group is small but their product is not: expansion stops past twice the job's
+// node count (or at 2^20 hosts), where it used to reach 2.2 GB and std::bad_alloc; one range of
+// 2^20 is valid.
+TEST(SlurmHostlist, StopsAtTheNodeCountAndTakesOneLargeRange) {
+  const auto error = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const InvalidArgumentError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto product = error([] { expand_slurm_hostlist("a[1-1000]b[1-1000]c[1-1000]"); });
+  EXPECT_NE(product.find("SLURM_JOB_NODELIST names more than 1048576 hosts"), std::string::npos)
+      << product;
+  EXPECT_EQ(expand_slurm_hostlist("n[0-1048575]").size(), 1048576u);
+  const auto capped = error([] {
+    detect_launch_contract(env_of({{"SLURM_JOB_ID", "1"},
+                                   {"SLURM_NNODES", "2"},
+                                   {"SLURM_NODEID", "0"},
+                                   {"SLURM_PROCID", "0"},
+                                   {"SLURM_JOB_NODELIST", "a[1-1000]b[1-1000]c[1-1000]"}}));
+  });
+  EXPECT_NE(capped.find("names more than 5 hosts"), std::string::npos) << capped;
+}
+
 TEST(LaunchContract, NoEngineGivesNothing) {
   const auto c = detect_launch_contract(env_of({{"HOME", "/root"}}));
   EXPECT_EQ(c.engine, "");

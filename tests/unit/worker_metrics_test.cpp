@@ -80,7 +80,7 @@ TEST_F(WorkerMetricsTest, ASecondWorkerOnTheSameStateDirIsRefused) {
     second.start();
     FAIL() << "a second worker started on the same state directory";
   } catch (const InvalidArgumentError& e) {
-    EXPECT_TRUE(has(e.what(), "is in use by a trainyard worker (host ")) << e.what();
+    EXPECT_TRUE(has(e.what(), "is in use by trainyard worker (host ")) << e.what();
   }
   EXPECT_EQ(
       std::filesystem::status(dir_.path() / "worker").permissions() & std::filesystem::perms::all,

@@ -17,7 +17,7 @@ class StateDir {
   // Creates `path` with mode 0700 (or tightens an existing one to 0700) and takes its lock.
   // InvalidArgumentError naming the holder (what it is, host, pid, start time) when another
   // process holds it; Error when the folder cannot be created or locked. `owner` says what holds
-  // it ("the head", "a worker"), for the message a second process gets.
+  // it ("trainyard head", "trainyard worker"), for the message a second process gets.
   StateDir(std::filesystem::path path, std::string_view owner);
   ~StateDir();  // releases the lock
   StateDir(const StateDir&) = delete;

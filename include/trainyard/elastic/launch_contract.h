@@ -46,8 +46,12 @@ LaunchContract detect_launch_contract(const EnvLookup& env = process_env());
 // Slurm's compressed host list, as SLURM_JOB_NODELIST spells it, expanded in order:
 // "node[01-03,7],gpu5" -> node01 node02 node03 node7 gpu5; several bracket groups in one name
 // multiply ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2); a range keeps the zero padding of its start.
-// Throws InvalidArgumentError naming `what` on a malformed list.
+// Throws InvalidArgumentError naming `what` on a malformed list, and on one that names more than
+// `max_hosts` hosts (the job's SLURM_NNODES where set) before expanding further: the product of
+// bracket groups can be astronomically large.
+inline constexpr std::size_t kMaxSlurmHosts = 1 << 20;
 std::vector<std::string> expand_slurm_hostlist(std::string_view list,
-                                               std::string_view what = kSlurmJobNodelistEnv);
+                                               std::string_view what = kSlurmJobNodelistEnv,
+                                               std::size_t max_hosts = kMaxSlurmHosts);
 
 }  // namespace trainyard::elastic

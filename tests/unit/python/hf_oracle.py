@@ -63,6 +63,8 @@ KINDS = {
     # biases on all four attention projections; untied.
     "qwen3": (transformers.Qwen3Config, {"num_key_value_heads": 2, "head_dim": 16,
                                          "attention_bias": True, "rms_norm_eps": 1e-5}),
+    # 512 tokens: more than a folder without tokenizer.json has bytes for.
+    "llama_512": (transformers.LlamaConfig, {"vocab_size": 512, "num_key_value_heads": 2}),
 }
 
 
@@ -178,7 +180,7 @@ def save_command(args):
         config_class, overrides = KINDS[kind]
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(
-            config_class(**SMALL, **overrides), dtype=torch.float32)
+            config_class(**{**SMALL, **overrides}), dtype=torch.float32)
         randomise(model, seed=sorted(KINDS).index(kind) + 11)
         model.save_pretrained(folder, max_shard_size="20KB")
         if not os.path.exists(os.path.join(folder, "model.safetensors.index.json")):
