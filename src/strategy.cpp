@@ -23,8 +23,10 @@ constexpr Names kNames[] = {
 };
 
 const Names& names_of(Strategy strategy) {
-  return *std::find_if(std::begin(kNames), std::end(kNames),
-                       [&](const Names& n) { return n.strategy == strategy; });
+  const auto* names = std::find_if(std::begin(kNames), std::end(kNames),
+                                   [&](const Names& n) { return n.strategy == strategy; });
+  TY_ASSERT(names != std::end(kNames), "no names for Strategy ", static_cast<int>(strategy));
+  return *names;
 }
 
 }  // namespace

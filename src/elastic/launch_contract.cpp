@@ -309,10 +309,11 @@ void expand_host_item(std::string_view item,
     const auto lo = parse_count(lo_text), hi = parse_count(hi_text);
     TY_CHECK(lo && hi && *lo >= 0 && *lo <= *hi, what, ": '", range, "' in '", item,
              "' is not a number or a range LOW-HIGH.");
-    for (long long n = *lo; n <= *hi; ++n) {
+    for (long long n = *lo;; ++n) {  // to hi inclusive; n <= hi would overflow at LLONG_MAX
       std::string digits = std::to_string(n);
       if (digits.size() < lo_text.size()) digits.insert(0, lo_text.size() - digits.size(), '0');
       expand_host_item(rest, what, max_hosts, out, head + digits);
+      if (n == *hi) break;
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "trainyard/models/llama_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/config_fields.h"
@@ -152,8 +153,12 @@ std::vector<std::string> LlamaConfig::preset_names() {
 LlamaConfig LlamaConfig::from_json(const Json& j) {
   LlamaConfig c;
   const auto model_type = j.value("model_type", std::string("llama"));
-  for (const auto& v : kVariants)
-    if (v.model_type == model_type) c.variant = v.variant;
+  const auto* named =
+      std::find_if(std::begin(kVariants), std::end(kVariants),
+                   [&](const VariantNames& v) { return v.model_type == model_type; });
+  TY_CHECK(named != std::end(kVariants), "config.json: \"model_type\" is \"", model_type,
+           "\"; LlamaConfig reads \"llama\", \"mistral\" or \"qwen2\".");
+  c.variant = named->variant;
   if (j.contains("hidden_act"))
     TY_CHECK(j["hidden_act"] == "silu", "config.json: \"hidden_act\" is ", j["hidden_act"].dump(),
              "; Llama's MLP supports \"silu\" (SwiGLU) only.");
@@ -185,19 +190,6 @@ LlamaConfig LlamaConfig::from_json(const Json& j) {
   read_field(j, "tie_word_embeddings", c.tie_word_embeddings);
   read_field(j, "attention_dropout", c.attention_dropout);
   read_field(j, "initializer_range", c.initializer_range);
-  // Mistral and Qwen2 may attend within a sliding window; a window at least as long as any
-  // sequence the model takes is plain causal attention.
-  bool use_window = c.variant == LlamaVariant::kMistral;
-  if (c.variant == LlamaVariant::kQwen2) read_field(j, "use_sliding_window", use_window);
-  if (use_window && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    std::int64_t window = 0;
-    read_field(j, "sliding_window", window);
-    TY_CHECK(window >= c.max_position_embeddings, "config.json: \"sliding_window\" is ", window,
-             ", shorter than max_position_embeddings (", c.max_position_embeddings,
-             "); trainyard's attention is causal over the whole sequence and has no sliding "
-             "window yet. HINT: set max_position_embeddings to at most ",
-             window, " in a copy of config.json to train on sequences within one window.");
-  }
   std::string missing;
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "max_position_embeddings"})
@@ -205,6 +197,12 @@ LlamaConfig LlamaConfig::from_json(const Json& j) {
   TY_CHECK(missing.empty(), "config.json lacks ", missing,
            ", which give the model its size. HINT: use the config.json saved with the model's "
            "weights; it holds them all.");
+  if (c.variant != LlamaVariant::kLlama)
+    refuse_sliding_window(j,
+                          c.variant == LlamaVariant::kMistral
+                              ? WindowedLayers::kAll
+                              : WindowedLayers::kFromMaxWindowLayers,
+                          c.num_hidden_layers, c.max_position_embeddings);
   c.validate();
   return c;
 }
@@ -317,8 +315,9 @@ std::vector<LayerLinear> LlamaConfig::layer_linears() const {
           {"mlp.down_proj", i, h}};
 }
 
-bool LlamaConfig::is_unused_checkpoint_tensor(std::string_view name) {
-  return name.ends_with(".self_attn.rotary_emb.inv_freq") || name == "model.rotary_emb.inv_freq";
+bool LlamaConfig::is_unused_checkpoint_tensor(std::string_view name) const {
+  return name.ends_with(".self_attn.rotary_emb.inv_freq") || name == "model.rotary_emb.inv_freq" ||
+         (tie_word_embeddings && name == "lm_head.weight");
 }
 
 // Note [Llama activations]

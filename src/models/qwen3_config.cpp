@@ -55,10 +55,6 @@ std::vector<std::string> Qwen3Config::preset_names() {
 }
 
 Qwen3Config Qwen3Config::from_json(const Json& j) {
-  // transformers turns the window off unless use_sliding_window; with it, the layers from
-  // max_window_layers on (or those layer_types names) attend within it.
-  bool use_window = false;
-  read_field(j, "use_sliding_window", use_window);
   // Llama's reader, for Llama's model_type: attention_bias biases all four projections, as
   // Qwen3Attention's; Qwen3's MLP has no biases whatever mlp_bias says (transformers ignores
   // it), and head_dim is 128 unless given.
@@ -67,16 +63,8 @@ Qwen3Config Qwen3Config::from_json(const Json& j) {
   as_llama.erase("mlp_bias");
   if (!as_llama.contains("head_dim") || as_llama["head_dim"].is_null()) as_llama["head_dim"] = 128;
   auto c = from_llama(LlamaConfig::from_json(as_llama));
-  if (use_window && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    std::int64_t window = 0;
-    read_field(j, "sliding_window", window);
-    TY_CHECK(window >= c.max_position_embeddings, "config.json: \"sliding_window\" is ", window,
-             " with use_sliding_window true, shorter than max_position_embeddings (",
-             c.max_position_embeddings,
-             "); trainyard's attention is causal over the whole sequence and has no sliding "
-             "window yet. HINT: set max_position_embeddings to at most ",
-             window, " in a copy of config.json to train on sequences within one window.");
-  }
+  refuse_sliding_window(j, WindowedLayers::kFromMaxWindowLayers, c.num_hidden_layers,
+                        c.max_position_embeddings);
   return c;
 }
 

@@ -751,6 +751,10 @@ void check_resumed_base(Trainer& trainer, const std::string& base) {
 void CausalLmOptions::validate() const {
   run.validate();
   scaling.validate();
+  TY_CHECK(std::find(std::begin(kTrainingStrategies), std::end(kTrainingStrategies), strategy) !=
+               std::end(kTrainingStrategies),
+           "--strategy ", to_string(strategy), " is not one the causal-LM recipe runs; give ",
+           strategy_names(kTrainingStrategies), ".");
   TY_CHECK(!data.empty(),
            "--data must name a text file to train on (e.g. "
            "/usr/share/games/fortunes/fortunes, or tiny_shakespeare's input.txt).");

@@ -1,5 +1,6 @@
 #include "train/causal_lm_source.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -73,6 +74,58 @@ std::string cached_model_dir(const std::string& uri) {
 
 }  // namespace
 
+// Note [A tied model's written output projection]
+// config.json's tie_word_embeddings makes the output projection the input embedding, and
+// save_pretrained then writes the embedding alone; some exporters write lm_head.weight as well.
+// transformers (5.x) ties the two when the written values are equal and, when they differ, loads
+// both and leaves the model untied, with a warning. trainyard reads such a folder the same way:
+// equal, the extra tensor is unused (LlamaConfig::is_unused_checkpoint_tensor); different, the
+// folder's model is the untied one, and the log says so. Only Llama's family ties (GPT-NeoX
+// refuses tie_word_embeddings), hence its tensor names.
+namespace {
+
+constexpr const char* kWrittenOutputProjection = "lm_head.weight";
+constexpr const char* kInputEmbedding = "model.embed_tokens.weight";
+
+// Whether tensors `a` and `b` of `weights` hold the same shape and values (compared as fp32, a
+// piece at a time).
+bool same_tensor_values(const hf::WeightReader& weights,
+                        const std::string& a,
+                        const std::string& b) {
+  const auto& info = weights.info(a);
+  if (info.shape != weights.info(b).shape) return false;
+  constexpr std::uint64_t kPiece = 1 << 20;  // elements
+  std::vector<float> x(std::min(kPiece, info.numel())), y(x.size());
+  for (std::uint64_t at = 0; at < info.numel(); at += kPiece) {
+    const auto n = std::min(kPiece, info.numel() - at);
+    weights.read(a, at, n, hf::Dtype::F32, x.data());
+    weights.read(b, at, n, hf::Dtype::F32, y.data());
+    if (!std::equal(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n), y.begin())) return false;
+  }
+  return true;
+}
+
+// `config` (read from `text`, the config.json in `dir`) as transformers reads the folder.
+models::CausalLmConfig as_written(models::CausalLmConfig config,
+                                  const std::string& text,
+                                  const std::string& dir) {
+  if (!config.parameter_layout().tied || !has_hf_weights(dir)) return config;
+  const hf::WeightReader weights(dir);
+  if (!weights.contains(kWrittenOutputProjection) || !weights.contains(kInputEmbedding) ||
+      same_tensor_values(weights, kWrittenOutputProjection, kInputEmbedding))
+    return config;
+  logger("train")->warn(
+      "{}/config.json says tie_word_embeddings, but its weights hold {} and {} with different "
+      "values: reading the model untied, as transformers does (Note [A tied model's written output "
+      "projection]). HINT: set \"tie_word_embeddings\": false in config.json to say so.",
+      dir, kWrittenOutputProjection, kInputEmbedding);
+  auto j = nlohmann::json::parse(text);
+  j["tie_word_embeddings"] = false;
+  return models::CausalLmConfig::from_json(j.dump());
+}
+
+}  // namespace
+
 ModelSource resolve_model(const std::string& model) {
   check_model_flag(model);
   std::error_code ec;
@@ -85,7 +138,7 @@ ModelSource resolve_model(const std::string& model) {
            "holds config.json next to its weights.");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return {models::CausalLmConfig::from_json(text), dir};
+    return {as_written(models::CausalLmConfig::from_json(text), text, dir), dir};
   } catch (const Error& e) {
     throw InvalidArgumentError(detail::concat(path.string(), ": ", e.what()));
   }

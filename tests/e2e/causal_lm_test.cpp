@@ -231,8 +231,8 @@ INSTANTIATE_TEST_SUITE_P(Architectures,
 TEST(CausalLmGenerate, PrintIdsUsesTheModelsWholeVocabularyAsTransformers) {
   TY_REQUIRE_HF_ORACLE("transformers");
   TempDir dir;
-  const auto folder = dir.path() / "llama_512";
-  trainyard::test::transformers_save({{folder, "llama_512"}});
+  const auto folder = dir.path() / "wide_llama";
+  trainyard::test::transformers_save({{folder, "wide_llama"}});
   const std::string prompt = "300,65,400,110,97";
   constexpr std::int64_t kNewTokens = 16;
   const auto theirs = trainyard::test::transformers_greedy(

@@ -15,6 +15,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "../hf_oracle.h"
 #include "../log_capture.h"
 #include "../temp_dir.h"
 #include "thread_ranks.h"
@@ -251,6 +252,55 @@ TEST(CausalLmReader, HuggingFaceWeightsMustMatchTheModelTensorForTensor) {
   EXPECT_NE(message.find("It lacks 12 tensors the model needs: \"gpt_neox.layers.3."),
             std::string::npos)
       << message;
+}
+
+// A tied Llama whose weights also hold "lm_head.weight" (some exporters write it) reads as
+// transformers reads it (Note [A tied model's written output projection]): equal to the
+// embedding, the extra tensor is unused; different, the model is untied and uses it. Its logits
+// are transformers' either way.
+TEST(CausalLmReader, ATiedModelsWrittenOutputProjectionReadsAsTransformersReadsIt) {
+  TY_REQUIRE_HF_ORACLE("transformers");
+  const models::LlamaConfig tied{.vocab_size = 64,
+                                 .hidden_size = 16,
+                                 .intermediate_size = 32,
+                                 .num_hidden_layers = 1,
+                                 .num_attention_heads = 2,
+                                 .num_key_value_heads = 2,
+                                 .max_position_embeddings = 32,
+                                 .tie_word_embeddings = true};
+  auto model = models::make_causal_lm(tied, {.seed = 5});
+  const auto embedding = model->named_parameters()["model.embed_tokens.weight"].contiguous();
+  models::TensorShapes tensors;
+  for (const auto& p : model->named_parameters())
+    tensors.emplace_back(p.key(), p.value().sizes().vec());
+  ASSERT_FALSE(model->named_parameters().contains("lm_head.weight"));
+  tensors.emplace_back("lm_head.weight", std::vector<std::int64_t>{64, 16});
+  TempDir dir;
+  const auto ids = torch::arange(10).view({1, 10});
+  std::vector<test::OracleInput> folders;
+  for (const bool equal : {true, false}) {
+    auto fill = [&](const std::string& name, float* dst) {
+      const auto values = name == "lm_head.weight" && !equal ? torch::full({64, 16}, 0.25)
+                          : name == "lm_head.weight"         ? embedding
+                                                     : model->named_parameters()[name].contiguous();
+      std::copy_n(values.data_ptr<float>(), values.numel(), dst);
+    };
+    const auto folder = dir.path() / (equal ? "equal" : "different");
+    models::export_hf(tensors, fill, models::CausalLmConfig(tied).to_json(), folder.string());
+    folders.push_back({folder, ids});
+  }
+  const auto theirs = test::transformers_logits(folders);
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < folders.size(); ++i) {
+    auto lm = load_causal_lm(folders[i].folder.string());
+    EXPECT_EQ(lm.model->named_parameters().contains("lm_head.weight"), i == 1);
+    EXPECT_LT((lm.model->forward(ids) - theirs[i]).abs().max().item<double>(), 1e-4)
+        << folders[i].folder;
+  }
+  // The untied model's output projection is the written one.
+  auto untied = load_causal_lm(folders[1].folder.string());
+  EXPECT_TRUE(torch::equal(untied.model->named_parameters()["lm_head.weight"],
+                           torch::full({64, 16}, 0.25f)));
 }
 
 // A run whose config.json names a model with fewer layers than its checkpoint: generate and

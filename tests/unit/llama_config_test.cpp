@@ -127,12 +127,38 @@ TEST(Qwen3ConfigTest, ReadsQwen3sDefaultsRoundTripsAndCountsThePerHeadNorms) {
   EXPECT_EQ(qwen3.parameter_count(), 100 * h + 2 * layer + h + 100 * h);
   EXPECT_EQ(qwen3.layer_linears().size(), 7u);
 
-  const auto window =
-      expect_refused(config("qwen3", R"("use_sliding_window": true, "sliding_window": 32)"));
-  EXPECT_NE(window.find("\"sliding_window\" is 32 with use_sliding_window true"), std::string::npos)
-      << window;
   // Without use_sliding_window, transformers ignores the window.
   EXPECT_NO_THROW(CausalLmConfig::from_json(config("qwen3", R"("sliding_window": 32)")));
+}
+
+// As transformers reads them: Qwen's window slides only on the layers from max_window_layers on
+// (default 28) or those layer_types names; Mistral's on all, 4096 long when the key is absent.
+TEST(LlamaConfigTest, OnlyALayerThatSlidesWithinAShortWindowIsRefused) {
+  for (const char* qwen : {"qwen2", "qwen3"}) {
+    EXPECT_NO_THROW(CausalLmConfig::from_json(
+        config(qwen, R"("use_sliding_window": true, "sliding_window": 32)")))
+        << qwen << ": both layers are below max_window_layers 28";
+    const auto from_layer_1 = expect_refused(config(
+        qwen, R"("use_sliding_window": true, "sliding_window": 32, "max_window_layers": 1)"));
+    EXPECT_NE(from_layer_1.find("\"sliding_window\" is 32, shorter than max_position_embeddings "
+                                "(128), and layer 1 attends within it (use_sliding_window true, "
+                                "max_window_layers 1)"),
+              std::string::npos)
+        << from_layer_1;
+    const auto typed = expect_refused(config(qwen, R"("use_sliding_window": true,
+        "sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"])"));
+    EXPECT_NE(typed.find("layer 0 attends within it"), std::string::npos) << typed;
+    EXPECT_NO_THROW(CausalLmConfig::from_json(config(qwen, R"("use_sliding_window": true,
+        "sliding_window": 32, "layer_types": ["full_attention", "full_attention"])")));
+  }
+  EXPECT_NO_THROW(CausalLmConfig::from_json(config("mistral")));  // 4096 >= 128
+  const auto long_context = expect_refused(R"({"model_type": "mistral", "vocab_size": 100,
+      "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "max_position_embeddings": 8192})");
+  EXPECT_NE(long_context.find("\"sliding_window\" is 4096, shorter than max_position_embeddings "
+                              "(8192), and layer 0"),
+            std::string::npos)
+      << long_context;
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 //   std::string_view model_type() const;
 //   ParameterLayout parameter_layout() const;          // every parameter tensor, by unit
 //   std::vector<LayerLinear> layer_linears() const;    // LoRA's targets
-//   static bool is_unused_checkpoint_tensor(std::string_view name);
+//   bool is_unused_checkpoint_tensor(std::string_view name) const;  // may be static
 //   double layer_activation_bytes(const ActivationShape&) const;   // the memory planner's
 //
 // and, declared beside the config and defined with its model (gpt_neox.cpp, ...),
@@ -39,8 +39,10 @@ struct LayerLinear {
 
 // The elements of every parameter tensor of a model, grouped as FSDP wraps them (the root with the
 // final norm, and the embedding when tied; the input embedding; each layer; the output
-// projection), in the order named_parameters() lists them: what parameter counts, the memory
-// planner's unit sizes and ZeRO-1's owners are computed from.
+// projection). Each layer's tensors are in the order named_parameters() lists them; across
+// units the order is not the model's, and ZeRO-1's planned owners come from sorting the sizes as
+// ShardedAdam does, not from this order. What parameter counts, the memory planner's unit sizes
+// and ZeRO-1's owners are computed from.
 struct ParameterLayout {
   std::int64_t embedding = 0;            // the input embedding (= the untied output projection)
   std::vector<std::int64_t> layer;       // one transformer layer's tensors, in module order

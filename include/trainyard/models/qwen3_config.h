@@ -59,8 +59,8 @@ struct Qwen3Config {
   ParameterLayout parameter_layout() const;
   std::int64_t parameter_count() const { return parameter_layout().total(); }
   std::vector<LayerLinear> layer_linears() const { return llama().layer_linears(); }
-  static bool is_unused_checkpoint_tensor(std::string_view name) {
-    return LlamaConfig::is_unused_checkpoint_tensor(name);
+  bool is_unused_checkpoint_tensor(std::string_view name) const {
+    return llama().is_unused_checkpoint_tensor(name);
   }
   // Llama's layer (Note [Llama activations]) plus what the per-head norms keep.
   double layer_activation_bytes(const ActivationShape& shape) const;

@@ -101,7 +101,7 @@ struct MemoryPlan {
 
 // Plans every strategy. Validates the options first.
 MemoryPlan plan_memory(const PlanOptions& options);
-// One strategy's row (any strategy, kNoShard too). Validates the options first.
+// One strategy's row, for any of plan::kPlannedStrategies. Validates the options first.
 StrategyPlan plan_strategy(const PlanOptions& options, Strategy strategy);
 
 // Activation bytes a rank holds at the loss's backward (its peak for small models), and the
@@ -118,16 +118,6 @@ ActivationBytes activation_bytes(const models::CausalLmConfig& config,
                                  std::int64_t micro_batch,
                                  Precision precision,
                                  bool activation_checkpointing);
-ActivationBytes gpt_neox_activation_bytes(const models::GptNeoXConfig& config,
-                                          std::int64_t seq_len,
-                                          std::int64_t micro_batch,
-                                          Precision precision,
-                                          bool activation_checkpointing);
-ActivationBytes llama_activation_bytes(const models::LlamaConfig& config,
-                                       std::int64_t seq_len,
-                                       std::int64_t micro_batch,
-                                       Precision precision,
-                                       bool activation_checkpointing);
 
 // The plan as text: the engine's table, the ZeRO paper's, the verdict and a recommendation.
 // Sizes in GiB (2^30 bytes) or, with `decimal`, GB (1e9 bytes); the header says which.

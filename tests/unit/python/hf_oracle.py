@@ -64,7 +64,7 @@ KINDS = {
     "qwen3": (transformers.Qwen3Config, {"num_key_value_heads": 2, "head_dim": 16,
                                          "attention_bias": True, "rms_norm_eps": 1e-5}),
     # 512 tokens: more than a folder without tokenizer.json has bytes for.
-    "llama_512": (transformers.LlamaConfig, {"vocab_size": 512, "num_key_value_heads": 2}),
+    "wide_llama": (transformers.LlamaConfig, {"vocab_size": 512, "num_key_value_heads": 2}),
 }
 
 
