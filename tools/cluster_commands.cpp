@@ -12,8 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "tools/launch_flags.h"
 #include "trainyard/cluster/api.h"
 #include "trainyard/cluster/head_client.h"
+#include "trainyard/cluster/job_spec.h"
 #include "trainyard/cluster/status_report.h"
 #include "trainyard/cluster/wire.h"
 #include "trainyard/elastic/subprocess.h"
@@ -28,10 +30,15 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{500};
 
+// How long a client command rides out a head it cannot reach (Note [Clients ride out a head
+// restart]): a restart takes seconds; a head that is gone for good is reported within a minute.
+constexpr milliseconds kDefaultHeadTimeout{60'000};
+
 // The flags every client command has.
 struct ClientFlags {
   std::string address;
   std::string token_file;
+  milliseconds head_timeout = kDefaultHeadTimeout;
 };
 
 void add_client_flags(CLI::App& c, ClientFlags& f) {
@@ -41,11 +48,41 @@ void add_client_flags(CLI::App& c, ClientFlags& f) {
   c.add_option("--token-file", f.token_file,
                "A file holding the cluster token, readable only by its owner (default: "
                "$TRAINYARD_TOKEN)");
+  add_seconds_option(c, f.head_timeout,
+                     {.names = "--head-timeout",
+                      .description = "Seconds each call keeps retrying, with back-off, while the "
+                                     "head cannot be reached or answers 5xx (a restart); 0: three "
+                                     "quick attempts",
+                      .max = 86400,
+                      .hint = "e.g. 60; 0 gives up after three quick attempts."});
 }
 
 cluster::HeadClient make_client(const ClientFlags& f) {
   return cluster::HeadClient({.address = cluster::resolve_address(f.address),
-                              .token = cluster::resolve_token(f.token_file)});
+                              .token = cluster::resolve_token(f.token_file),
+                              .ride_out = f.head_timeout});
+}
+
+// Note [A submission that landed]
+// A submission whose answer was lost (the head restarted after taking it) is retried, and must
+// not become a second job or a failure: so the client names the job itself when the user gives
+// no --submission-id (the head would make up the same kind of id), which makes the POST
+// idempotent. A 409 for that id at a later attempt is then the earlier attempt's job, which the
+// client checks by its entrypoint before following it; at the first attempt, or for another
+// entrypoint, it is someone else's id, and the head's refusal stands.
+std::string submit_job(cluster::HeadClient& client, cluster::wire::JobSubmission submission) {
+  if (!submission.submission_id) submission.submission_id = cluster::make_submission_id();
+  try {
+    return client.post(cluster::api::kJobsPath, submission, /*idempotent=*/true)
+        .get<cluster::wire::SubmitAnswer>()
+        .submission_id;
+  } catch (const cluster::ConflictError& e) {
+    if (e.attempt() == 1) throw;
+    const auto job = client.get(cluster::api::job_path(*submission.submission_id))
+                         .get<cluster::wire::JobDetails>();
+    if (job.entrypoint != submission.entrypoint) throw;
+    return job.submission_id;
+  }
 }
 
 // "KEY=VALUE" split at the first '='; the flag is named in the error.
@@ -216,9 +253,7 @@ void add_submit(CLI::App& app, int& exit_code) {
     if (f->num_cpus > 0) submission.entrypoint_num_cpus = f->num_cpus;
     if (f->num_gpus > 0) submission.entrypoint_num_gpus = f->num_gpus;
     auto client = make_client(f->client);
-    const std::string id = client.post(cluster::api::kJobsPath, submission)
-                               .get<cluster::wire::SubmitAnswer>()
-                               .submission_id;
+    const std::string id = submit_job(client, submission);
     std::printf(
         "------------------------------------------\n"
         "Job '%s' submitted successfully\n"
@@ -300,7 +335,10 @@ void add_stop_and_delete(CLI::App& app, int& exit_code) {
   stop->add_option("job", *id, "The job's id")->required();
   stop->callback([f, id, &exit_code] {
     auto client = make_client(*f);
-    const auto answer = client.post(cluster::api::job_stop_path(*id), json::object())
+    // Stopping twice is stopping once: the call may be retried.
+    const auto answer = client
+                            .post(cluster::api::job_stop_path(*id), json::object(),
+                                  /*idempotent=*/true)
                             .get<cluster::wire::StopAnswer>();
     std::printf(answer.stopped ? "Job '%s' is stopping.\n" : "Job '%s' had already ended.\n",
                 id->c_str());

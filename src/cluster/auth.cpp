@@ -51,8 +51,30 @@ std::optional<std::string> bearer(const std::string& value) {
   return trim(v.substr(prefix.size()));
 }
 
+// "uid 1000 (alice)", or "uid 1000" without a password entry.
+std::string user_of(uid_t uid) {
+  std::string out = "uid " + std::to_string(uid);
+  if (const passwd* pw = ::getpwuid(uid); pw != nullptr && pw->pw_name != nullptr)
+    out += std::string(" (") + pw->pw_name + ")";
+  return out;
+}
+
+// Whether this process may trust a file or folder owned by `uid`: its own user's or root's, as
+// sshd's StrictModes asks of authorized_keys.
+bool trusted_owner(uid_t uid) {
+  return uid == ::geteuid() || uid == 0;
+}
+
 }  // namespace
 
+// Note [A token file only its user controls]
+// The token is the cluster's one secret: whoever knows it runs commands on every worker. A head
+// running as root that read a token file another user owns (or wrote, through a folder others may
+// write) would serve a token that user knows, and a 1-character token is guessed at once. So, as
+// sshd's StrictModes: the file and its folder must belong to this user or root, the file must be
+// unreadable to group and others, the folder unwritable to them (unless sticky, as /tmp, where
+// no one may replace another's file); the head refuses a token shorter than kMinTokenChars; and
+// the state directory, which holds a token the head made, must be this user's.
 std::string load_token(const std::filesystem::path& token_file) {
   struct stat st {};
   if (::stat(token_file.c_str(), &st) != 0) {
@@ -63,6 +85,24 @@ std::string load_token(const std::filesystem::path& token_file) {
     throw InvalidArgumentError("The token file " + token_file.string() +
                                " is a directory. Hint: give the file that holds the token, e.g. " +
                                (token_file / kGeneratedTokenFile).string() + ".");
+  }
+  if (!trusted_owner(st.st_uid)) {
+    throw InvalidArgumentError(
+        "The token file " + token_file.string() + " belongs to " + user_of(st.st_uid) +
+        ", not to this user (" + user_of(::geteuid()) +
+        ") or root: its owner knows the token and may change it. Hint: use a token file of "
+        "your own (`chown` it, or copy it and `chmod 600` the copy).");
+  }
+  const auto folder =
+      token_file.has_parent_path() ? token_file.parent_path() : std::filesystem::path(".");
+  struct stat dir {};
+  if (::stat(folder.c_str(), &dir) == 0 &&
+      (!trusted_owner(dir.st_uid) || ((dir.st_mode & 022) != 0 && (dir.st_mode & S_ISVTX) == 0))) {
+    throw InvalidArgumentError(
+        "The token file's folder " + folder.string() + " belongs to " + user_of(dir.st_uid) +
+        " with mode " + octal_mode(dir.st_mode) +
+        ": someone other than this user or root may replace the token there. Hint: keep the "
+        "token file in a folder of your own that only you may write (`chmod go-w`).");
   }
   if ((st.st_mode & 077) != 0) {
     throw InvalidArgumentError(
@@ -94,10 +134,19 @@ std::string load_token(const std::filesystem::path& token_file) {
 // (--token-file) or TRAINYARD_TOKEN. Serving without a token takes --insecure-no-token, and even
 // then only on loopback, refusing browsers' writes and foreign Host headers.
 
-std::string load_or_create_token(const std::filesystem::path& file) {
+void check_token_strength(const std::string& token, const std::string& source) {
+  if (token.size() >= kMinTokenChars) return;
+  throw InvalidArgumentError(detail::concat(
+      source, " holds a token of ", token.size(), " character", token.size() == 1 ? "" : "s",
+      "; the head takes one of at least ", kMinTokenChars,
+      ", as a shorter one can be guessed (Note [A token file only its user controls]). Hint: "
+      "`openssl rand -hex 32` makes a good one."));
+}
+
+GeneratedToken load_or_create_token(const std::filesystem::path& file) {
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    if (errno == EEXIST) return load_token(file);
+    if (errno == EEXIST) return {.token = load_token(file), .made = false};
     throw Error("Cannot create the token file " + file.string() + ": " + std::strerror(errno) +
                 ".");
   }
@@ -127,7 +176,7 @@ std::string load_or_create_token(const std::filesystem::path& file) {
     ::unlink(file.c_str());
     throw Error("Cannot write the token file " + file.string() + ".");
   }
-  return token;
+  return {.token = token, .made = true};
 }
 
 std::filesystem::path default_head_state_dir() {

@@ -68,9 +68,14 @@ void Head::start() {
   TY_CHECK(!m.server, "Head::start() was called twice.");
   m.state_dir = std::make_unique<StateDir>(m.o.state_dir, "trainyard head");
   // Note [Secure by default] (auth.cpp).
+  // Note [A token file only its user controls] (auth.cpp).
+  if (m.o.token) check_token_strength(*m.o.token, "The head's --token-file or TRAINYARD_TOKEN");
   if (!m.o.token && !m.o.unauthenticated) {
     m.generated_token_file = m.o.state_dir / kGeneratedTokenFile;
-    m.o.token = load_or_create_token(m.generated_token_file);
+    auto generated = load_or_create_token(m.generated_token_file);
+    check_token_strength(generated.token, m.generated_token_file.string());
+    m.o.token = std::move(generated.token);
+    m.token_made = generated.made;
   }
   m.store = std::make_unique<JobStore>(m.o.state_dir);
   {
@@ -165,7 +170,9 @@ void Head::start() {
   } else {
     m.log->info(
         "head listening on {} (state in {}, token required{})", url(), m.store->path().string(),
-        m.generated_token_file.empty() ? "" : ": made in " + m.generated_token_file.string());
+        m.generated_token_file.empty()
+            ? ""
+            : (m.token_made ? ": made in " : ": kept in ") + m.generated_token_file.string());
   }
 }
 

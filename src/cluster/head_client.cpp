@@ -1,10 +1,13 @@
 #include "trainyard/cluster/head_client.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <utility>
 
 #include "trainyard/cluster/auth.h"
 #include "trainyard/env.h"
+#include "trainyard/log.h"
 #include "trainyard/net/base_url.h"
 #include "trainyard/net/http_client.h"
 
@@ -21,6 +24,24 @@ std::string message_of(const std::string& body) {
   } catch (const json::exception&) {
   }
   return net::excerpt(body);
+}
+
+// Note [Clients ride out a head restart]
+// A head restarts (an upgrade, a crash, its node rebooting) while jobs go on: the workers keep
+// their ranks and report again when it is back, and its state directory keeps the jobs. A client
+// that gave up after three attempts in 0.3 s would report a failure for a job that then
+// succeeds. So with HeadClientOptions::ride_out, a call retries for that long, with back-off
+// from 250 ms to 5 s; its warnings say what failed, how long it has tried and how long it will,
+// and once the head answers, how long it was away. A POST that may have reached the head is
+// retried only when the caller made it idempotent: `trainyard submit` does, by naming the job
+// itself (a 409 at a later attempt is then its own submission, Note [A submission that
+// landed]).
+constexpr std::chrono::milliseconds kRideOutFirstPause{250};
+constexpr std::chrono::milliseconds kRideOutLongestPause{5'000};
+constexpr std::chrono::seconds kRideOutWarnEvery{5};
+
+double seconds_of(std::chrono::milliseconds ms) {
+  return std::chrono::duration<double>(ms).count();
 }
 
 }  // namespace
@@ -59,6 +80,24 @@ json HeadClient::call(const char* method,
   request.timeout = options_.timeout;
   net::RetryPolicy retry;
   retry.max_attempts = idempotent ? options_.max_attempts : 1;
+  const bool ride_out = idempotent && options_.ride_out.count() > 0;
+  if (ride_out) {
+    retry.max_attempts = 0;
+    retry.deadline = options_.ride_out;
+    retry.backoff = kRideOutFirstPause;
+    retry.backoff_max = kRideOutLongestPause;
+    auto last_warning = std::make_shared<std::chrono::steady_clock::time_point>();
+    retry.on_retry = [this, last_warning](const net::RetryPolicy::Retry& r) {
+      const auto now = std::chrono::steady_clock::now();
+      if (r.failed_attempt > 1 && now - *last_warning < kRideOutWarnEvery) return;
+      *last_warning = now;
+      logger("client")->warn(
+          "The trainyard head at {} does not answer ({}); retrying for up to {:.0f} s ({:.1f} s "
+          "so far).",
+          base_, r.what, seconds_of(options_.ride_out), seconds_of(r.elapsed));
+    };
+  }
+  const auto started = std::chrono::steady_clock::now();
   net::HttpResponse r;
   try {
     r = http_->send(request, retry);
@@ -71,6 +110,10 @@ json HeadClient::call(const char* method,
     }
     r = *e.last_response();
   }
+  if (ride_out && r.attempt > 1)
+    logger("client")->info(
+        "The trainyard head at {} answers again (after {:.1f} s).", base_,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   const std::string what = detail::concat(method, " ", path);
   switch (r.status) {
     case 200:
@@ -90,8 +133,9 @@ json HeadClient::call(const char* method,
     case 404:
       throw NotFoundError(message_of(r.body));
     case 400:
-    case 409:
       throw InvalidArgumentError(message_of(r.body));
+    case 409:
+      throw ConflictError(message_of(r.body), r.attempt);
     default:
       throw Error(detail::concat("The head at ", base_, " answered ", what, " with HTTP ", r.status,
                                  ": ", message_of(r.body)));

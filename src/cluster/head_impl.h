@@ -110,6 +110,7 @@ struct Head::Impl {
   std::unique_ptr<StateDir> state_dir;  // held while started (Note [One owner per state directory])
   std::unique_ptr<JobStore> store;
   std::filesystem::path generated_token_file;  // set by start() when it made or read one
+  bool token_made = false;                     // made by this start, not read from an earlier
   std::unique_ptr<net::HttpServer> server;
   std::shared_ptr<spdlog::logger> log = logger("head");
   std::mutex mu;  // guards nodes and jobs; see Note [Head state]

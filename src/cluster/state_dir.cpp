@@ -45,6 +45,14 @@ StateDir::StateDir(std::filesystem::path path, std::string_view owner) : path_(s
   std::filesystem::create_directories(path_, ec);
   TY_CHECK_T(Error, !ec, "Could not create the state directory ", path_.string(), ": ",
              ec.message(), ". HINT: pass a writable --state-dir.");
+  // Its token and job records are this user's alone (Note [A token file only its user controls]
+  // in auth.cpp): root may chmod another user's folder, but that user could read it before.
+  struct stat st {};
+  TY_CHECK_T(Error, ::stat(path_.c_str(), &st) == 0, "Could not read the state directory ",
+             path_.string(), ": ", std::strerror(errno), ".");
+  TY_CHECK(st.st_uid == ::geteuid(), "The state directory ", path_.string(), " belongs to uid ",
+           st.st_uid, ", not to this user (uid ", ::geteuid(), "): its owner could read the ",
+           owner, "'s token and records. HINT: pass a --state-dir of your own.");
   TY_CHECK_T(Error, ::chmod(path_.c_str(), 0700) == 0, "Could not make the state directory ",
              path_.string(), " private (chmod 700): ", std::strerror(errno), ".");
   const std::filesystem::path lock = path_ / kLockFile;

@@ -123,9 +123,10 @@ std::map<std::string, std::string> string_map(const std::string& field,
 // the job's own would silently replace or be replaced by.
 void check_env_vars(const std::map<std::string, std::string>& env) {
   static const std::set<std::string_view> kContract = {
-      kRankEnv,           kLocalRankEnv,   kWorldSizeEnv,     kLocalWorldSizeEnv, kGroupRankEnv,
-      kGroupWorldSizeEnv, kRoleRankEnv,    kRoleNameEnv,      kRoleWorldSizeEnv,  kMasterAddrEnv,
-      kMasterPortEnv,     kJobInstanceEnv, kHeartbeatFileEnv, kMetricsDirEnv,     kBindAddrEnv};
+      kRankEnv,          kLocalRankEnv,      kWorldSizeEnv,  kLocalWorldSizeEnv,
+      kGroupRankEnv,     kGroupWorldSizeEnv, kRoleRankEnv,   kRoleNameEnv,
+      kRoleWorldSizeEnv, kMasterAddrEnv,     kMasterPortEnv, kJobInstanceEnv,
+      kHeartbeatFileEnv, kMetricsDirEnv,     kBindAddrEnv,   kJobIdEnv};
   for (const auto& [name, value] : env) {
     if (name.empty() || name.find('=') != std::string::npos)
       throw InvalidArgumentError(detail::concat(

@@ -4,18 +4,26 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "../text.h"
 #include "cluster_fixture.h"
 #include "multiproc_util.h"
 #include "trainyard/cluster/auth.h"
+#include "trainyard/cluster/wire.h"
 #include "trainyard/net/http_client.h"
+#include "trainyard/net/http_server.h"
 
 #ifndef TRAINYARD_CLI_PATH
 #error "TRAINYARD_CLI_PATH must name the trainyard binary (a compile definition)"
@@ -148,6 +156,113 @@ TEST_F(ClusterTest, HeadKilledMidJobRestartsAndTheJobFinishesWithEveryLine) {
       ASSERT_EQ(count_of(logs.out, line), 1u) << "'" << line << "' in\n" << logs.out;
     }
   }
+}
+
+// Note [Clients ride out a head restart]: `submit` and `logs -f` started before the head is killed
+// wait for it (saying so on stderr), then print every line once and the job's success.
+TEST_F(ClusterTest, SubmitAndLogsFollowRideOutAHeadRestart) {
+  start_head_and_two_workers();
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINYARD_ADDRESS", cluster.address()}, {"TRAINYARD_TOKEN", cluster.token()}};
+  elastic::Subprocess submit(elastic::SubprocessOptions{
+      .argv = {kCli, "submit", "--submission-id", "rider", "--", "sh", "-c",
+               "for i in $(seq 1 30); do echo \"step $i\"; sleep 0.25; done"},
+      .env = env});
+  ASSERT_TRUE(ClusterFixture::eventually(
+      [&] { return cluster.job("rider").value("status", "") == "RUNNING"; }, 20s));
+  elastic::Subprocess follower(
+      elastic::SubprocessOptions{.argv = {kCli, "logs", "-f", "rider"}, .env = env});
+  std::this_thread::sleep_for(1s);
+  cluster.head().send_signal(SIGKILL);
+  cluster.head().wait_for(5s);
+  std::this_thread::sleep_for(3s);  // ten times what three quick attempts would wait
+  cluster.start_head({"--num-cpus", "0"});
+  const auto outputs = collect_all({&submit, &follower}, 60s);
+  for (const RunOutput& out : outputs) {
+    EXPECT_EQ(out.status.exit_code, 0) << out.out << out.err << cluster.log_of("head");
+    for (int i = 1; i <= 30; ++i) {
+      const std::string line = "step " + std::to_string(i) + "\n";
+      EXPECT_EQ(count_of(out.out, line), 1u) << "'" << line << "' in\n" << out.out;
+    }
+    EXPECT_TRUE(contains(out.err, "does not answer")) << out.err;
+    EXPECT_TRUE(contains(out.err, "retrying for up to 60 s")) << out.err;
+    EXPECT_TRUE(contains(out.err, "answers again (after ")) << out.err;
+  }
+  EXPECT_TRUE(contains(outputs[0].out, "Job 'rider' succeeded")) << outputs[0].out;
+}
+
+// Note [A submission that landed]: a head that takes a submission and loses its answer (here, a
+// 503 after taking it) gets the same submission again; its 409 for the client's own id at that
+// later attempt means the job exists, and submit goes on with it. A 409 at the first attempt,
+// or for a job of another entrypoint, is a refusal.
+TEST(ClusterClient, ASubmissionWhoseAnswerWasLostIsNotSubmittedTwice) {
+  // A head of one job: the first submission takes it; lose_next makes the next answer a 503.
+  net::HttpServer head(net::HttpServerOptions{});
+  std::mutex mu;
+  std::optional<cluster::wire::JobSubmission> taken;
+  int posts = 0;
+  bool lose_next = true;
+  head.route("POST", "/api/jobs/", [&](const net::ServerRequest& req) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++posts;
+    const auto submission = json::parse(req.body).get<cluster::wire::JobSubmission>();
+    const bool conflict = taken.has_value();
+    if (!taken) taken = submission;
+    net::ServerResponse res;
+    if (std::exchange(lose_next, false)) {
+      res.status = 503;
+      res.body = json{{"error", "restarting"}}.dump();
+    } else if (conflict) {
+      res.status = 409;
+      res.body = json{{"error", "A job with submission_id '" + *submission.submission_id +
+                                    "' already exists."}}
+                     .dump();
+    } else {
+      res.body = json(cluster::wire::SubmitAnswer{.job_id = *submission.submission_id,
+                                                  .submission_id = *submission.submission_id})
+                     .dump();
+    }
+    return res;
+  });
+  head.route("GET", "/api/jobs/{id}", [&](const net::ServerRequest& req) {
+    std::lock_guard<std::mutex> lock(mu);
+    net::ServerResponse res;
+    res.body = json(cluster::wire::JobDetails{.job_id = req.params.at("id"),
+                                              .submission_id = req.params.at("id"),
+                                              .status = "PENDING",
+                                              .entrypoint = taken->entrypoint})
+                   .dump();
+    return res;
+  });
+  head.start();
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINYARD_ADDRESS", "http://127.0.0.1:" + std::to_string(head.port())},
+      {"TRAINYARD_TOKEN", "a-token-for-the-test-head-0123456789"}};
+  auto submit = [&](std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {kCli, "submit", "--no-wait"});
+    return run_program(argv, env, 30s);
+  };
+
+  // Taken, answer lost, sent again: the client's own job.
+  const RunOutput lost = submit({"--", "echo", "once"});
+  EXPECT_EQ(lost.status.exit_code, 0) << lost.out << lost.err;
+  EXPECT_EQ(posts, 2);
+  ASSERT_TRUE(taken.has_value());
+  const std::string id = taken->submission_id.value_or("");
+  EXPECT_TRUE(id.starts_with("raysubmit_")) << id;
+  EXPECT_TRUE(contains(lost.out, "Job '" + id + "' submitted successfully")) << lost.out;
+
+  // A 409 at a later attempt for a job of another command: someone else's id.
+  lose_next = true;
+  const RunOutput other = submit({"--submission-id", id, "--", "echo", "twice"});
+  EXPECT_NE(other.status.exit_code, 0) << other.out;
+  EXPECT_TRUE(contains(other.err, "'" + id + "' already exists")) << other.err;
+
+  // A 409 at the first attempt: a refusal even for the same command.
+  const RunOutput again = submit({"--submission-id", id, "--", "echo", "once"});
+  EXPECT_NE(again.status.exit_code, 0) << again.out;
+  EXPECT_TRUE(contains(again.err, "'" + id + "' already exists")) << again.err;
+  EXPECT_EQ(posts, 5);
 }
 
 TEST_F(ClusterTest, AKilledWorkerIsNamedInTheFailedJobAndTheStatus) {
@@ -347,6 +462,45 @@ TEST_F(ClusterTest, UnsafeHeadSettingsAreRefused) {
   EXPECT_NE(readable.status.exit_code, 0);
   EXPECT_TRUE(contains(readable.err, cluster.token_file().string())) << readable.err;
   EXPECT_TRUE(contains(readable.err, "chmod 600")) << readable.err;
+  ::chmod(cluster.token_file().c_str(), 0600);
+
+  // Note [A token file only its user controls]: a guessable token, from a file or the variable.
+  auto head = [&](const std::string& token_file, const std::string& state, const char* token) {
+    std::vector<std::string> argv = {kCli, "head",        "--port",
+                                     "0",  "--state-dir", (dir.path() / state).string()};
+    if (!token_file.empty()) argv.insert(argv.end(), {"--token-file", token_file});
+    return run_program(argv, {{"TRAINYARD_TOKEN", token}}, 10s);
+  };
+  const auto short_file = dir.path() / "short-token";
+  std::ofstream(short_file) << "x\n";
+  ::chmod(short_file.c_str(), 0600);
+  for (const auto& r : {head(short_file.string(), "short", ""), head("", "short-env", "abc")}) {
+    EXPECT_NE(r.status.exit_code, 0);
+    EXPECT_TRUE(contains(r.err, "the head takes one of at least 16")) << r.err;
+  }
+  // A token file in a folder others may write (not sticky): someone else may replace it.
+  const auto shared = dir.path() / "shared";
+  std::filesystem::create_directories(shared);
+  std::filesystem::copy_file(cluster.token_file(), shared / "token");
+  ::chmod(shared.c_str(), 0777);
+  const RunOutput writable = head((shared / "token").string(), "writable", "");
+  EXPECT_NE(writable.status.exit_code, 0);
+  EXPECT_TRUE(contains(writable.err, "someone other than this user or root may replace"))
+      << writable.err;
+  ::chmod(shared.c_str(), 0700);
+  if (::geteuid() != 0) return;  // what follows gives files away, which only root may
+  // As root: a token file, or a state directory, that another user owns.
+  const uid_t nobody = 65534;
+  ASSERT_EQ(::chown((shared / "token").c_str(), nobody, nobody), 0);
+  const RunOutput foreign = head((shared / "token").string(), "foreign", "");
+  EXPECT_NE(foreign.status.exit_code, 0);
+  EXPECT_TRUE(contains(foreign.err, "belongs to uid 65534")) << foreign.err;
+  std::filesystem::create_directories(dir.path() / "their-state");
+  ASSERT_EQ(::chown((dir.path() / "their-state").c_str(), nobody, nobody), 0);
+  const RunOutput their_state = head(cluster.token_file().string(), "their-state", "");
+  EXPECT_NE(their_state.status.exit_code, 0);
+  EXPECT_TRUE(contains(their_state.err, "belongs to uid 65534, not to this user"))
+      << their_state.err;
 }
 
 TEST_F(ClusterTest, BadRequestsGetClearAnswers) {

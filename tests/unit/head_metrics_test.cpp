@@ -111,7 +111,7 @@ json as_json(const metrics::Snapshot& s) {
 
 class HeadMetricsTest : public ::testing::Test {
  protected:
-  void start(std::optional<std::string> token = "metrics-token",
+  void start(std::optional<std::string> token = "metrics-test-token-0123",
              milliseconds suspect_after = milliseconds(5'000),
              milliseconds dead_after = milliseconds(10'000)) {
     token_ = token;
@@ -224,11 +224,11 @@ TEST_F(HeadMetricsTest, RequiresTheToken) {
   start();
   EXPECT_EQ(scrape(head_->url(), std::nullopt).status, 401);
   EXPECT_EQ(scrape(head_->url(), "wrong").status, 403);
-  EXPECT_EQ(scrape(head_->url(), "metrics-token").status, 200);
+  EXPECT_EQ(scrape(head_->url(), "metrics-test-token-0123").status, 200);
 }
 
 TEST_F(HeadMetricsTest, ADeadNodesSeriesLeave) {
-  start("metrics-token", milliseconds(1'000), milliseconds(2'000));
+  start("metrics-test-token-0123", milliseconds(1'000), milliseconds(2'000));
   register_node("n1");
   register_node("n2");
   heartbeat("n1", as_json(worker_snapshot(0.25, "job-a", 0, 2.5)));

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <future>
 
+#include "../log_capture.h"
 #include "cluster_test_util.h"
 #include "trainyard/cluster/api.h"
 #include "trainyard/error.h"
@@ -118,19 +119,21 @@ class HeadTest : public ::testing::Test {
 };
 
 TEST_F(HeadTest, TokenIsRequiredAndAcceptedInEitherHeader) {
-  start(options("s3cret-token"));
+  start(options("s3cret-token-0123456789"));
   auto r = test::http("GET", head_->url() + "/api/jobs/");
   EXPECT_EQ(r.status, 401);
   EXPECT_TRUE(r.json().contains("error"));
   EXPECT_EQ(call("GET", "/api/jobs/", nullptr, {{"Authorization", "Bearer nope"}}).status, 403);
-  EXPECT_EQ(
-      call("GET", "/api/jobs/", nullptr, {{"X-Ray-Authorization", "Bearer s3cret-token"}}).status,
-      200);
+  EXPECT_EQ(call("GET", "/api/jobs/", nullptr,
+                 {{"X-Ray-Authorization", "Bearer s3cret-token-0123456789"}})
+                .status,
+            200);
   // The token never shows in a listing.
-  std::string id = submit({{"entrypoint", "echo s3cret-token"},
-                           {"runtime_env", {{"env_vars", {{"T", "s3cret-token"}, {"U", "u"}}}}}});
+  std::string id =
+      submit({{"entrypoint", "echo s3cret-token-0123456789"},
+              {"runtime_env", {{"env_vars", {{"T", "s3cret-token-0123456789"}, {"U", "u"}}}}}});
   auto listing = call("GET", "/api/jobs/");
-  EXPECT_EQ(listing.body.find("s3cret-token"), std::string::npos) << listing.body;
+  EXPECT_EQ(listing.body.find("s3cret-token-0123456789"), std::string::npos) << listing.body;
   EXPECT_EQ(listing.json()[0]["runtime_env"]["env_vars"]["T"], "<redacted>");
   EXPECT_EQ(listing.json()[0]["runtime_env"]["env_vars"]["U"], "u");
   // The WebSocket tail is behind the token too.
@@ -140,7 +143,9 @@ TEST_F(HeadTest, TokenIsRequiredAndAcceptedInEitherHeader) {
 }
 
 TEST_F(HeadTest, WithoutATokenTheHeadMakesOneAndRequiresIt) {
+  test::LogCapture log("head");
   start(options());
+  EXPECT_NE(log.text().find(": made in "), std::string::npos) << log.text();
   const auto file = dir_.path() / "state" / "token";
   EXPECT_EQ(head_->generated_token_file(), file);
   ASSERT_TRUE(token_.has_value());
@@ -157,13 +162,25 @@ TEST_F(HeadTest, WithoutATokenTheHeadMakesOneAndRequiresIt) {
   head_.reset();
   start(options());
   EXPECT_EQ(token_, before);
+  EXPECT_NE(log.text().find(": kept in " + file.string()), std::string::npos) << log.text();
   // A given token is used instead, and nothing is made.
   head_.reset();
   std::filesystem::remove(file);
-  start(options("given-token"));
-  EXPECT_EQ(token_, "given-token");
+  start(options("given-token-0123456789"));
+  EXPECT_EQ(token_, "given-token-0123456789");
   EXPECT_TRUE(head_->generated_token_file().empty());
   EXPECT_FALSE(std::filesystem::exists(file));
+  // Note [A token file only its user controls]: a guessable token is refused, never shown.
+  head_.reset();
+  try {
+    start(options("x"));
+    ADD_FAILURE() << "a 1-character token was taken";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a token of 1 character; the head takes one of at "
+                                         "least 16"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(HeadTest, TokenlessHeadRefusesBrowsersAndForeignHosts) {
@@ -227,7 +244,8 @@ TEST_F(HeadTest, RayJobsApiValidatesAndAnswersLikeRay) {
   expect_400({{"entrypoint", "x"}, {"metadata", {{"a", std::string("\0", 1)}}}}, {"metadata.a"});
   expect_400({{"entrypoint", "x"}, {"runtime_env", env({{"", "1"}})}}, {"not an environment"});
   expect_400({{"entrypoint", "x"}, {"runtime_env", env({{"A=B", "1"}})}}, {"'A=B'"});
-  for (const char* contract : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"})
+  for (const char* contract :
+       {"RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID", "TRAINYARD_JOB_ID"})
     expect_400({{"entrypoint", "x"}, {"runtime_env", env({{contract, "1"}})}},
                {std::string("sets ") + contract, "torchrun's contract"});
   auto bad = call_text("POST", "/api/jobs/", "{not json");

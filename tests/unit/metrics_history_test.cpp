@@ -213,14 +213,15 @@ TEST(MetricsHistoryTest, OptionsAreValidated) {
 TEST(MetricsHistoryTest, HeadServesTheHistoryOfHeartbeats) {
   test::TempDir dir;
   Head head(HeadOptions{.port = 0,
-                        .token = "tok",
+                        .token = "history-test-token-0123",
                         .state_dir = dir.path() / "state",
                         .heartbeat_interval = std::chrono::milliseconds(100),
                         // Far from the test's length: a loaded machine never makes n1 suspect.
                         .suspect_after = std::chrono::milliseconds(5'000),
                         .dead_after = std::chrono::milliseconds(10'000)});
   head.start();
-  const std::map<std::string, std::string> auth = {{"Authorization", "Bearer tok"}};
+  const std::map<std::string, std::string> auth = {
+      {"Authorization", "Bearer history-test-token-0123"}};
   auto r = test::http("POST", head.url() + std::string(api::kNodesPath),
                       json{{"node_id", "n1"},
                            {"hostname", "h1"},

@@ -4,6 +4,7 @@
 // and no browser-origin writes). The token is never logged nor put into an error message.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -13,16 +14,28 @@
 namespace trainyard::cluster {
 
 // Reads the token from a file: surrounding whitespace is trimmed. InvalidArgumentError when the
-// file cannot be read, is a directory, when group or others may read it (the message names the
-// file, its mode and the fix, `chmod 600`), or when it holds no token.
+// file cannot be read, is a directory, belongs to a user other than this one or root, lies in a
+// folder such a user owns or others may write (not sticky), when group or others may read it (the
+// message names the file, its mode and the fix, `chmod 600`), or when it holds no token. See
+// Note [A token file only its user controls] in auth.cpp.
 std::string load_token(const std::filesystem::path& token_file);
+
+// The head refuses a shorter token: a guessable secret.
+inline constexpr std::size_t kMinTokenChars = 16;
+// InvalidArgumentError naming `source` (where the token came from) when `token` is shorter than
+// kMinTokenChars. The message never holds the token.
+void check_token_strength(const std::string& token, const std::string& source);
 
 // The token a head makes for itself when it is given none: <state_dir>/kGeneratedTokenFile.
 inline constexpr const char* kGeneratedTokenFile = "token";
 
 // The token in `file` (load_token's checks) when it exists; otherwise a new one (32 random bytes
 // from the kernel, as hex) written there with mode 0600. See Note [Secure by default].
-std::string load_or_create_token(const std::filesystem::path& file);
+struct GeneratedToken {
+  std::string token;
+  bool made = false;  // made now, rather than read from an earlier start
+};
+GeneratedToken load_or_create_token(const std::filesystem::path& file);
 
 // Where `trainyard head` keeps its state when --state-dir is not given, and where a client on the
 // same host finds a head's generated token: $HOME/.trainyard/head (the password entry's home

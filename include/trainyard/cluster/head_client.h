@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "trainyard/cluster/api.h"
 #include "trainyard/error.h"
@@ -30,6 +31,18 @@ class NotFoundError : public Error {
   using Error::Error;
 };
 
+// The head answered 409 (a submission_id that is taken) at the call's `attempt`: above 1, an
+// earlier attempt whose answer was lost may have been the one that took it.
+class ConflictError : public InvalidArgumentError {
+ public:
+  ConflictError(std::string message, int attempt)
+      : InvalidArgumentError(std::move(message)), attempt_(attempt) {}
+  int attempt() const { return attempt_; }
+
+ private:
+  int attempt_;
+};
+
 struct HeadClientOptions {
   std::string address;               // "host:port" or "http://host:port"
   std::optional<std::string> token;  // sent as "Authorization: Bearer <token>"
@@ -38,6 +51,11 @@ struct HeadClientOptions {
   // Per call, when the head cannot be reached or answers 5xx. Calls that change state are sent
   // once unless `idempotent` is passed (the worker protocol's calls are idempotent).
   int max_attempts = 3;
+  // When above 0, calls ride out a head that cannot be reached or answers 5xx (one restarting)
+  // for this long instead of max_attempts: they retry with back-off, warn in the "client" log at
+  // most every 5 s how long they have been trying and for how long they will, and say when the
+  // head answers again (Note [Clients ride out a head restart]).
+  std::chrono::milliseconds ride_out{0};
 };
 
 class HeadClient {
@@ -49,8 +67,8 @@ class HeadClient {
 
   // path starts with '/'; the answer's body as JSON (null for an empty body). Throws
   // NetworkError when the head cannot be reached (every attempt named), Error for 401/403 with a
-  // hint about the token, NotFoundError for 404, InvalidArgumentError for 400/409 carrying the
-  // head's message, Error otherwise. Thread-safe.
+  // hint about the token, NotFoundError for 404, InvalidArgumentError for 400 and ConflictError
+  // for 409 carrying the head's message, Error otherwise. Thread-safe.
   nlohmann::json get(std::string_view path);
   nlohmann::json post(std::string_view path, const nlohmann::json& body, bool idempotent = false);
   nlohmann::json del(std::string_view path);
