@@ -184,11 +184,19 @@ std::int64_t checkpoint_number(std::string_view name) {
 }
 
 std::string sha256_hex(std::string_view data) {
+  // In slices, beating between them: hashing a large checkpoint file takes seconds
+  // (Note [Hang watchdog]).
+  constexpr std::size_t kSlice = std::size_t{64} << 20;
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  bool ok = ctx != nullptr && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1;
+  for (std::size_t at = 0; ok && at < data.size(); at += kSlice) {
+    heartbeat_while_waiting();
+    ok = EVP_DigestUpdate(ctx.get(), data.data() + at, std::min(kSlice, data.size() - at)) == 1;
+  }
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
-  TY_CHECK_T(Error,
-             EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) == 1,
-             "OpenSSL could not compute a SHA-256 digest.");
+  ok = ok && EVP_DigestFinal_ex(ctx.get(), digest, &length) == 1;
+  TY_CHECK_T(Error, ok, "OpenSSL could not compute a SHA-256 digest.");
   return hex_of(digest, length);
 }
 

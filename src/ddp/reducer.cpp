@@ -9,6 +9,7 @@
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 #include "trainyard/nn/grad_hooks.h"
 
@@ -207,6 +208,7 @@ void DdpReducer::abandon_backward() {
 }
 
 void DdpReducer::on_gradient_ready(std::size_t index) {
+  heartbeat();  // a gradient is progress inside the step, one rank or many: Note [Hang watchdog]
   if (!sync_this_backward_ || world_size_ == 1) return;
   if (!backward_started_) {
     backward_started_ = true;

@@ -177,6 +177,12 @@ namespace {
 // heartbeat file per rank and round (a ScratchDir, $TRAINYARD_HEARTBEAT_FILE) and the rank calls
 // trainyard::heartbeat() (heartbeat.h), which stores the time into the mapped file, from
 //   - the training loop (each step, each evaluation batch, around checkpoint saves),
+//   - inside a step, so that one slow step (a bf16 output layer on a CPU that emulates bf16
+//     takes ~36 s) is not taken for a hang: after each FSDP unit's forward, at the start of its
+//     backward, at each gradient a DDP or FSDP hook receives, and at each phase of the step
+//     (Trainer::phase: after the loss, after backward),
+//   - inside a checkpoint save: FileStorage writes and the SHA-256 of each file in 64 MiB slices
+//     (heartbeat_while_waiting, so a background save's thread does not speak for the trainer),
 //   - inside waits on peers: ShmProcessGroup's barrier slices and wait_work() around Gloo work,
 //     so a rank waiting for a hung peer keeps beating and the hung peer alone falls silent; on
 //     a GPU, whose host waits for NCCL work later and elsewhere, a thread beats while such work

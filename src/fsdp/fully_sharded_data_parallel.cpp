@@ -15,6 +15,7 @@
 #include "trainyard/comm/process_group.h"
 #include "trainyard/comm/shm_process_group.h"
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
 #include "trainyard/memory/caching_allocator.h"
 #include "trainyard/nn/checkpoint.h"
@@ -553,6 +554,7 @@ torch::Tensor FsdpState::run_unit(Unit& unit,
   // Recomputing pays only where activations are kept: not for a unit fed token ids (embeddings).
   const bool recompute = options_.activation_checkpointing && x.is_floating_point();
   auto output = recompute ? nn::checkpoint(forward, x) : forward(x);
+  heartbeat();  // each unit's forward is progress inside the step: Note [Hang watchdog]
   const bool backward_follows = at::GradMode::is_enabled() && output.requires_grad();
   if (reshard_after_forward_ || !backward_follows) free_unit(unit);
   if (backward_follows) {
@@ -581,6 +583,7 @@ void FsdpState::start_backward() {
 }
 
 void FsdpState::pre_backward(Unit& unit) {
+  heartbeat();  // as each unit's forward: Note [Hang watchdog]
   start_backward();
   if (unit.pre_backward_done) return;
   unit.pre_backward_done = true;
@@ -615,6 +618,7 @@ void FsdpState::give_gradient_buffer(FlatParam& flat) {
 }
 
 void FsdpState::on_gradient_ready(std::size_t index) {
+  heartbeat();
   start_backward();
   auto [flat, slot] = grad_index_[index];
   TY_CHECK(!flat->grad_ready[slot], where(), ": parameter ", flat->slots[slot].name,
@@ -973,12 +977,11 @@ FsdpGroups make_fsdp_groups(Strategy strategy,
       break;
     case Strategy::kDdp:
     case Strategy::kZero1:
-      throw InvalidArgumentError(
-          detail::concat("FSDP's sharding strategy is ", to_string(strategy),
-                         ", which is not one of FSDP's (", strategy_names(kFsdpStrategies),
-                         "). HINT: wrap the model in DistributedDataParallel "
-                         "for ",
-                         to_string(strategy), "."));
+      throw InvalidArgumentError(detail::concat(
+          "FSDP's sharding strategy is ", to_string(strategy), ", which is not one of FSDP's (",
+          strategy_names(kFsdpStrategies),
+          "). HINT: wrap the model in DistributedDataParallel for ", to_string(strategy),
+          strategy == Strategy::kZero1 ? " and shard Adam's state with ShardedAdam." : "."));
   }
   TY_CHECK(local_world_size >= 1 && w % local_world_size == 0,
            "HYBRID sharding needs the world size (", w,

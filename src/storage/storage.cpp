@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "trainyard/error.h"
+#include "trainyard/heartbeat.h"
 #include "trainyard/remove_tree.h"
 #include "trainyard/storage/s3_storage.h"
 
@@ -54,6 +55,9 @@ void fsync_path(const fs::path& path, int flags) {
 // A directory on a local or shared file system. Writes go to a temporary name in the target
 // directory, are fsync'd, renamed into place, and the directory is fsync'd, so a crash leaves
 // either the old object or the new one, and a reader never sees a partial file.
+// FileStorage writes a file in slices of this many bytes.
+constexpr std::size_t kWriteSlice = std::size_t{64} << 20;
+
 class FileStorage final : public Storage {
  public:
   FileStorage(fs::path root, std::string uri) : root_(std::move(root)), uri_(std::move(uri)) {}
@@ -76,7 +80,10 @@ class FileStorage final : public Storage {
     std::size_t done = 0;
     int err = 0;
     while (done < data.size()) {
-      const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+      // In slices, beating between them: a large checkpoint file's write is progress
+      // (Note [Hang watchdog]); a write that never returns is not.
+      heartbeat_while_waiting();
+      const ssize_t n = ::write(fd, data.data() + done, std::min(data.size() - done, kWriteSlice));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         err = n < 0 ? errno : EIO;

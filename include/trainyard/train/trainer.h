@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainyard/heartbeat.h"
 #include "trainyard/metrics/step_timer.h"
 #include "trainyard/train/result.h"
 #include "trainyard/train/run_config.h"
@@ -185,8 +186,12 @@ class Trainer {
   // itself is Phase::kOther) and begins the next one's. A "loss" or "train_loss" in `metrics`
   // that is NaN or Inf stops the run: NonFiniteError naming the step, nothing of it saved.
   void step_done(std::int64_t batch_size, Metrics metrics, std::int64_t tokens = 0);
-  // Enters `phase` of the current step (metrics/step_timer.h); cheap: one clock read.
-  void phase(metrics::Phase phase) { step_timer_->phase(phase); }
+  // Enters `phase` of the current step (metrics/step_timer.h) and beats (a phase done is progress
+  // inside the step: Note [Hang watchdog]); cheap: two clock reads.
+  void phase(metrics::Phase phase) {
+    heartbeat();
+    step_timer_->phase(phase);
+  }
   metrics::StepTimer& step_timer() { return *step_timer_; }
   // Steps done in the current epoch by this attempt (resumed ones excluded).
   std::int64_t epoch_steps() const { return epoch_steps_; }
