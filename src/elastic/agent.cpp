@@ -191,6 +191,11 @@ RoundOutcome run_round(const LaunchOptions& options,
   AgentEvent started{.kind = AgentEventKind::kRanksStarted, .restart_count = round.restart_count};
   for (const Rank& r : ranks) started.pids.push_back(r.process.pid());
   emit(options, std::move(started));
+  // The reaper is checked on at every poll of the monitor (Note [No rank outlives its agent]).
+  hooks.should_stop = [&reaper, should_stop = std::move(hooks.should_stop)] {
+    reaper.keep_alive();
+    return should_stop && should_stop();
+  };
   hooks.on_exit = [&](const RankExit& exit) {
     emit(options, AgentEvent{.kind = AgentEventKind::kRankExited,
                              .restart_count = round.restart_count,

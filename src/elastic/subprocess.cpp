@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -394,6 +395,10 @@ std::optional<ExitStatus> Subprocess::wait_for(std::chrono::milliseconds timeout
 //    worker), the reaper reads end-of-file on its pipe and kills those groups. It has a process
 //    group of its own, so that a signal to the agent's group does not take it along, and ignores
 //    the terminal's signals. (PR_SET_PDEATHSIG kills only a rank's own process, not its children.)
+//  - the reaper may die first (`pkill -9 trainyard`, the OOM killer): the agent checks on it as
+//    the ranks run (GroupReaper::keep_alive, every poll of the monitor) and starts another,
+//    told every group, so a later kill -9 of the agent still leaves no orphan. The agent talks to
+//    it over a socket with MSG_NOSIGNAL, so a dead reaper is an error, never a SIGPIPE.
 void Subprocess::end_leftovers() noexcept {
   if (!own_group_ || pid_ <= 0) return;
   if (::kill(-pid_, SIGKILL) == 0) {
@@ -407,12 +412,17 @@ void Subprocess::end_leftovers() noexcept {
 }
 
 GroupReaper::GroupReaper() {
+  start();
+}
+
+void GroupReaper::start() {
   // Without a reaper the ranks still run; only a kill -9 of this process may then leave their
   // children behind, so a failure here is a warning, not the round's end.
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     logger("subprocess")
-        ->warn("No reaper for the ranks' process groups: pipe failed: {}", std::strerror(errno));
+        ->warn("No reaper for the ranks' process groups: socketpair failed: {}",
+               std::strerror(errno));
     return;
   }
   static constexpr int kMaxGroups = 4096;
@@ -455,10 +465,13 @@ GroupReaper::GroupReaper() {
   pid_ = pid;
 }
 
+bool GroupReaper::tell(std::int32_t value) {
+  return fd_ >= 0 && ::send(fd_, &value, sizeof value, MSG_NOSIGNAL) == sizeof value;
+}
+
 GroupReaper::~GroupReaper() {
   if (fd_ >= 0) {
-    const std::int32_t goodbye = 0;
-    (void)!::write(fd_, &goodbye, sizeof goodbye);
+    tell(0);  // goodbye
     ::close(fd_);
   }
   if (pid_ > 0) {
@@ -468,12 +481,28 @@ GroupReaper::~GroupReaper() {
 }
 
 void GroupReaper::watch(int pgid) {
-  const std::int32_t value = pgid;
-  if (fd_ < 0 || pgid <= 0) return;
-  if (::write(fd_, &value, sizeof value) != sizeof value) {
+  if (pgid <= 0) return;
+  groups_.push_back(pgid);
+  if (fd_ >= 0 && !tell(pgid)) {
     logger("subprocess")
         ->warn("Could not tell the reaper about process group {}: {}", pgid, std::strerror(errno));
   }
+}
+
+void GroupReaper::keep_alive() {
+  if (pid_ <= 0) return;
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) != pid_) return;
+  logger("subprocess")
+      ->warn(
+          "The reaper of the ranks' process groups (pid {}) ended with {}; starting another "
+          "(Note [No rank outlives its agent]).",
+          pid_, ExitStatus::from_wait_status(status).to_string());
+  ::close(fd_);
+  fd_ = -1;
+  pid_ = -1;
+  start();
+  for (const auto pgid : groups_) tell(pgid);
 }
 
 bool Subprocess::send_signal(int sig) {

@@ -10,11 +10,14 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -743,6 +746,57 @@ TEST(LauncherCli, NoProcessOutlivesItsRankOrItsKilledAgent) {
   ::kill(agent.pid(), SIGKILL);  // the agent alone, not its group
   EXPECT_TRUE(mptest::wait_until_dead(second, 5s)) << "a rank's child outlived its agent's kill -9";
   if (mptest::process_alive(second)) ::kill(second, SIGKILL);
+}
+
+// The children of `parent` whose command name is `comm` (from /proc/PID/stat).
+std::vector<pid_t> children_named(pid_t parent, const std::string& comm) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    const std::string stat = read_file(entry.path() / "stat");
+    const auto open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && state != "Z" && stat.substr(open + 1, close - open - 1) == comm)
+      out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// Note [No rank outlives its agent]: the reaper killed first (it has a process group of its own)
+// is replaced while the ranks run, so a kill -9 of the agent after it still kills a rank's child.
+TEST(LauncherCli, AKilledReaperIsReplacedAndTheAgentsKillStillLeavesNoOrphan) {
+  TempDir dir;
+  const auto orphan = dir.path() / "orphan";
+  elastic::Subprocess agent(elastic::SubprocessOptions{
+      .argv = {kCli, "run", "--", "/bin/sh", "-c", "sleep 1000 & echo $! > \"$OUT\"; wait"},
+      .env = {{"OUT", orphan.string()}}});
+  for (int i = 0; i < 400 && pid_in(orphan) <= 0; ++i) std::this_thread::sleep_for(50ms);
+  const pid_t sleeper = pid_in(orphan);
+  ASSERT_GT(sleeper, 0);
+  const auto reapers = children_named(agent.pid(), "trainyard");
+  ASSERT_EQ(reapers.size(), 1u) << "the agent's one reaper";
+  ::kill(reapers[0], SIGKILL);
+  std::vector<pid_t> next;
+  for (int i = 0; i < 100; ++i) {
+    next = children_named(agent.pid(), "trainyard");
+    if (next.size() == 1 && next[0] != reapers[0]) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_NE(next[0], reapers[0]) << "no new reaper";
+  ::kill(agent.pid(), SIGKILL);
+  EXPECT_TRUE(mptest::wait_until_dead(sleeper, 5s))
+      << "a rank's child outlived its agent's kill -9 after its reaper's";
+  if (mptest::process_alive(sleeper)) ::kill(sleeper, SIGKILL);
+  const RunOutput out = mptest::collect(agent, 5s);
+  EXPECT_TRUE(contains(out.err + out.out, "The reaper of the ranks' process groups (pid " +
+                                              std::to_string(reapers[0]) + ") ended with signal 9"))
+      << out.err;
 }
 
 TEST(PlanCli, ZeroAndHugeValuesAreErrorsNamingTheFlag) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -138,8 +139,8 @@ class Subprocess {
 };
 
 // Kills the process groups it is told about if this process dies before the reaper is destroyed
-// (kill -9 included): a process forked for the purpose, reading a pipe (Note [No rank outlives its
-// agent] in subprocess.cpp). One per round of ranks; destroying it lets the groups be. When it
+// (kill -9 included): a process forked for the purpose, reading a socket (Note [No rank outlives
+// its agent] in subprocess.cpp). One per round of ranks; destroying it lets the groups be. When it
 // cannot fork it warns and watches nothing. Not thread-safe.
 class GroupReaper {
  public:
@@ -149,10 +150,17 @@ class GroupReaper {
   GroupReaper& operator=(const GroupReaper&) = delete;
 
   void watch(int pgid);
+  // When the reaper has died (killed on its own), warns and starts another, told every group
+  // so far. Cheap (one waitpid with WNOHANG): call it as the ranks run.
+  void keep_alive();
 
  private:
-  int fd_ = -1;   // the pipe's write end
+  void start();
+  bool tell(std::int32_t value);  // false when the reaper cannot be told
+
+  int fd_ = -1;   // the socket's end on this side
   int pid_ = -1;  // the reaper
+  std::vector<std::int32_t> groups_;  // every group watched
 };
 
 }  // namespace trainyard::elastic
