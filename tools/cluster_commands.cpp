@@ -142,13 +142,14 @@ std::int64_t print_new_logs(cluster::HeadClient& client,
   }
 }
 
-// Follows a job's logs until it ends; returns its final details.
+// Follows a job's logs until it has ended and the head holds all of them (Note [A job ends
+// before its logs] in head_state.cpp); returns its final details.
 cluster::wire::JobDetails follow(cluster::HeadClient& client, const std::string& id, int rank) {
   std::int64_t printed = 0;
   for (;;) {
     const auto job = client.get(cluster::api::job_path(id)).get<cluster::wire::JobDetails>();
     printed = print_new_logs(client, id, printed, rank);
-    if (cluster::api::is_terminal_status(job.status)) {
+    if (cluster::api::is_terminal_status(job.status) && job.logs_complete) {
       // Lines that arrived with the final report.
       print_new_logs(client, id, printed, rank);
       return job;

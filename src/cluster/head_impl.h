@@ -201,6 +201,7 @@ struct Head::Impl {
   // Note [A head that turned connections away] (head_state.cpp).
   void credit_turned_away_silence(double now, double tick_seconds, double dead_s);
   bool tail_finished(const std::string& job_id);
+  bool logs_complete(const JobRecord& j) const;
 
   // Sends a tail the lines it has not sent; closes it once the job is over. Not under `mu`.
   void pump(const std::shared_ptr<Tail>& t);

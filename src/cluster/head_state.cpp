@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <set>
 
 #include "cluster/head_impl.h"
@@ -352,6 +353,30 @@ bool Head::Impl::tail_finished(const std::string& job_id) {
     auto n = nodes.find(node);
     if (n != nodes.end() && node_is_up(n->second.state)) return false;
   }
+  return logs_complete(j);
+}
+
+// Note [A job ends before its logs]
+// A job's state and its nodes' CPUs follow its ranks: a worker reports a job ended as soon as its
+// agent does. Its lines may still be spooled there (a job that printed 2M lines in its last
+// seconds): they follow, in batches. Lines used to come first, and a job stayed RUNNING, holding
+// its CPUs while another waited, for minutes after its ranks exited. So a final report says how
+// many lines the node printed (JobReport::line_count), and an ended job's logs are complete once
+// every node that is still up has shipped that many; a lost node's lines may never come, and do not
+// hold the end back. Clients that follow a job (`trainyard logs -f`, `submit`, the WebSocket
+// tail) read on until then: JobDetails::logs_complete.
+bool Head::Impl::logs_complete(const JobRecord& j) const {
+  if (!api::is_terminal_status(j.status)) return false;
+  const bool counted = std::any_of(j.reports.begin(), j.reports.end(), [](const auto& report) {
+    return report.second.line_count.has_value();
+  });
+  if (!counted) return true;  // workers that do not count their lines ship them first
+  for (const auto& [node, r] : j.reports) {
+    if (!r.line_count || *r.line_count == 0) continue;
+    const auto n = nodes.find(node);
+    if (n == nodes.end() || !node_is_up(n->second.state)) continue;
+    if (store->stored_lines(j.job_id, node) < *r.line_count) return false;
+  }
   return true;
 }
 
@@ -418,7 +443,7 @@ void Head::Impl::tick() {
 }
 
 json Head::Impl::job_json(const JobRecord& j) const {
-  return job_details(j, o.token);
+  return job_details(j, o.token, logs_complete(j));
 }
 
 JobRecord& Head::Impl::find_job(const std::string& id) {

@@ -79,7 +79,9 @@ double job_gpus_per_node(const JobRecord& job) {
   return job.nproc_per_node * job.entrypoint_num_gpus.value_or(0.0);
 }
 
-json job_details(const JobRecord& job, const std::optional<std::string>& token) {
+json job_details(const JobRecord& job,
+                 const std::optional<std::string>& token,
+                 bool logs_complete) {
   wire::JobDetails d{
       .job_id = job.job_id,
       .submission_id = job.submission_id,
@@ -102,7 +104,8 @@ json job_details(const JobRecord& job, const std::optional<std::string>& token) 
       .max_restarts = job.max_restarts,
       .assigned_nodes = job.assigned_nodes,
       .failed_rank = job.failed_rank,
-      .failed_node = job.failed_node};
+      .failed_node = job.failed_node,
+      .logs_complete = logs_complete};
   for (auto& [k, v] : d.env_vars) v = redact(v, token);
   for (const auto& line : job.last_lines) d.last_lines.push_back(redact(line, token));
   if (job.status == api::kPending && job.assigned_nodes.empty()) {

@@ -452,6 +452,12 @@ std::vector<JobEvent> JobStore::list_events(const std::string& job_id) {
   return out;
 }
 
+namespace {
+// The number after a node's last stored line of a job: the primary key's last entry.
+constexpr const char* kNextSeqQuery =
+    "SELECT COALESCE(MAX(seq) + 1, 0) FROM log_lines WHERE job_id = ? AND node_id = ?";
+}  // namespace
+
 int64_t JobStore::append_logs(const std::string& job_id,
                               const std::string& node_id,
                               int64_t first_seq,
@@ -480,14 +486,19 @@ int64_t JobStore::append_logs(const std::string& job_id,
   }
   int64_t next = 0;
   {
-    Impl::Stmt s(*impl_,
-                 "SELECT COALESCE(MAX(seq) + 1, 0) FROM log_lines WHERE job_id = ? AND "
-                 "node_id = ?");
+    Impl::Stmt s(*impl_, kNextSeqQuery);
     s.bind(1, job_id).bind(2, node_id);
     if (s.step()) next = s.i64(0);
   }
   tx.commit();
   return next;
+}
+
+int64_t JobStore::stored_lines(const std::string& job_id, const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Stmt s(*impl_, kNextSeqQuery);
+  s.bind(1, job_id).bind(2, node_id);
+  return s.step() ? s.i64(0) : 0;
 }
 
 std::vector<LogLine> JobStore::read_logs(const std::string& job_id,

@@ -242,6 +242,7 @@ void to_json(json& j, const JobReport& v) {
   if (!v.error_type.empty()) j[f::kErrorType] = v.error_type;
   if (!v.message.empty()) j[f::kMessage] = v.message;
   if (!v.last_lines.empty()) j[f::kLastLines] = v.last_lines;
+  if (v.line_count) j[f::kLineCount] = *v.line_count;
 }
 
 void from_json(const json& j, JobReport& v) {
@@ -269,6 +270,9 @@ void from_json(const json& j, JobReport& v) {
   v.last_lines = jf::optional_list<std::string>(j, c, f::kLastLines, kMaxLastLines);
   for (const auto& line : v.last_lines)
     check_size("last_lines[]", line.size(), kMaxMessageBytes, "");
+  v.line_count = jf::optional<std::int64_t>(j, c, f::kLineCount);
+  TY_CHECK(!v.line_count || *v.line_count >= 0, "The job report's line_count must be >= 0, got ",
+           v.line_count.value_or(0), ".");
 }
 
 void to_json(json& j, const Registration& v) {
@@ -582,7 +586,8 @@ void to_json(json& j, const JobDetails& v) {
              {f::kFailedRank, optional_json(v.failed_rank)},
              {f::kFailedNode, optional_json(v.failed_node)},
              {f::kLastLines, v.last_lines},
-             {f::kDemand, demand}};
+             {f::kDemand, demand},
+             {f::kLogsComplete, v.logs_complete}};
   j = json{{f::kType, "SUBMISSION"},
            {f::kJobId, v.job_id},
            {f::kSubmissionId, v.submission_id},
@@ -634,6 +639,7 @@ void from_json(const json& j, JobDetails& v) {
   v.failed_rank = jf::optional<int>(ty, t, f::kFailedRank);
   v.failed_node = jf::optional<std::string>(ty, t, f::kFailedNode);
   v.last_lines = jf::optional_list<std::string>(ty, t, f::kLastLines);
+  v.logs_complete = jf::optional_or<bool>(ty, t, f::kLogsComplete, true);
   if (const auto d = ty.find(f::kDemand); d != ty.end() && !d->is_null()) {
     const jf::Context dc{"job's demand"};
     v.demand = JobDemand{.cpu = jf::optional_or<double>(*d, dc, f::kDemandCpu, 0),

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -69,11 +70,13 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kMaxLinesPerPost = 2'000;
+constexpr std::size_t kMaxLinesPerPost = wire::kMaxLogLinesPerBatch;
 // Text per batch: escaped as JSON (control characters as \u00XX, six bytes each) it stays under
 // the head's 8 MiB body limit (HttpServerOptions::max_body_bytes), even for one 1 MiB line.
 constexpr std::size_t kMaxBytesPerPost = 1 << 20;
 constexpr milliseconds kShipInterval{250};  // how often spooled lines are sent
+// How long one turn of the loop ships batches back to back before it polls the jobs and beats.
+constexpr milliseconds kShipTurn{1'000};
 constexpr milliseconds kWarnEvery{10'000};  // a failing head is logged at most this often
 constexpr const char* kAssignmentFile = "assignment.json";
 constexpr const char* kReportFile = "report.json";
@@ -217,6 +220,12 @@ class LogSpool {
     return pending_.empty();
   }
 
+  // The number after the last line appended: how many lines the job printed here.
+  std::int64_t end() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_;
+  }
+
  private:
   fs::path dir_;
   mutable std::mutex mu_;
@@ -299,7 +308,8 @@ struct Worker::Impl {
   void recover_jobs();
   void poll_jobs();
   // Sends spooled lines, a batch per job (every batch when `all`), until `deadline`.
-  void ship_logs(bool all, Clock::time_point deadline = Clock::time_point::max());
+  // Ships spooled lines until every spool is empty or `deadline`.
+  void ship_logs(Clock::time_point deadline);
   void finish_job(Job& job, const elastic::LaunchResult& result);
   void drain(const std::string& reason);
 };
@@ -352,7 +362,7 @@ std::vector<wire::JobReport> Worker::Impl::job_reports(std::vector<Job*>& finals
   std::vector<wire::JobReport> out;
   for (auto& [id, job] : jobs) {
     std::lock_guard<std::mutex> lock(job->mu);
-    if (job->final_report && job->spool->empty()) {
+    if (job->final_report) {  // its lines may follow: Note [A job ends before its logs]
       out.push_back(*job->final_report);
       finals.push_back(job.get());
     } else {
@@ -493,8 +503,9 @@ void Worker::Impl::loop_once(milliseconds& backoff,
     }
   }
   poll_jobs();
-  // Lines first: a final report is due only once its job's lines are all stored.
-  ship_logs(false);
+  // Lines before the heartbeat, for a turn at most: an ended job's report does not wait for them
+  // (Note [A job ends before its logs] in head_state.cpp).
+  ship_logs(Clock::now() + kShipTurn);
   if (Clock::now() >= next_heartbeat) {
     try {
       std::vector<Job*> finals;
@@ -517,7 +528,7 @@ void Worker::Impl::loop_once(milliseconds& backoff,
     bool done = false;
     {
       std::lock_guard<std::mutex> lock(job.mu);
-      done = job.final_report && job.final_acknowledged;
+      done = job.final_report && job.final_acknowledged && job.spool->empty();
     }
     if (done) {
       std::error_code ec;
@@ -674,6 +685,7 @@ void Worker::Impl::finish_job(Job& job, const elastic::LaunchResult& result) {
       r.last_lines = e.last_lines;
     }
   }
+  r.line_count = job.spool->end();  // the agent has ended: every line is spooled
   write_file_atomically(job.dir / kReportFile, lossy_dump(r));
   log->info("Job {} ended here: {}.", job.id, wire::to_string(r.state));
   job.final_report = std::move(r);
@@ -724,9 +736,12 @@ void Worker::Impl::recover_jobs() {
   }
 }
 
-void Worker::Impl::ship_logs(bool all, Clock::time_point deadline) {
-  for (auto& [id, job] : jobs) {
-    while (Clock::now() < deadline) {
+void Worker::Impl::ship_logs(Clock::time_point deadline) {
+  // Batches back to back, one job's after another's, until every spool is empty or the deadline.
+  std::set<std::string> idle;  // jobs with nothing (more) to send now, or whose head failed
+  while (idle.size() < jobs.size() && Clock::now() < deadline) {
+    for (auto& [id, job] : jobs) {
+      if (idle.count(id) || Clock::now() >= deadline) continue;
       auto lines = job->spool->take(kMaxLinesPerPost);
       // Batches stay far below the head's body limit however long the lines are.
       std::size_t bytes = 0, n = 0;
@@ -734,10 +749,14 @@ void Worker::Impl::ship_logs(bool all, Clock::time_point deadline) {
         bytes += lines[n++].text.size();
       }
       lines.resize(n);
-      if (lines.empty()) break;
+      if (lines.empty()) {
+        idle.insert(id);
+        continue;
+      }
       wire::LogBatch batch{
           .node_id = node_id, .instance = job->instance, .first_seq = lines.front().seq};
-      for (const auto& l : lines) batch.lines.push_back({.rank = l.rank, .text = l.text});
+      batch.lines.reserve(lines.size());
+      for (auto& l : lines) batch.lines.push_back({.rank = l.rank, .text = std::move(l.text)});
       try {
         const auto answer =
             client->post(api::worker_logs_path(id), batch, true).get<wire::LogBatchAnswer>();
@@ -748,9 +767,8 @@ void Worker::Impl::ship_logs(bool all, Clock::time_point deadline) {
       } catch (const Error& e) {
         warn_rate_limited(detail::concat("Could not ship job ", id, "'s logs to the head at ", base,
                                          " (they stay spooled): ", e.what()));
-        break;  // the next job's lines may still go
+        idle.insert(id);  // the next job's lines may still go
       }
-      if (!all) break;
     }
   }
 }
@@ -780,7 +798,7 @@ void Worker::Impl::drain(const std::string& reason) {
   // Hand over what is left within stop_timeout: logs, final reports, then leave. What does not
   // go stays spooled for the next start of this worker.
   try {
-    ship_logs(true, Clock::now() + options.stop_timeout);
+    ship_logs(Clock::now() + options.stop_timeout);
     std::vector<Job*> finals;
     client->post(api::node_heartbeat_path(node_id), heartbeat_body(finals), true);
     client->post(api::node_leave_path(node_id), wire::LeaveRequest{.reason = reason}, true);

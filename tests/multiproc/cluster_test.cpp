@@ -191,6 +191,18 @@ TEST_F(ClusterTest, SubmitAndLogsFollowRideOutAHeadRestart) {
   EXPECT_TRUE(contains(outputs[0].out, "Job 'rider' succeeded")) << outputs[0].out;
 }
 
+// Note [A job ends before its logs]: many lines, more than one batch holds, all reach `submit`,
+// which follows the job until the head holds every one of them.
+TEST_F(ClusterTest, EveryLineOfAJobThatPrintsManyReachesTheClient) {
+  start_head_and_two_workers();
+  const RunOutput r =
+      cluster.cli({"submit", "--submission-id", "chatty", "--", "seq", "1", "30000"}, 60s);
+  ASSERT_EQ(r.status.exit_code, 0) << r.err << cluster.log_of("w1") << cluster.log_of("w2");
+  EXPECT_EQ(count_of(r.out, ":0] "), 30000u);
+  EXPECT_TRUE(contains(r.out, ":0] 30000\n")) << r.out.substr(r.out.size() - 500);
+  EXPECT_TRUE(contains(r.out, "Job 'chatty' succeeded")) << r.out.substr(r.out.size() - 500);
+}
+
 // Note [A submission that landed]: a head that takes a submission and loses its answer (here, a
 // 503 after taking it) gets the same submission again; its 409 for the client's own id at that
 // later attempt means the job exists, and submit goes on with it. A 409 at the first attempt,

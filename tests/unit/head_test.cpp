@@ -851,5 +851,45 @@ TEST_F(HeadTest, LogTailSendsOldAndNewLinesAndClosesAtTheEnd) {
   EXPECT_EQ(tail.get(), "[n1:0] old\n[n1:0] new\n<closed>\n");
 }
 
+// Note [A job ends before its logs]: a final report that counts 3 lines of which the head holds
+// 1 ends the job and frees its CPUs at once (a waiting job is placed), while its logs stay
+// incomplete, and the WebSocket tail open, until the other 2 arrive.
+TEST_F(HeadTest, AJobEndsWithItsRanksAndItsLogsFollow) {
+  start(options());
+  register_node("n1", 2);
+  const std::string id = submit({{"entrypoint", "x"}, {"entrypoint_num_cpus", 2}});
+  const std::string next = submit({{"entrypoint", "y"}, {"entrypoint_num_cpus", 2}});
+  ASSERT_TRUE(eventually([&] { return !heartbeat("n1")["assignments"].empty(); }));
+  heartbeat("n1", json::array({report(id, "running")}));
+  EXPECT_EQ(status_of(next), "PENDING");
+  auto line = [&](int seq, const char* text) {
+    call("POST", api::worker_logs_path(id),
+         {{"node_id", "n1"}, {"first_seq", seq}, {"lines", {{{"rank", 0}, {"text", text}}}}});
+  };
+  line(0, "one");
+  auto tail = std::async(std::launch::async, [&] {
+    return test::websocket_read_all(
+        "ws://127.0.0.1:" + std::to_string(head_->port()) + api::job_logs_tail_path(id),
+        "Bearer " + *token_);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the client connects
+  json ended = report(id, "succeeded");
+  ended["line_count"] = 3;
+  heartbeat("n1", json::array({ended}));
+  EXPECT_EQ(status_of(id), "SUCCEEDED");
+  EXPECT_EQ(get("/api/jobs/" + id)["trainyard"]["logs_complete"], false);
+  ASSERT_TRUE(eventually([&] {
+    return !get("/api/jobs/" + next)["trainyard"]["assigned_nodes"].empty();
+  })) << "the ended job still holds its CPUs";
+  EXPECT_EQ(tail.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout)
+      << "the tail closed before the logs were complete: " << tail.get();
+  line(1, "two");
+  line(2, "three");
+  EXPECT_EQ(get("/api/jobs/" + id)["trainyard"]["logs_complete"], true);
+  ASSERT_EQ(tail.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(tail.get(), "[n1:0] one\n[n1:0] two\n[n1:0] three\n<closed>\n");
+  EXPECT_EQ(get(api::job_logs_path(id))["logs"], "[n1:0] one\n[n1:0] two\n[n1:0] three\n");
+}
+
 }  // namespace
 }  // namespace trainyard::cluster

@@ -31,6 +31,8 @@ double job_gpus_per_node(const JobRecord& job);
 
 // Ray's JobDetails with trainyard's extension. Where the token appears (an env var's value, the
 // entrypoint, the message) it is written "<redacted>".
-nlohmann::json job_details(const JobRecord& job, const std::optional<std::string>& token);
+nlohmann::json job_details(const JobRecord& job,
+                           const std::optional<std::string>& token,
+                           bool logs_complete);
 
 }  // namespace trainyard::cluster

@@ -137,6 +137,8 @@ class JobStore {
                       const std::string& node_id,
                       int64_t first_seq,
                       const std::vector<RankText>& lines);
+  // The number after the last line of the job's node stored (0 for none): one index lookup.
+  int64_t stored_lines(const std::string& job_id, const std::string& node_id);
   // Lines of a job with order > after_order, in insertion order, at most `limit`.
   std::vector<LogLine> read_logs(const std::string& job_id,
                                  int64_t after_order = 0,

@@ -75,6 +75,9 @@ struct JobReport {
   std::string error_type;               // when failed ("" otherwise)
   std::string message;                  // when ended
   std::vector<std::string> last_lines;  // the failed rank's last lines
+  // A final report: how many lines the node's ranks printed, every one spooled (Note [A job ends
+  // before its logs] in head_state.cpp). Absent from an older worker.
+  std::optional<std::int64_t> line_count;
 
   bool operator==(const JobReport&) const = default;
 };
@@ -202,6 +205,9 @@ struct JobDetails {
   std::optional<std::string> failed_node;
   std::vector<std::string> last_lines;
   std::optional<JobDemand> demand;  // for the whole gang, while pending and unplaced
+  // Whether the head holds every line its nodes reported printing: false while an ended job's
+  // logs are still being shipped (Note [A job ends before its logs] in head_state.cpp).
+  bool logs_complete = true;
 };
 
 // GET /api/jobs/{id}/logs[?after=N]: the text, and with ?after the N to ask for next.
