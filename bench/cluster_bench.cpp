@@ -25,15 +25,23 @@
 //          for --seconds unloaded, then for --seconds under 40 idle connections, 40 clients
 //          sending a byte a second (reconnecting when cut) and 64 log followers that never read:
 //          p50/p99/max of both, the head's thread count and RSS; the job must end SUCCEEDED and
-//          the node alive (Note [Serving hostile clients]).
+//          the node alive (Note [Serving hostile clients]). Then for --seconds under a flood of
+//          idle connections that hold the server's caps (issue 36, defect 1): 256 from the
+//          node's own address (127.0.0.1, the per-client cap) and 4 x 256 from 127.0.0.2-5 (past
+//          the 768 total), each opened again when the head shuts it: the heartbeats' latency and
+//          failures, what the server turned away, and again the job's and the node's state
+//          (Note [Keeping room for admitted clients], Note [A head that turned connections
+//          away]).
 #include <arpa/inet.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -520,10 +528,17 @@ void metrics_part(const Options& o, const fs::path& dir) {
 // buffer, so that it stops taking data early).
 struct RawClient {
   int fd = -1;
-  explicit RawClient(int port) {
+  // From `source` (a loopback address) when given, else the system's choice (127.0.0.1).
+  explicit RawClient(int port, const char* source = nullptr) {
     fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int small = 4096;
     ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from);
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
@@ -538,6 +553,13 @@ struct RawClient {
   }
   bool send(const std::string& bytes) const {
     return fd >= 0 && ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) > 0;
+  }
+  // Whether the head has shut the connection (a read sees its end; nothing else is sent to it).
+  bool shut() const {
+    if (fd < 0) return true;
+    char byte;
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
   }
 };
 
@@ -574,6 +596,77 @@ void print_latencies(const char* phase, Latencies l) {
               percentile(l.heartbeat, 0.5), percentile(l.heartbeat, 0.99), l.heartbeat.back(),
               proc_status("Threads:"), rss_bytes() / (1 << 20));
   std::fflush(stdout);
+}
+
+// The flood of the header's comment, on a head of its own with a RUNNING job.
+void flood_phase(const Options& o, const fs::path& dir) {
+  rlimit files{};
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = files.rlim_max;  // both ends of 1,280 connections live in this process
+  ::setrlimit(RLIMIT_NOFILE, &files);
+  Head head(HeadOptions{.port = 0,
+                        .token = kToken,
+                        .state_dir = dir / "flood",
+                        .heartbeat_interval = std::chrono::milliseconds(500),
+                        .dead_after = std::chrono::milliseconds(3'000)});
+  head.start();
+  HttpClient client;
+  call(client, head, "POST", std::string(api::kNodesPath),
+       {{f::kNodeId, "n1"},
+        {f::kHostname, "bench"},
+        {f::kResources, {{f::kCpu, 4}, {f::kGpu, 0}, {f::kMemoryBytes, 1LL << 30}}}});
+  call(client, head, "POST", std::string(api::kJobsPath),
+       {{f::kEntrypoint, "train"}, {f::kSubmissionId, "hostile"}});
+  static constexpr const char* kSources[] = {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4",
+                                             "127.0.0.5"};
+  // The attacker, on a thread of its own while the node heartbeats: opens the flood, then opens
+  // again every connection the head shuts.
+  std::atomic<bool> stop{false};
+  std::size_t reopened = 0;
+  std::thread attacker([&] {
+    std::vector<std::pair<const char*, std::unique_ptr<RawClient>>> flood;
+    for (const char* source : kSources)
+      for (int i = 0; i < 256 && !stop; ++i)
+        flood.emplace_back(source, std::make_unique<RawClient>(head.port(), source));
+    while (!stop) {
+      for (auto& [source, c] : flood)
+        if (c->shut()) {
+          c = std::make_unique<RawClient>(head.port(), source);
+          ++reopened;
+        }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  int failed = 0;
+  std::string first_failure;
+  Latencies l;
+  const auto end = Clock::now() + std::chrono::duration<double>(o.seconds);
+  while (Clock::now() < end) {
+    const auto t0 = Clock::now();
+    try {
+      call(client, head, "POST", api::node_heartbeat_path("n1"),
+           {{f::kUsage, json::object()},
+            {f::kJobs, {{{f::kJobId, "hostile"}, {f::kState, api::kReportRunning}}}}});
+      l.heartbeat.push_back(seconds_since(t0) * 1e3);
+    } catch (const std::exception& e) {
+      if (failed++ == 0) first_failure = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  stop = true;
+  attacker.join();
+  const json job = call(client, head, "GET", api::job_path("hostile"));
+  const json status = call(client, head, "GET", std::string(api::kStatusPath));
+  std::sort(l.heartbeat.begin(), l.heartbeat.end());
+  std::printf(
+      "flood of 1,280 idle connections (256 from the node's address), %.0f s: heartbeats %zu, "
+      "failed %d, p50 %.2f ms, p99 %.2f ms, max %.2f ms; %zu flood connections shut by the "
+      "head and opened again; job: %s; node n1: %s\n",
+      o.seconds, l.heartbeat.size(), failed, l.heartbeat.empty() ? 0 : percentile(l.heartbeat, 0.5),
+      l.heartbeat.empty() ? 0 : percentile(l.heartbeat, 0.99),
+      l.heartbeat.empty() ? 0 : l.heartbeat.back(), reopened, job.value(f::kStatus, "?").c_str(),
+      status[f::kNodes][0].value(f::kState, "?").c_str());
+  if (failed > 0) std::printf("the first failed heartbeat: %s\n", first_failure.c_str());
 }
 
 void hostile_part(const Options& o, const fs::path& dir) {
@@ -687,9 +780,10 @@ int main(int argc, char** argv) {
         restart_part(o, dir);
       else if (p == "metrics")
         metrics_part(o, dir);
-      else if (p == "hostile")
-        hostile_part(o, dir);
-      else
+      else if (p == "hostile") {
+        hostile_part(o, dir);  // its head ends before the flood's starts
+        flood_phase(o, dir);
+      } else
         throw trainyard::Error("unknown part '" + p + "' (api, restart, metrics, hostile)");
       std::printf("\n");
     }
