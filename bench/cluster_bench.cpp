@@ -598,6 +598,17 @@ void print_latencies(const char* phase, Latencies l) {
   std::fflush(stdout);
 }
 
+// Starts `head` with node n1 (4 CPUs) registered and job "hostile" submitted.
+void start_with_node_and_job(Head& head, HttpClient& client) {
+  head.start();
+  call(client, head, "POST", std::string(api::kNodesPath),
+       {{f::kNodeId, "n1"},
+        {f::kHostname, "bench"},
+        {f::kResources, {{f::kCpu, 4}, {f::kGpu, 0}, {f::kMemoryBytes, 1LL << 30}}}});
+  call(client, head, "POST", std::string(api::kJobsPath),
+       {{f::kEntrypoint, "train"}, {f::kSubmissionId, "hostile"}});
+}
+
 // The flood of the header's comment, on a head of its own with a RUNNING job.
 void flood_phase(const Options& o, const fs::path& dir) {
   rlimit files{};
@@ -609,14 +620,8 @@ void flood_phase(const Options& o, const fs::path& dir) {
                         .state_dir = dir / "flood",
                         .heartbeat_interval = std::chrono::milliseconds(500),
                         .dead_after = std::chrono::milliseconds(3'000)});
-  head.start();
   HttpClient client;
-  call(client, head, "POST", std::string(api::kNodesPath),
-       {{f::kNodeId, "n1"},
-        {f::kHostname, "bench"},
-        {f::kResources, {{f::kCpu, 4}, {f::kGpu, 0}, {f::kMemoryBytes, 1LL << 30}}}});
-  call(client, head, "POST", std::string(api::kJobsPath),
-       {{f::kEntrypoint, "train"}, {f::kSubmissionId, "hostile"}});
+  start_with_node_and_job(head, client);
   static constexpr const char* kSources[] = {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4",
                                              "127.0.0.5"};
   // The attacker, on a thread of its own while the node heartbeats: opens the flood, then opens
@@ -675,14 +680,8 @@ void hostile_part(const Options& o, const fs::path& dir) {
                         .state_dir = dir / "hostile",
                         .heartbeat_interval = std::chrono::milliseconds(500),
                         .dead_after = std::chrono::milliseconds(3'000)});
-  head.start();
   HttpClient client;
-  call(client, head, "POST", std::string(api::kNodesPath),
-       {{f::kNodeId, "n1"},
-        {f::kHostname, "bench"},
-        {f::kResources, {{f::kCpu, 4}, {f::kGpu, 0}, {f::kMemoryBytes, 1LL << 30}}}});
-  call(client, head, "POST", std::string(api::kJobsPath),
-       {{f::kEntrypoint, "train"}, {f::kSubmissionId, "hostile"}});
+  start_with_node_and_job(head, client);
   std::printf("%-44s %8s %8s %8s %8s %8s %8s %8s %8s\n", "phase (ms; head threads, RSS MiB)",
               "ver p50", "ver p99", "ver max", "hb p50", "hb p99", "hb max", "threads", "RSS");
   std::int64_t seq = 0;

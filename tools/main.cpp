@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tools/bench_command.h"
 #include "tools/cluster_commands.h"
@@ -21,10 +23,19 @@
 
 namespace {
 
-// kParseOnlyEnv: the commands' callbacks removed, so parsing checks the flags and runs nothing.
-void drop_callbacks(CLI::App& app) {
-  app.callback(std::function<void()>{});
-  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) drop_callbacks(*sub);
+// An App's final callback (App::callback's), which CLI11 keeps protected, through a member
+// pointer taken in a subclass.
+struct AppCallbacks : CLI::App {
+  static constexpr auto kFinal = &AppCallbacks::final_callback_;
+};
+
+// kParseOnlyEnv: the commands' callbacks taken out, so parsing checks the flags and runs nothing.
+// They are kept, never called, until exit: each owns (through a shared_ptr it captures) the flags
+// that parsing writes into, which destroying it freed (a use after free that crashed `submit`
+// with a long command).
+void drop_callbacks(CLI::App& app, std::vector<std::function<void()>>& kept) {
+  kept.push_back(std::exchange(app.*AppCallbacks::kFinal, {}));
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) drop_callbacks(*sub, kept);
 }
 
 }  // namespace
@@ -46,7 +57,8 @@ int main(int argc, char** argv) {
   trainyard::cli::add_daemon_commands(app, exit_code);
   trainyard::cli::add_cluster_commands(app, exit_code);
   const char* parse_only = std::getenv(trainyard::kParseOnlyEnv);
-  if (parse_only != nullptr && std::string(parse_only) == "1") drop_callbacks(app);
+  std::vector<std::function<void()>> dropped;
+  if (parse_only != nullptr && std::string(parse_only) == "1") drop_callbacks(app, dropped);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

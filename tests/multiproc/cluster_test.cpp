@@ -169,7 +169,11 @@ TEST_F(ClusterTest, SubmitAndLogsFollowRideOutAHeadRestart) {
                "for i in $(seq 1 30); do echo \"step $i\"; sleep 0.25; done"},
       .env = env});
   ASSERT_TRUE(ClusterFixture::eventually(
-      [&] { return cluster.job("rider").value("status", "") == "RUNNING"; }, 20s));
+      [&] {
+        const auto job = cluster.job("rider");  // null until submit has sent it
+        return job.is_object() && job.value("status", "") == "RUNNING";
+      },
+      20s));
   elastic::Subprocess follower(
       elastic::SubprocessOptions{.argv = {kCli, "logs", "-f", "rider"}, .env = env});
   std::this_thread::sleep_for(1s);
