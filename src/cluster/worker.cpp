@@ -307,8 +307,7 @@ struct Worker::Impl {
   void start_job(const wire::Assignment& assignment);
   void recover_jobs();
   void poll_jobs();
-  // Sends spooled lines, a batch per job (every batch when `all`), until `deadline`.
-  // Ships spooled lines until every spool is empty or `deadline`.
+  // Ships spooled lines, a batch of each job's in turn, until every spool is empty or `deadline`.
   void ship_logs(Clock::time_point deadline);
   void finish_job(Job& job, const elastic::LaunchResult& result);
   void drain(const std::string& reason);
