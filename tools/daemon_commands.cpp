@@ -24,6 +24,7 @@
 #include "trainyard/env.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/net/base_url.h"
 #include "trainyard/seconds.h"
 
 namespace trainyard::cli {
@@ -156,8 +157,8 @@ void add_head(CLI::App& app, int& exit_code) {
                         .heartbeat_interval = *interval,
                         .dead_after = *dead_after});
     head.start();
-    std::printf("trainyard head: serving http://%s:%d (state in %s)\n", f->bind.c_str(),
-                head.port(), f->state_dir.c_str());
+    std::printf("trainyard head: serving %s (state in %s)\n",
+                net::http_url(f->bind, head.port()).c_str(), f->state_dir.c_str());
     if (!head.generated_token_file().empty()) {
       std::printf(
           "The cluster token is in %s (only you can read it). Clients and workers on this host "

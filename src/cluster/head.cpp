@@ -3,6 +3,7 @@
 #include "cluster/head_impl.h"
 #include "trainyard/cluster/auth.h"
 #include "trainyard/error.h"
+#include "trainyard/net/base_url.h"
 
 namespace trainyard::cluster {
 
@@ -215,8 +216,9 @@ int Head::port() const {
 }
 
 std::string Head::url() const {
-  std::string host = impl_->o.bind_address == "0.0.0.0" ? "127.0.0.1" : impl_->o.bind_address;
-  return "http://" + host + ":" + std::to_string(port());
+  const std::string& bind = impl_->o.bind_address;
+  // Every interface includes loopback, which is where this process reaches itself.
+  return net::http_url(bind == "0.0.0.0" ? "127.0.0.1" : bind == "::" ? "::1" : bind, port());
 }
 
 nlohmann::json Head::status() {

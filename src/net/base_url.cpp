@@ -69,6 +69,11 @@ std::string url_host(const std::string& base) {
   return std::string(a);
 }
 
+std::string http_url(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos && !host.starts_with("[");
+  return "http://" + (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 int url_port(const std::string& base) {
   const std::string_view a = authority(base);
   const std::size_t colon = port_colon(a);

@@ -22,6 +22,12 @@ TEST(BaseUrl, TakesTheUrlApart) {
   EXPECT_EQ(url_host("http://[::1]:99"), "::1");
   EXPECT_EQ(url_port("http://[::1]:99"), 99);
   EXPECT_EQ(url_port("https://head"), 443);
+  // What the head prints for its --bind: an IPv6 literal in brackets, read back as it was.
+  EXPECT_EQ(http_url("::1", 8265), "http://[::1]:8265");
+  EXPECT_EQ(url_host(http_url("::1", 8265)), "::1");
+  EXPECT_EQ(url_port(http_url("::1", 8265)), 8265);
+  EXPECT_EQ(http_url("127.0.0.1", 80), "http://127.0.0.1:80");
+  EXPECT_EQ(http_url("[::1]", 99), "http://[::1]:99");
 }
 
 TEST(BaseUrl, RefusesWhatIsNoServerAddress) {

@@ -17,4 +17,8 @@ std::string url_host(const std::string& base);
 // The port of a base URL ("http://head:8265" -> 8265; 80/443 by scheme when none).
 int url_port(const std::string& base);
 
+// "http://host:port", an IPv6 literal in brackets ("::1" -> "http://[::1]:8265"), as url_host
+// and a browser read it back.
+std::string http_url(const std::string& host, int port);
+
 }  // namespace trainyard::net
