@@ -172,7 +172,7 @@ void add_head(CLI::App& app, int& exit_code) {
     if (!f->resources.num_cpus || *f->resources.num_cpus > 0) {
       const bool any = f->bind == "0.0.0.0" || f->bind == "::";
       cluster::WorkerOptions w{
-          .head = (any ? std::string("127.0.0.1") : f->bind) + ":" + std::to_string(head.port()),
+          .head = net::http_url(any ? std::string("127.0.0.1") : f->bind, head.port()),
           .token = head.token(),
           .state_dir = f->state_dir + "/node",
           .resources = overrides(f->resources),
