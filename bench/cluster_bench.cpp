@@ -598,6 +598,15 @@ void print_latencies(const char* phase, Latencies l) {
   std::fflush(stdout);
 }
 
+// A head on a free port whose nodes are dead 3 s after their last heartbeat.
+HeadOptions quick_head(const fs::path& state_dir) {
+  return HeadOptions{.port = 0,
+                     .token = kToken,
+                     .state_dir = state_dir,
+                     .heartbeat_interval = std::chrono::milliseconds(500),
+                     .dead_after = std::chrono::milliseconds(3'000)};
+}
+
 // Starts `head` with node n1 (4 CPUs) registered and job "hostile" submitted.
 void start_with_node_and_job(Head& head, HttpClient& client) {
   head.start();
@@ -615,11 +624,7 @@ void flood_phase(const Options& o, const fs::path& dir) {
   ::getrlimit(RLIMIT_NOFILE, &files);
   files.rlim_cur = files.rlim_max;  // both ends of 1,280 connections live in this process
   ::setrlimit(RLIMIT_NOFILE, &files);
-  Head head(HeadOptions{.port = 0,
-                        .token = kToken,
-                        .state_dir = dir / "flood",
-                        .heartbeat_interval = std::chrono::milliseconds(500),
-                        .dead_after = std::chrono::milliseconds(3'000)});
+  Head head(quick_head(dir / "flood"));
   HttpClient client;
   start_with_node_and_job(head, client);
   static constexpr const char* kSources[] = {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4",
@@ -675,11 +680,7 @@ void flood_phase(const Options& o, const fs::path& dir) {
 }
 
 void hostile_part(const Options& o, const fs::path& dir) {
-  Head head(HeadOptions{.port = 0,
-                        .token = kToken,
-                        .state_dir = dir / "hostile",
-                        .heartbeat_interval = std::chrono::milliseconds(500),
-                        .dead_after = std::chrono::milliseconds(3'000)});
+  Head head(quick_head(dir / "hostile"));
   HttpClient client;
   start_with_node_and_job(head, client);
   std::printf("%-44s %8s %8s %8s %8s %8s %8s %8s %8s\n", "phase (ms; head threads, RSS MiB)",

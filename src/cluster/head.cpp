@@ -68,9 +68,9 @@ void Head::start() {
   Impl& m = *impl_;
   TY_CHECK(!m.server, "Head::start() was called twice.");
   m.state_dir = std::make_unique<StateDir>(m.o.state_dir, "trainyard head");
-  // Note [Secure by default] (auth.cpp).
   // Note [A token file only its user controls] (auth.cpp).
   if (m.o.token) check_token_strength(*m.o.token, "The head's --token-file or TRAINYARD_TOKEN");
+  // Note [Secure by default] (auth.cpp).
   if (!m.o.token && !m.o.unauthenticated) {
     m.generated_token_file = m.o.state_dir / kGeneratedTokenFile;
     auto generated = load_or_create_token(m.generated_token_file);

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <memory>
 #include <utility>
 
 #include "trainyard/cluster/auth.h"
@@ -86,11 +85,11 @@ json HeadClient::call(const char* method,
     retry.deadline = options_.ride_out;
     retry.backoff = kRideOutFirstPause;
     retry.backoff_max = kRideOutLongestPause;
-    auto last_warning = std::make_shared<std::chrono::steady_clock::time_point>();
-    retry.on_retry = [this, last_warning](const net::RetryPolicy::Retry& r) {
+    retry.on_retry = [this, last_warning = std::chrono::steady_clock::time_point()](
+                         const net::RetryPolicy::Retry& r) mutable {
       const auto now = std::chrono::steady_clock::now();
-      if (r.failed_attempt > 1 && now - *last_warning < kRideOutWarnEvery) return;
-      *last_warning = now;
+      if (r.failed_attempt > 1 && now - last_warning < kRideOutWarnEvery) return;
+      last_warning = now;
       logger("client")->warn(
           "The trainyard head at {} does not answer ({}); retrying for up to {:.0f} s ({:.1f} s "
           "so far).",

@@ -1,4 +1,3 @@
-#include <algorithm>
 #include <set>
 
 #include "cluster/head_impl.h"
@@ -367,12 +366,8 @@ bool Head::Impl::tail_finished(const std::string& job_id) {
 // tail) read on until then: JobDetails::logs_complete.
 bool Head::Impl::logs_complete(const JobRecord& j) const {
   if (!api::is_terminal_status(j.status)) return false;
-  const bool counted = std::any_of(j.reports.begin(), j.reports.end(), [](const auto& report) {
-    return report.second.line_count.has_value();
-  });
-  if (!counted) return true;  // workers that do not count their lines ship them first
   for (const auto& [node, r] : j.reports) {
-    if (!r.line_count || *r.line_count == 0) continue;
+    if (!r.line_count) continue;  // an older worker, which ships its lines before its report
     const auto n = nodes.find(node);
     if (n == nodes.end() || !node_is_up(n->second.state)) continue;
     if (store->stored_lines(j.job_id, node) < *r.line_count) return false;

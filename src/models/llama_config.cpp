@@ -156,8 +156,13 @@ LlamaConfig LlamaConfig::from_json(const Json& j) {
   const auto* named =
       std::find_if(std::begin(kVariants), std::end(kVariants),
                    [&](const VariantNames& v) { return v.model_type == model_type; });
-  TY_CHECK(named != std::end(kVariants), "config.json: \"model_type\" is \"", model_type,
-           "\"; LlamaConfig reads \"llama\", \"mistral\" or \"qwen2\".");
+  if (named == std::end(kVariants)) {
+    std::string known;
+    for (const auto& v : kVariants)
+      known += detail::concat(known.empty() ? "" : ", ", '"', v.model_type, '"');
+    throw InvalidArgumentError(detail::concat("config.json: \"model_type\" is \"", model_type,
+                                              "\"; LlamaConfig reads ", known, "."));
+  }
   c.variant = named->variant;
   if (j.contains("hidden_act"))
     TY_CHECK(j["hidden_act"] == "silu", "config.json: \"hidden_act\" is ", j["hidden_act"].dump(),

@@ -162,26 +162,42 @@ TEST_F(ClusterTest, HeadKilledMidJobRestartsAndTheJobFinishesWithEveryLine) {
 // wait for it (saying so on stderr), then print every line once and the job's success.
 TEST_F(ClusterTest, SubmitAndLogsFollowRideOutAHeadRestart) {
   start_head_and_two_workers();
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"TRAINYARD_ADDRESS", cluster.address()}, {"TRAINYARD_TOKEN", cluster.token()}};
-  elastic::Subprocess submit(elastic::SubprocessOptions{
-      .argv = {kCli, "submit", "--submission-id", "rider", "--", "sh", "-c",
-               "for i in $(seq 1 30); do echo \"step $i\"; sleep 0.25; done"},
-      .env = env});
+  // Each client writes into files of its own, so that the test sees when it is following.
+  const auto client = [&](const std::string& name, std::vector<std::string> args) {
+    args.insert(args.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$OUT\" 2>\"$ERR\"", kCli});
+    return std::make_unique<elastic::Subprocess>(
+        elastic::SubprocessOptions{.argv = std::move(args),
+                                   .env = {{"TRAINYARD_ADDRESS", cluster.address()},
+                                           {"TRAINYARD_TOKEN", cluster.token()},
+                                           {"OUT", (dir.path() / (name + ".out")).string()},
+                                           {"ERR", (dir.path() / (name + ".err")).string()}}});
+  };
+  auto submit = client("submit", {"submit", "--submission-id", "rider", "--", "sh", "-c",
+                                  "for i in $(seq 1 30); do echo \"step $i\"; sleep 0.25; done"});
   ASSERT_TRUE(ClusterFixture::eventually(
       [&] {
         const auto job = cluster.job("rider");  // null until submit has sent it
         return job.is_object() && job.value("status", "") == "RUNNING";
       },
       20s));
-  elastic::Subprocess follower(
-      elastic::SubprocessOptions{.argv = {kCli, "logs", "-f", "rider"}, .env = env});
-  std::this_thread::sleep_for(1s);
+  auto follower = client("follower", {"logs", "-f", "rider"});
+  // Both follow the job (they have printed a line of it) when the head goes.
+  ASSERT_TRUE(ClusterFixture::eventually(
+      [&] {
+        return contains(read_file(dir.path() / "submit.out"), "step ") &&
+               contains(read_file(dir.path() / "follower.out"), "step ");
+      },
+      20s));
   cluster.head().send_signal(SIGKILL);
   cluster.head().wait_for(5s);
   std::this_thread::sleep_for(3s);  // ten times what three quick attempts would wait
   cluster.start_head({"--num-cpus", "0"});
-  const auto outputs = collect_all({&submit, &follower}, 60s);
+  auto outputs = collect_all({submit.get(), follower.get()}, 60s);  // statuses; text in the files
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const std::string name = i == 0 ? "submit" : "follower";
+    outputs[i].out = read_file(dir.path() / (name + ".out"));
+    outputs[i].err = read_file(dir.path() / (name + ".err"));
+  }
   for (const RunOutput& out : outputs) {
     EXPECT_EQ(out.status.exit_code, 0) << out.out << out.err << cluster.log_of("head");
     for (int i = 1; i <= 30; ++i) {

@@ -85,8 +85,9 @@ struct LlamaConfig {
   // self_attn.q_proj, k_proj, v_proj, o_proj, mlp.gate_proj, up_proj, down_proj.
   std::vector<LayerLinear> layer_linears() const;
   // Rotary frequencies older checkpoints saved: "*.self_attn.rotary_emb.inv_freq",
-  // "model.rotary_emb.inv_freq"; with tied embeddings, "lm_head.weight" (some exporters write
-  // it; transformers ties it to the input embedding after loading, and so does trainyard).
+  // "model.rotary_emb.inv_freq"; with tied embeddings, "lm_head.weight", which some exporters
+  // write equal to the input embedding (a different one unties the model: Note [A tied model's
+  // written output projection] in src/train/causal_lm_source.cpp).
   bool is_unused_checkpoint_tensor(std::string_view name) const;
   // What autograd keeps for one layer (Note [Llama activations]).
   double layer_activation_bytes(const ActivationShape& shape) const;
