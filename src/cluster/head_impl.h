@@ -214,7 +214,24 @@ struct Head::Impl {
   // The history API's answer (`mu` not held; takes it).
   // max_points: 0 for every point, else each series thinned (Note [Thinned history]).
   json metrics_history(const std::optional<std::string>& job, std::size_t max_points);
+
+  // --- the HTTP API (head_routes.cpp), its routes grouped by resource ----------------------------
+  struct Routes;  // registers on `server`; a handler's StoreFullError answers 507
+  // The authentication hook and every group below; before the server starts.
   void add_routes();
+  void add_version_routes(Routes& routes);
+  void add_job_routes(Routes& routes);         // Ray's Jobs API, the log tail, runtime_env packages
+  void add_node_routes(Routes& routes);        // the worker protocol
+  void add_cluster_routes(Routes& routes);     // status, metrics, the dashboard
+  void add_rendezvous_routes(Routes& routes);  // elastic::HeadBackend's state
+  // Handlers that are a step of their own; `mu` not held (each takes it where it needs it).
+  net::ServerResponse submit_job(const net::ServerRequest& req);
+  net::ServerResponse stop_job(const net::ServerRequest& req);
+  net::ServerResponse job_logs(const net::ServerRequest& req);  // the whole log, or a page
+  std::optional<net::ServerResponse> admit_log_follower(const net::ServerRequest& req);
+  void follow_job_logs(std::shared_ptr<net::WebSocketConnection> ws);
+  net::ServerResponse register_node(const net::ServerRequest& req);
+  net::ServerResponse node_heartbeat(const net::ServerRequest& req);
 
   // --- metrics (head_metrics.cpp) ----------------------------------------------------------------
   // The heartbeat's metrics field of node `node_id` as a snapshot: null when absent or malformed (a
