@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -37,9 +38,9 @@
 #include "elastic/line_forwarder.h"
 #include "elastic/rank_monitor.h"
 #include "elastic/stop_channel.h"
-#include "trainyard/env.h"
 #include "trainyard/elastic/rendezvous.h"
 #include "trainyard/elastic/subprocess.h"
+#include "trainyard/env.h"
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
@@ -365,188 +366,275 @@ LaunchResult launch_static(const LaunchOptions& launch_options,
 // Elastic membership: every round goes through the rendezvous (Note [Rendezvous state]). A
 // failure of this node's ranks ends the round for all nodes and counts as a restart; a round
 // ended by others (their failure, a node joining or lost) restarts the ranks without counting.
+// Each round: join it (join_round), run the ranks while watching the rendezvous (run_group),
+// then end the run or go on to the next round (after_round).
+class ElasticLaunch {
+ public:
+  ElasticLaunch(const LaunchOptions& options, StopChannel& stops, OutputSink& out, OutputSink& err)
+      : options_(options),
+        stops_(stops),
+        out_(out),
+        err_(err),
+        rdzv_(*options.rendezvous),
+        watch_interval_(std::min(options.monitor_interval, rdzv_.options().keep_alive_interval)) {}
+  ElasticLaunch(const ElasticLaunch&) = delete;
+  ElasticLaunch& operator=(const ElasticLaunch&) = delete;
+
+  LaunchResult run() {
+    while (true) {
+      auto joined = join_round();
+      if (auto* ended = std::get_if<LaunchResult>(&joined)) return *ended;
+      RoundWatch watch{.next_watch = Clock::now()};
+      RoundOutcome outcome = run_group(std::get<RendezvousInfo>(joined), watch);
+      if (auto ended = after_round(outcome, watch)) return *ended;
+    }
+  }
+
+ private:
+  // What the rendezvous said while a round's ranks ran (the monitor's hooks write it).
+  struct RoundWatch {
+    Clock::time_point next_watch;  // when should_stop next asks the rendezvous
+    std::string fatal;             // the rendezvous failed or closed while the ranks ran
+    bool backend_lost = false;     // fatal: the backend stayed away past backend_timeout
+    bool consequence = false;      // this node's ranks failed after another node ended the round
+    std::string change_reason;     // why the round ended under the ranks (membership changed)
+  };
+
+  std::variant<RendezvousInfo, LaunchResult> join_round();
+  RoundOutcome run_group(const RendezvousInfo& info, RoundWatch& watch);
+  void end_round_after_failure(RoundWatch& watch);
+  bool round_ended(RoundWatch& watch);
+  std::optional<LaunchResult> after_round(RoundOutcome& outcome, const RoundWatch& watch);
+  LaunchResult finish(const LaunchResult& result);
+  std::optional<LaunchResult> restart_after_failure(LaunchResult& result);
+  LaunchResult close_after_last_failure(RoundOutcome& outcome);
+
+  bool interrupted();
+  bool rejoin(const std::string& why);
+  LaunchResult stopped_by_signal();
+  void tolerate(const char* what, const std::function<void()>& call);
+
+  const LaunchOptions& options_;
+  StopChannel& stops_;
+  OutputSink& out_;
+  OutputSink& err_;
+  Rendezvous& rdzv_;  // options_.rendezvous
+  // How often round_ended asks the rendezvous. This node's heartbeat is written by these checks:
+  // at least once per keep-alive interval, or the others would take it for dead (and the outage
+  // grace would not cover it).
+  const milliseconds watch_interval_;
+  std::shared_ptr<spdlog::logger> log_ = logger("launcher");
+  int restart_count_ = 0;
+  // A signal while the agent waits on the rendezvous (no ranks running) ends the wait.
+  int signal_while_waiting_ = 0;
+};
+
+// The next round's place for this node; or the result the run ends with: the rendezvous was
+// closed, or a signal came while waiting. A backend outage past backend_timeout is rejoined while
+// restarts are left, else rethrown.
+std::variant<RendezvousInfo, LaunchResult> ElasticLaunch::join_round() {
+  while (true) {
+    std::optional<RendezvousInfo> info;
+    try {
+      info = rdzv_.next_round([this] { return pick_free_port(rdzv_.options().local_addr); },
+                              [this] { return interrupted(); });
+    } catch (const RendezvousClosedError& e) {
+      log_->error("{}", e.what());
+      LaunchResult closed;
+      closed.restart_count = restart_count_;
+      return closed;
+    } catch (const NetworkError& e) {
+      // The backend stayed away past backend_timeout (or the join timeout) while joining.
+      if (signal_while_waiting_ != 0) return stopped_by_signal();
+      log_->error("{}", e.what());
+      if (rejoin("The rendezvous backend could not be reached")) continue;
+      if (signal_while_waiting_ != 0) return stopped_by_signal();
+      throw;
+    }
+    if (!info) return stopped_by_signal();
+    return *info;
+  }
+}
+
+// Starts this node's ranks in the round `info` describes and monitors them until they end, ending
+// the round for every node when one fails here, or stopping them when the round ends elsewhere.
+RoundOutcome ElasticLaunch::run_group(const RendezvousInfo& info, RoundWatch& watch) {
+  const LaunchOptions round_options = with_job_instance(options_, info.job_instance);
+  const RoundSpec round{.restart_count = restart_count_,
+                        .group_rank = info.group_rank,
+                        .group_world_size = info.group_world_size,
+                        .rank_offset = info.rank_offset,
+                        .world_size = info.world_size,
+                        .master_addr = info.master_addr,
+                        .master_port = info.master_port};
+  MonitorHooks hooks{.on_failure = [this, &watch] { end_round_after_failure(watch); },
+                     .on_signal = [this] { tolerate("leave", [&] { rdzv_.leave(); }); },
+                     .should_stop = [this, &watch] { return round_ended(watch); }};
+  return run_round(round_options, round, stops_, out_, err_, std::move(hooks));
+}
+
+// The monitor's on_failure: a rank of this node failed, so the round ends for every node.
+void ElasticLaunch::end_round_after_failure(RoundWatch& watch) {
+  try {
+    watch.consequence = !rdzv_.start_next_round("a rank failed on node " + rdzv_.options().node_id);
+  } catch (const NetworkError& e) {
+    // Restart as usual: joining the next round ends this one once the backend answers.
+    log_->warn("Could not end the round: {}", e.what());
+  } catch (const Error& e) {
+    watch.fatal = e.what();
+  }
+}
+
+// The monitor's should_stop: asks the rendezvous (at most every watch_interval_) whether the round
+// ended under the ranks, ending it here for the changes this node acts on. True: stop the ranks.
+bool ElasticLaunch::round_ended(RoundWatch& watch) {
+  if (Clock::now() < watch.next_watch) return false;
+  watch.next_watch = Clock::now() + watch_interval_;
+  std::string change;
+  try {
+    switch (rdzv_.watch()) {
+      case RoundChange::kNone:
+      case RoundChange::kBackendUnreachable:  // See Note [Backend outages].
+        return false;
+      case RoundChange::kNewRound:
+        change = "another node ended the round";
+        break;
+      case RoundChange::kNodesWaiting:
+        change = "nodes are waiting to join";
+        rdzv_.start_next_round(change);
+        break;
+      case RoundChange::kParticipantLost:
+        change = "a node stopped sending heartbeats";
+        rdzv_.start_next_round(change);
+        break;
+    }
+  } catch (const Error& e) {
+    watch.fatal = e.what();
+    watch.backend_lost = dynamic_cast<const NetworkError*>(&e) != nullptr;
+    log_->error("[{}] Stopping the worker group: {}", options_.role, watch.fatal);
+    return true;
+  }
+  log_->warn("[{}] Membership changed ({}); restarting the worker group in a new round.",
+             options_.role, change);
+  watch.change_reason = change;
+  return true;
+}
+
+// After a round's ranks ended: the result the run ends with, or nullopt to join the next round.
+std::optional<LaunchResult> ElasticLaunch::after_round(RoundOutcome& outcome,
+                                                       const RoundWatch& watch) {
+  auto& result = outcome.result;
+  if (result.succeeded) return finish(result);
+  if (watch.backend_lost && result.received_signal == 0 &&
+      rejoin("The rendezvous backend stayed unreachable")) {
+    return std::nullopt;
+  }
+  if (signal_while_waiting_ != 0) result.received_signal = signal_while_waiting_;
+  if (result.received_signal != 0 || !watch.fatal.empty()) {
+    // Exit code 1 when the rendezvous is gone and no rank failed; else the root cause.
+    if (result.first_failure >= 0 || result.received_signal != 0) {
+      report_failure(options_, result, outcome.signal_time, err_);
+    }
+    return result;
+  }
+  if (outcome.membership_changed) {
+    report_free_restart(options_, restart_count_, watch.change_reason);
+    return std::nullopt;
+  }
+  if (watch.consequence) {
+    log_->warn(
+        "[{}] Worker group FAILED after another node ended the round; restarting it "
+        "without counting a restart.",
+        options_.role);
+    report_free_restart(
+        options_, restart_count_,
+        detail::concat(failure_reason(result), " after another node ended the round"));
+    return std::nullopt;
+  }
+  if (restart_count_ < options_.max_restarts) return restart_after_failure(result);
+  return close_after_last_failure(outcome);
+}
+
+// The ranks succeeded.
+LaunchResult ElasticLaunch::finish(const LaunchResult& result) {
+  // As torchrun's exit barrier: stay until every node is done, so that an agent serving the
+  // rendezvous store does not pull it from under the others.
+  tolerate("finish", [&] {
+    rdzv_.mark_done();
+    if (!rdzv_.wait_closed(options_.exit_barrier_timeout, [this] { return interrupted(); })) {
+      log_->warn("Not every node finished (within {} s, or before a signal); exiting anyway.",
+                 options_.exit_barrier_timeout.count() / 1000.0);
+    }
+  });
+  return result;
+}
+
+// This node's ranks failed and a restart is left: waits its backoff, then nullopt to join the
+// next round; or the result, when a signal ended the wait.
+std::optional<LaunchResult> ElasticLaunch::restart_after_failure(LaunchResult& result) {
+  log_restart(options_, restart_count_);
+  // This node's heartbeat stays fresh meanwhile, so the others' next round waits for it
+  // (Note [Short last call]) instead of completing without it.
+  signal_while_waiting_ =
+      back_off_before_restart(options_, restart_count_++, failure_reason(result), stops_,
+                              [&] { tolerate("beat in", [&] { rdzv_.watch(); }); });
+  if (signal_while_waiting_ == 0) return std::nullopt;
+  tolerate("leave", [&] { rdzv_.leave(); });
+  result.received_signal = signal_while_waiting_;
+  report_failure(options_, result, std::chrono::system_clock::now(), err_);
+  return result;
+}
+
+// This node's ranks failed with no restart left: the run is closed for every node.
+LaunchResult ElasticLaunch::close_after_last_failure(RoundOutcome& outcome) {
+  tolerate("close", [&] {
+    rdzv_.close(detail::concat("node ", rdzv_.options().node_id, " used all ",
+                               options_.max_restarts, " restart(s)"));
+  });
+  report_failure(options_, outcome.result, outcome.signal_time, err_);
+  return outcome.result;
+}
+
+// Asked by the rendezvous while the agent waits on it; keeps the signal in signal_while_waiting_.
+bool ElasticLaunch::interrupted() {
+  if (signal_while_waiting_ == 0) signal_while_waiting_ = stops_.take();
+  return signal_while_waiting_ != 0;
+}
+
+// Counts a restart that is not a rank failure (the backend stayed away) and waits its backoff.
+// False when no restart is left or a signal ended the wait (signal_while_waiting_).
+bool ElasticLaunch::rejoin(const std::string& why) {
+  if (restart_count_ >= options_.max_restarts) return false;
+  log_->warn("[{}] {}; trying to rejoin the rendezvous ({}/{} attempts left).", options_.role, why,
+             options_.max_restarts - restart_count_, options_.max_restarts);
+  signal_while_waiting_ = back_off_before_restart(options_, restart_count_++, why, stops_);
+  return signal_while_waiting_ == 0;
+}
+
+LaunchResult ElasticLaunch::stopped_by_signal() {
+  log_->warn("Received {} while waiting for the rendezvous; left it.",
+             signal_name(signal_while_waiting_));
+  LaunchResult stopped;
+  stopped.restart_count = restart_count_;
+  stopped.received_signal = signal_while_waiting_;
+  return stopped;
+}
+
+// Rendezvous calls whose failure must not lose what the agent reports (the serving agent may
+// be gone): logged, and the caller goes on.
+void ElasticLaunch::tolerate(const char* what, const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    log_->warn("Could not {} the rendezvous: {}", what, e.what());
+  }
+}
+
 LaunchResult launch_elastic(const LaunchOptions& options,
                             StopChannel& stops,
                             OutputSink& out,
                             OutputSink& err) {
-  auto log = logger("launcher");
-  Rendezvous& rdzv = *options.rendezvous;
-  const auto pick_port = [&] { return pick_free_port(rdzv.options().local_addr); };
-  // Rendezvous calls whose failure must not lose what the agent reports (the serving agent may
-  // be gone): logged, and the caller goes on.
-  const auto tolerate = [&](const char* what, const std::function<void()>& call) {
-    try {
-      call();
-    } catch (const Error& e) {
-      log->warn("Could not {} the rendezvous: {}", what, e.what());
-    }
-  };
-  // A signal while the agent waits on the rendezvous (no ranks running) ends the wait.
-  int signal_while_waiting = 0;
-  const auto interrupted = [&] {
-    if (signal_while_waiting == 0) signal_while_waiting = stops.take();
-    return signal_while_waiting != 0;
-  };
-  int restart_count = 0;
-  // Counts a restart that is not a rank failure (the backend stayed away) and waits its backoff.
-  // False when no restart is left or a signal ended the wait (signal_while_waiting).
-  const auto rejoin = [&](const std::string& why) {
-    if (restart_count >= options.max_restarts) return false;
-    log->warn("[{}] {}; trying to rejoin the rendezvous ({}/{} attempts left).", options.role, why,
-              options.max_restarts - restart_count, options.max_restarts);
-    signal_while_waiting = back_off_before_restart(options, restart_count++, why, stops);
-    return signal_while_waiting == 0;
-  };
-  const auto stopped_by_signal = [&] {
-    log->warn("Received {} while waiting for the rendezvous; left it.",
-              signal_name(signal_while_waiting));
-    LaunchResult stopped;
-    stopped.restart_count = restart_count;
-    stopped.received_signal = signal_while_waiting;
-    return stopped;
-  };
-  while (true) {
-    std::optional<RendezvousInfo> info;
-    try {
-      info = rdzv.next_round(pick_port, interrupted);
-    } catch (const RendezvousClosedError& e) {
-      log->error("{}", e.what());
-      LaunchResult closed;
-      closed.restart_count = restart_count;
-      return closed;
-    } catch (const NetworkError& e) {
-      // The backend stayed away past backend_timeout (or the join timeout) while joining.
-      if (signal_while_waiting != 0) return stopped_by_signal();
-      log->error("{}", e.what());
-      if (rejoin("The rendezvous backend could not be reached")) continue;
-      if (signal_while_waiting != 0) return stopped_by_signal();
-      throw;
-    }
-    if (!info) return stopped_by_signal();
-    const LaunchOptions round_options = with_job_instance(options, info->job_instance);
-    const RoundSpec round{.restart_count = restart_count,
-                          .group_rank = info->group_rank,
-                          .group_world_size = info->group_world_size,
-                          .rank_offset = info->rank_offset,
-                          .world_size = info->world_size,
-                          .master_addr = info->master_addr,
-                          .master_port = info->master_port};
-    // This node's heartbeat is written by these checks: at least once per keep-alive interval,
-    // or the others would take it for dead (and the outage grace would not cover it).
-    const auto watch_interval =
-        std::min(options.monitor_interval, rdzv.options().keep_alive_interval);
-    auto next_watch = Clock::now();
-    std::string fatal;          // the rendezvous failed or closed while the ranks ran
-    bool backend_lost = false;  // fatal: the backend stayed away past backend_timeout
-    bool consequence = false;   // this node's ranks failed after another node ended the round
-    std::string change_reason;  // why the round ended under the ranks (membership changed)
-    MonitorHooks hooks{
-        .on_failure =
-            [&] {
-              try {
-                consequence =
-                    !rdzv.start_next_round("a rank failed on node " + rdzv.options().node_id);
-              } catch (const NetworkError& e) {
-                // Restart as usual: joining the next round ends this one once the backend answers.
-                log->warn("Could not end the round: {}", e.what());
-              } catch (const Error& e) {
-                fatal = e.what();
-              }
-            },
-        .on_signal = [&] { tolerate("leave", [&] { rdzv.leave(); }); },
-        .should_stop =
-            [&] {
-              if (Clock::now() < next_watch) return false;
-              next_watch = Clock::now() + watch_interval;
-              std::string change;
-              try {
-                switch (rdzv.watch()) {
-                  case RoundChange::kNone:
-                  case RoundChange::kBackendUnreachable:  // See Note [Backend outages].
-                    return false;
-                  case RoundChange::kNewRound:
-                    change = "another node ended the round";
-                    break;
-                  case RoundChange::kNodesWaiting:
-                    change = "nodes are waiting to join";
-                    rdzv.start_next_round(change);
-                    break;
-                  case RoundChange::kParticipantLost:
-                    change = "a node stopped sending heartbeats";
-                    rdzv.start_next_round(change);
-                    break;
-                }
-              } catch (const Error& e) {
-                fatal = e.what();
-                backend_lost = dynamic_cast<const NetworkError*>(&e) != nullptr;
-                log->error("[{}] Stopping the worker group: {}", options.role, fatal);
-                return true;
-              }
-              log->warn("[{}] Membership changed ({}); restarting the worker group in a new round.",
-                        options.role, change);
-              change_reason = change;
-              return true;
-            }};
-    auto outcome = run_round(round_options, round, stops, out, err, std::move(hooks));
-    auto& result = outcome.result;
-    if (result.succeeded) {
-      // As torchrun's exit barrier: stay until every node is done, so that an agent serving the
-      // rendezvous store does not pull it from under the others.
-      tolerate("finish", [&] {
-        rdzv.mark_done();
-        if (!rdzv.wait_closed(options.exit_barrier_timeout, interrupted)) {
-          log->warn("Not every node finished (within {} s, or before a signal); exiting anyway.",
-                    options.exit_barrier_timeout.count() / 1000.0);
-        }
-      });
-      return result;
-    }
-    if (backend_lost && result.received_signal == 0 &&
-        rejoin("The rendezvous backend stayed unreachable")) {
-      continue;
-    }
-    if (signal_while_waiting != 0) result.received_signal = signal_while_waiting;
-    if (result.received_signal != 0 || !fatal.empty()) {
-      // Exit code 1 when the rendezvous is gone and no rank failed; else the root cause.
-      if (result.first_failure >= 0 || result.received_signal != 0) {
-        report_failure(options, result, outcome.signal_time, err);
-      }
-      return result;
-    }
-    if (outcome.membership_changed) {
-      report_free_restart(options, restart_count, change_reason);
-      continue;
-    }
-    if (consequence) {
-      log->warn(
-          "[{}] Worker group FAILED after another node ended the round; restarting it "
-          "without counting a restart.",
-          options.role);
-      report_free_restart(
-          options, restart_count,
-          detail::concat(failure_reason(result), " after another node ended the round"));
-      continue;
-    }
-    if (restart_count < options.max_restarts) {
-      log_restart(options, restart_count);
-      // This node's heartbeat stays fresh meanwhile, so the others' next round waits for it
-      // (Note [Short last call]) instead of completing without it.
-      signal_while_waiting =
-          back_off_before_restart(options, restart_count++, failure_reason(result), stops,
-                                  [&] { tolerate("beat in", [&] { rdzv.watch(); }); });
-      if (signal_while_waiting == 0) continue;
-      tolerate("leave", [&] { rdzv.leave(); });
-      result.received_signal = signal_while_waiting;
-      report_failure(options, result, std::chrono::system_clock::now(), err);
-      return result;
-    }
-    tolerate("close", [&] {
-      rdzv.close(detail::concat("node ", rdzv.options().node_id, " used all ", options.max_restarts,
-                                " restart(s)"));
-    });
-    report_failure(options, result, outcome.signal_time, err);
-    return result;
-  }
+  return ElasticLaunch(options, stops, out, err).run();
 }
 
 // The whole run on the agent's thread: the start line, then the rounds.

@@ -275,236 +275,374 @@ auto Rendezvous::ride_out(F&& call, const std::function<bool()>& interrupted) ->
   }
 }
 
+// One call of next_round: this node's way through a round, as the phases of Note [Rendezvous
+// state]. It keeps the state as it last read it and moves it on by compare-and-set until the
+// round is settled, the run is closed, join_timeout passes or `interrupted` answers true. While it
+// lives, join_timeout also bounds an outage's retries (join_deadline_, read by note_outage).
+class Rendezvous::RoundJoin {
+ public:
+  // Where this node stands in the state last read.
+  enum class Phase {
+    kJoining,           // in neither the round nor its wait list: join
+    kWaitingForNodes,   // in an open round without a last call (min_nodes not joined): wait
+    kLastCall,          // in an open round whose last-call window is running: wait
+    kLastCallOver,      // ... the window has passed, or nobody else will come: complete the round
+    kWaitingForRoom,    // in the wait list of a complete round that is full: wait
+    kPublishingMaster,  // group rank 0 of a complete round: publish the workers' master address
+    kWaitingForMaster,  // another group rank of a complete round: wait for that address
+    kMasterLost,        // group rank 0 died before publishing it: start the next round
+    kSettled,           // complete, with the master address: the round is this node's
+    kClosed,            // the run is closed, or replaced by a new job's: throw
+  };
+
+  RoundJoin(Rendezvous& rdzv,
+            const std::function<std::uint16_t()>& pick_port,
+            const std::function<bool()>& interrupted);
+  ~RoundJoin();
+  RoundJoin(const RoundJoin&) = delete;
+  RoundJoin& operator=(const RoundJoin&) = delete;
+
+  // Joins, then moves from phase to phase until kSettled (the round's info) or kClosed.
+  std::optional<RendezvousInfo> run();
+
+ private:
+  Phase current_phase() const;
+  bool replaced(const State& s) const;
+  [[noreturn]] void throw_closed() const;
+  TimeoutError timeout_error() const;
+
+  // s_ becomes the state as `edit` changed it by compare-and-set (Rendezvous::update), riding out
+  // a backend outage (Note [Backend outages]).
+  void change(const std::function<bool(State&)>& edit);
+  void wait_and_read();
+  // kJoining and its parts.
+  void join();
+  void start_afresh_if_over(State& s, std::int64_t now) const;
+  bool must_wait_for_room(const State& s, std::int64_t now) const;
+  void take_place(State& s, std::int64_t now) const;
+  // kLastCall, kLastCallOver.
+  bool rest_known_dead() const;
+  bool complete_round();
+  // kPublishingMaster, kMasterLost, kSettled.
+  void publish_master();
+  void start_over_without_master();
+  RendezvousInfo settle();
+  // Leaving, on the way out.
+  void withdraw();
+  void try_withdraw();
+
+  Rendezvous& rdzv_;  // the caller of next_round, which outlives this
+  const RendezvousOptions& options_;
+  const std::string& me_;
+  const Node self_;
+  const std::int64_t dead_after_;  // ms of heartbeat silence after which a node is dead
+  const SteadyClock::time_point give_up_;
+  const std::function<std::uint16_t()>& pick_port_;
+  const std::function<bool()>& interrupted_;
+  State s_;  // the state as this node last read or wrote it
+};
+
+Rendezvous::RoundJoin::RoundJoin(Rendezvous& rdzv,
+                                 const std::function<std::uint16_t()>& pick_port,
+                                 const std::function<bool()>& interrupted)
+    : rdzv_(rdzv),
+      options_(rdzv.options_),
+      me_(options_.node_id),
+      self_{me_, options_.local_addr, options_.local_world_size},
+      dead_after_(options_.keep_alive_interval.count() * options_.keep_alive_max_attempt),
+      give_up_(SteadyClock::now() + options_.join_timeout),
+      pick_port_(pick_port),
+      interrupted_(interrupted) {
+  // An outage while joining is ridden out no longer than the join may take.
+  rdzv_.join_deadline_ = give_up_;
+}
+
+Rendezvous::RoundJoin::~RoundJoin() {
+  rdzv_.join_deadline_ = SteadyClock::time_point::max();
+}
+
 std::optional<RendezvousInfo> Rendezvous::next_round(
     const std::function<std::uint16_t()>& pick_port, const std::function<bool()>& interrupted) {
-  auto log = logger("rendezvous");
-  const auto& me = options_.node_id;
-  const Node self{me, options_.local_addr, options_.local_world_size};
-  const std::int64_t dead_after =
-      options_.keep_alive_interval.count() * options_.keep_alive_max_attempt;
-  const auto give_up = SteadyClock::now() + options_.join_timeout;
-  // An outage while joining is ridden out no longer than the join may take.
-  join_deadline_ = give_up;
-  struct ResetDeadline {
-    SteadyClock::time_point& deadline;
-    ~ResetDeadline() { deadline = SteadyClock::time_point::max(); }
-  } reset_deadline{join_deadline_};
-  auto closed_error = [&](const State& s) {
-    return RendezvousClosedError(detail::concat("The rendezvous of run '", options_.run_id, "' (",
-                                                description_, ") is closed: ", s.closed_reason,
-                                                "."));
-  };
+  return RoundJoin(*this, pick_port, interrupted).run();
+}
 
-  // See Note [Job instances].
-  const auto replaced = [&](const State& s) {
-    return s.token && !instance_.empty() && s.instance != instance_;
-  };
-  auto join = [&] {
-    return update([&](State& s) {
-      const auto now = now_ms();
-      if (replaced(s)) return false;
-      const bool mine = !instance_.empty();  // this node was in a round of this state
-      // Nobody else of that run is alive (a run id reused, or a run whose nodes all died). For
-      // another job's state, silence must also outlast a backend outage its agents ride out
-      // (Note [Backend outages]): right after one, every heartbeat is old but the job lives.
-      const auto silent_for =
-          mine ? dead_after
-               : dead_after + static_cast<std::int64_t>(options_.backend_timeout.count());
-      const bool stale = std::all_of(s.heartbeats.begin(), s.heartbeats.end(), [&](const auto& h) {
-        return h.first == me || now - h.second > silent_for;
-      });
-      const bool fresh = !s.token || (s.closed ? !mine && (s.finished || stale) : stale);
-      if (fresh) {
-        State next{.round = s.token ? s.round + 1 : 0,
-                   .instance = mine ? instance_ : new_instance(),
-                   .token = s.token};
-        // This node's own run, every other node silent: the last round's nodes are still known,
-        // so the last call can be short (Note [Short last call]).
-        if (mine) {
-          s.advance();
-          next.previous = std::move(s.previous);
-        }
-        s = std::move(next);
-      }
-      if (s.closed) return false;
-      if (s.instance.empty()) s.instance = new_instance();  // a state written before instances
-      s.heartbeats[me] = now;
-      std::erase_if(s.waiting,
-                    [&](const Node& n) { return n.id != me && s.expired(n.id, now, dead_after); });
-      if (s.complete) {
-        const bool rejoining = s.index_of(me) >= 0;
-        const bool all_gone =
-            std::all_of(s.participants.begin(), s.participants.end(), [&](const Node& n) {
-              return s.done.contains(n.id) || s.expired(n.id, now, dead_after);
-            });
-        if (!rejoining && !all_gone &&
-            static_cast<int>(s.participants.size()) >= options_.max_nodes) {
-          if (!s.is_waiting(me)) s.waiting.push_back(self);
-          return true;
-        }
-        s.advance();  // this node's workers failed, the round has room, or its nodes are gone
-      } else {
-        std::erase_if(s.participants, [&](const Node& n) {
-          return n.id != me && s.expired(n.id, now, dead_after);
-        });
-      }
-      s.forget_expired(now, dead_after);
-      std::erase_if(s.waiting, [&](const Node& n) { return n.id == me; });
-      if (s.index_of(me) < 0) s.participants.push_back(self);
-      const int joined = static_cast<int>(s.participants.size());
-      if (joined >= options_.max_nodes) {
-        s.complete = true;
-      } else if (joined >= options_.min_nodes && s.last_call_ms == 0) {
-        s.last_call_ms = now + options_.last_call_timeout.count();
-      }
-      return true;
-    });
-  };
-
-  const auto replaced_error = [&] {
-    return RendezvousClosedError(detail::concat(
-        "The rendezvous of run '", options_.run_id, "' (", description_, ") was closed and a new ",
-        "job with the same run id started in it; this node's job (instance ", instance_,
-        ") is over."));
-  };
-  State s = ride_out(join, interrupted);
-  if (replaced(s)) throw replaced_error();
-  if (s.closed) throw closed_error(s);
-  log->info("Node {} joined round {} of run '{}' ({}{} node(s) so far, {}..{} wanted).", me,
-            s.round, options_.run_id, s.is_waiting(me) ? "waiting; " : "", s.participants.size(),
-            options_.min_nodes, options_.max_nodes);
-  last_heartbeat_ = SteadyClock::now();
-  // Leaves the round before giving up on it, so that it neither waits for nor counts this node.
-  auto withdraw = [&] {
-    update([&](State& st) {
-      if (st.closed) return false;
-      std::erase_if(st.waiting, [&](const Node& n) { return n.id == me; });
-      if (st.index_of(me) < 0) return true;
-      if (st.complete) {
-        st.advance();
-      } else {
-        std::erase_if(st.participants, [&](const Node& n) { return n.id == me; });
-        if (static_cast<int>(st.participants.size()) < options_.min_nodes) st.last_call_ms = 0;
-      }
-      return true;
-    });
-  };
-  // See Note [Short last call].
-  const auto rest_known_dead = [&](const State& st) {
-    const auto now = now_ms();
-    return !st.previous.empty() &&
-           std::all_of(st.previous.begin(), st.previous.end(), [&](const std::string& id) {
-             return st.index_of(id) >= 0 || st.expired(id, now, dead_after);
-           });
-  };
-  // Leaving is best effort when the backend is away: the round then ends without this node anyway.
-  const auto try_withdraw = [&] {
-    try {
-      withdraw();
-    } catch (const NetworkError& e) {
-      log->warn("Could not leave round {} of run '{}': {}", s.round, options_.run_id, e.what());
-    }
-  };
+std::optional<RendezvousInfo> Rendezvous::RoundJoin::run() {
+  join();
+  if (replaced(s_) || s_.closed) throw_closed();
+  logger("rendezvous")
+      ->info("Node {} joined round {} of run '{}' ({}{} node(s) so far, {}..{} wanted).", me_,
+             s_.round, options_.run_id, s_.is_waiting(me_) ? "waiting; " : "",
+             s_.participants.size(), options_.min_nodes, options_.max_nodes);
+  rdzv_.last_heartbeat_ = SteadyClock::now();
   while (true) {
-    if (interrupted && interrupted()) {
+    if (interrupted_ && interrupted_()) {
       try_withdraw();
       return std::nullopt;
     }
-    if (SteadyClock::now() >= give_up) {
+    if (SteadyClock::now() >= give_up_) {
       try_withdraw();
-      throw TimeoutError(detail::concat(
-          "No rendezvous round of run '", options_.run_id, "' completed within ",
-          options_.join_timeout.count() / 1000.0, " s (", description_,
-          "): ", s.participants.size(), " node(s) joined, ", options_.min_nodes,
-          " needed. HINT: start the other nodes, or lower the minimum of --nnodes."));
+      throw timeout_error();
     }
-    if (replaced(s)) throw replaced_error();
-    if (s.closed) throw closed_error(s);
-    const int mine = s.index_of(me);
-    if (s.complete && mine >= 0) {
-      if (!s.master_addr.empty()) break;
-      if (mine == 0) {
-        std::uint16_t port = 0;
-        try {
-          port = pick_port();
-        } catch (const Error&) {
-          withdraw();  // the others would wait for an address that never comes
-          throw;
-        }
-        const auto round = s.round;
-        s = ride_out(
-            [&] {
-              return update([&](State& st) {
-                if (st.round != round || !st.master_addr.empty()) return false;
-                st.master_addr = options_.local_addr;
-                st.master_port = port;
-                return true;
-              });
-            },
-            interrupted);
+    switch (current_phase()) {
+      case Phase::kClosed:
+        throw_closed();
+      case Phase::kSettled:
+        return settle();
+      case Phase::kJoining:
+        // The round moved on (or dropped this node), or a waiting node's chance came: join it.
+        join();
         continue;
-      }
-      if (s.expired(s.participants[0].id, now_ms(), dead_after)) {
-        // Group rank 0 died before publishing the master address: start over without it.
-        const auto round = s.round;
-        s = ride_out(
-            [&] {
-              return update([&](State& st) {
-                if (st.round != round) return false;
-                st.advance();
-                return true;
-              });
-            },
-            interrupted);
+      case Phase::kPublishingMaster:
+        publish_master();
         continue;
-      }
-    } else if (mine < 0 && (!s.is_waiting(me) || !s.complete)) {
-      // The round moved on (or dropped this node), or a waiting node's chance came: join it.
-      s = ride_out(join, interrupted);
-      continue;
-    } else if (!s.complete && s.last_call_ms != 0 &&
-               (now_ms() >= s.last_call_ms || rest_known_dead(s))) {
-      const auto round = s.round;
-      bool changed = false;
-      s = ride_out(
-          [&] {
-            return update([&](State& st) {
-              if (st.round != round || st.complete) return false;
-              const auto now = now_ms();
-              std::erase_if(st.participants, [&](const Node& n) {
-                return n.id != me && st.expired(n.id, now, dead_after);
-              });
-              if (static_cast<int>(st.participants.size()) >= options_.min_nodes) {
-                st.complete = true;
-              } else {
-                st.last_call_ms = 0;  // too few left: wait for min_nodes again
-              }
-              return changed = true;
-            });
-          },
-          interrupted);
-      if (changed) continue;
+      case Phase::kMasterLost:
+        start_over_without_master();
+        continue;
+      case Phase::kLastCallOver:
+        if (complete_round()) continue;
+        break;
+      case Phase::kWaitingForNodes:
+      case Phase::kLastCall:
+      case Phase::kWaitingForRoom:
+      case Phase::kWaitingForMaster:
+        break;
     }
-    std::this_thread::sleep_for(options_.poll_interval);
-    s = ride_out([&] { return read_and_beat(); }, interrupted);
+    wait_and_read();
   }
+}
 
+Rendezvous::RoundJoin::Phase Rendezvous::RoundJoin::current_phase() const {
+  if (replaced(s_) || s_.closed) return Phase::kClosed;
+  const int mine = s_.index_of(me_);
+  if (s_.complete && mine >= 0) {
+    if (!s_.master_addr.empty()) return Phase::kSettled;
+    if (mine == 0) return Phase::kPublishingMaster;
+    return s_.expired(s_.participants[0].id, now_ms(), dead_after_) ? Phase::kMasterLost
+                                                                    : Phase::kWaitingForMaster;
+  }
+  if (s_.complete) return s_.is_waiting(me_) ? Phase::kWaitingForRoom : Phase::kJoining;
+  if (mine < 0) return Phase::kJoining;
+  if (s_.last_call_ms == 0) return Phase::kWaitingForNodes;
+  return now_ms() >= s_.last_call_ms || rest_known_dead() ? Phase::kLastCallOver : Phase::kLastCall;
+}
+
+// See Note [Job instances].
+bool Rendezvous::RoundJoin::replaced(const State& s) const {
+  return s.token && !rdzv_.instance_.empty() && s.instance != rdzv_.instance_;
+}
+
+void Rendezvous::RoundJoin::throw_closed() const {
+  if (replaced(s_)) {
+    throw RendezvousClosedError(
+        detail::concat("The rendezvous of run '", options_.run_id, "' (", rdzv_.description_,
+                       ") was closed and a new ",
+                       "job with the same run id started in it; this node's job (instance ",
+                       rdzv_.instance_, ") is over."));
+  }
+  throw RendezvousClosedError(detail::concat("The rendezvous of run '", options_.run_id, "' (",
+                                             rdzv_.description_, ") is closed: ", s_.closed_reason,
+                                             "."));
+}
+
+TimeoutError Rendezvous::RoundJoin::timeout_error() const {
+  return TimeoutError(
+      detail::concat("No rendezvous round of run '", options_.run_id, "' completed within ",
+                     options_.join_timeout.count() / 1000.0, " s (", rdzv_.description_,
+                     "): ", s_.participants.size(), " node(s) joined, ", options_.min_nodes,
+                     " needed. HINT: start the other nodes, or lower the minimum of --nnodes."));
+}
+
+void Rendezvous::RoundJoin::change(const std::function<bool(State&)>& edit) {
+  s_ = rdzv_.ride_out([&] { return rdzv_.update(edit); }, interrupted_);
+}
+
+// The waiting phases: reads the state again after poll_interval, beating when due.
+void Rendezvous::RoundJoin::wait_and_read() {
+  std::this_thread::sleep_for(options_.poll_interval);
+  s_ = rdzv_.ride_out([&] { return rdzv_.read_and_beat(); }, interrupted_);
+}
+
+// Adds this node to the round, or to the wait list of a complete, full one; a state that is over
+// (Note [Job instances]) is first replaced by a fresh one.
+void Rendezvous::RoundJoin::join() {
+  change([&](State& s) {
+    const auto now = now_ms();
+    if (replaced(s)) return false;
+    start_afresh_if_over(s, now);
+    if (s.closed) return false;
+    if (s.instance.empty()) s.instance = new_instance();  // a state written before instances
+    s.heartbeats[me_] = now;
+    std::erase_if(s.waiting,
+                  [&](const Node& n) { return n.id != me_ && s.expired(n.id, now, dead_after_); });
+    if (s.complete) {
+      if (must_wait_for_room(s, now)) {
+        if (!s.is_waiting(me_)) s.waiting.push_back(self_);
+        return true;
+      }
+      s.advance();  // this node's workers failed, the round has room, or its nodes are gone
+    } else {
+      std::erase_if(s.participants, [&](const Node& n) {
+        return n.id != me_ && s.expired(n.id, now, dead_after_);
+      });
+    }
+    take_place(s, now);
+    return true;
+  });
+}
+
+// Replaces s by a fresh state (the next round number, nobody joined) when nothing is stored yet
+// or the stored run is over for this node; see Note [Job instances].
+void Rendezvous::RoundJoin::start_afresh_if_over(State& s, std::int64_t now) const {
+  const bool mine = !rdzv_.instance_.empty();  // this node was in a round of this state
+  // Nobody else of that run is alive (a run id reused, or a run whose nodes all died). For
+  // another job's state, silence must also outlast a backend outage its agents ride out
+  // (Note [Backend outages]): right after one, every heartbeat is old but the job lives.
+  const auto silent_for =
+      mine ? dead_after_
+           : dead_after_ + static_cast<std::int64_t>(options_.backend_timeout.count());
+  const bool stale = std::all_of(s.heartbeats.begin(), s.heartbeats.end(), [&](const auto& h) {
+    return h.first == me_ || now - h.second > silent_for;
+  });
+  const bool fresh = !s.token || (s.closed ? !mine && (s.finished || stale) : stale);
+  if (!fresh) return;
+  State next{.round = s.token ? s.round + 1 : 0,
+             .instance = mine ? rdzv_.instance_ : new_instance(),
+             .token = s.token};
+  // This node's own run, every other node silent: the last round's nodes are still known,
+  // so the last call can be short (Note [Short last call]).
+  if (mine) {
+    s.advance();
+    next.previous = std::move(s.previous);
+  }
+  s = std::move(next);
+}
+
+// In a complete round: whether this node joins its wait list rather than ending the round. Not
+// when it is one of the round's nodes, when the round has room, or when its nodes are all done or
+// gone.
+bool Rendezvous::RoundJoin::must_wait_for_room(const State& s, std::int64_t now) const {
+  const bool rejoining = s.index_of(me_) >= 0;
+  const bool all_gone = std::all_of(
+      s.participants.begin(), s.participants.end(),
+      [&](const Node& n) { return s.done.contains(n.id) || s.expired(n.id, now, dead_after_); });
+  return !rejoining && !all_gone && static_cast<int>(s.participants.size()) >= options_.max_nodes;
+}
+
+// Puts this node in s's open round, which completes at max_nodes and opens its last call at
+// min_nodes; forgets the heartbeats of nodes long gone.
+void Rendezvous::RoundJoin::take_place(State& s, std::int64_t now) const {
+  s.forget_expired(now, dead_after_);
+  std::erase_if(s.waiting, [&](const Node& n) { return n.id == me_; });
+  if (s.index_of(me_) < 0) s.participants.push_back(self_);
+  const int joined = static_cast<int>(s.participants.size());
+  if (joined >= options_.max_nodes) {
+    s.complete = true;
+  } else if (joined >= options_.min_nodes && s.last_call_ms == 0) {
+    s.last_call_ms = now + options_.last_call_timeout.count();
+  }
+}
+
+// See Note [Short last call].
+bool Rendezvous::RoundJoin::rest_known_dead() const {
+  const auto now = now_ms();
+  return !s_.previous.empty() &&
+         std::all_of(s_.previous.begin(), s_.previous.end(), [&](const std::string& id) {
+           return s_.index_of(id) >= 0 || s_.expired(id, now, dead_after_);
+         });
+}
+
+// Ends the last call: the round completes with the nodes still alive, or waits for min_nodes again
+// when too few are. False when the round had moved on or completed meanwhile.
+bool Rendezvous::RoundJoin::complete_round() {
+  const auto round = s_.round;
+  bool changed = false;
+  change([&](State& st) {
+    if (st.round != round || st.complete) return false;
+    const auto now = now_ms();
+    std::erase_if(st.participants,
+                  [&](const Node& n) { return n.id != me_ && st.expired(n.id, now, dead_after_); });
+    if (static_cast<int>(st.participants.size()) >= options_.min_nodes) {
+      st.complete = true;
+    } else {
+      st.last_call_ms = 0;  // too few left: wait for min_nodes again
+    }
+    return changed = true;
+  });
+  return changed;
+}
+
+// Picks the workers' master port and publishes it with this node's address.
+void Rendezvous::RoundJoin::publish_master() {
+  std::uint16_t port = 0;
+  try {
+    port = pick_port_();
+  } catch (const Error&) {
+    withdraw();  // the others would wait for an address that never comes
+    throw;
+  }
+  const auto round = s_.round;
+  change([&](State& st) {
+    if (st.round != round || !st.master_addr.empty()) return false;
+    st.master_addr = options_.local_addr;
+    st.master_port = port;
+    return true;
+  });
+}
+
+void Rendezvous::RoundJoin::start_over_without_master() {
+  // Group rank 0 died before publishing the master address: start over without it.
+  const auto round = s_.round;
+  change([&](State& st) {
+    if (st.round != round) return false;
+    st.advance();
+    return true;
+  });
+}
+
+// This node's place in the settled round; from now on the node is of its job instance.
+RendezvousInfo Rendezvous::RoundJoin::settle() {
   RendezvousInfo info;
-  info.round = s.round;
-  info.group_rank = s.index_of(me);
-  info.group_world_size = static_cast<int>(s.participants.size());
+  info.round = s_.round;
+  info.group_rank = s_.index_of(me_);
+  info.group_world_size = static_cast<int>(s_.participants.size());
   for (int i = 0; i < info.group_world_size; ++i) {
-    if (i < info.group_rank) info.rank_offset += s.participants[i].nproc;
+    if (i < info.group_rank) info.rank_offset += s_.participants[i].nproc;
   }
   info.world_size = 0;
-  for (const auto& n : s.participants) info.world_size += n.nproc;
-  info.master_addr = s.master_addr;
-  info.master_port = static_cast<std::uint16_t>(s.master_port);
-  info.job_instance = s.instance;
-  instance_ = s.instance;
-  round_ = s.round;
-  last_heartbeat_ = SteadyClock::now();
+  for (const auto& n : s_.participants) info.world_size += n.nproc;
+  info.master_addr = s_.master_addr;
+  info.master_port = static_cast<std::uint16_t>(s_.master_port);
+  info.job_instance = s_.instance;
+  rdzv_.instance_ = s_.instance;
+  rdzv_.round_ = s_.round;
+  rdzv_.last_heartbeat_ = SteadyClock::now();
   return info;
+}
+
+// Leaves the round before giving up on it, so that it neither waits for nor counts this node.
+void Rendezvous::RoundJoin::withdraw() {
+  rdzv_.update([&](State& st) {
+    if (st.closed) return false;
+    std::erase_if(st.waiting, [&](const Node& n) { return n.id == me_; });
+    if (st.index_of(me_) < 0) return true;
+    if (st.complete) {
+      st.advance();
+    } else {
+      std::erase_if(st.participants, [&](const Node& n) { return n.id == me_; });
+      if (static_cast<int>(st.participants.size()) < options_.min_nodes) st.last_call_ms = 0;
+    }
+    return true;
+  });
+}
+
+// Leaving is best effort when the backend is away: the round then ends without this node anyway.
+void Rendezvous::RoundJoin::try_withdraw() {
+  try {
+    withdraw();
+  } catch (const NetworkError& e) {
+    logger("rendezvous")
+        ->warn("Could not leave round {} of run '{}': {}", s_.round, options_.run_id, e.what());
+  }
 }
 
 Rendezvous::State Rendezvous::read_and_beat() {

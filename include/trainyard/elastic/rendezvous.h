@@ -171,6 +171,8 @@ class Rendezvous {
 
  private:
   struct State;
+  // One call of next_round: the phases of joining a round, as a state machine (rendezvous.cpp).
+  class RoundJoin;
   // Reads, changes with `edit` and writes back by compare-and-set until it sticks. `edit`
   // returns false to leave the state as it is. Returns the state as finally stored.
   State update(const std::function<bool(State&)>& edit);
