@@ -1,9 +1,12 @@
-// FSDP's engine, shared by its translation units (the engine and its state dicts); not public.
-// See Note [FSDP lifecycle] in fully_sharded_data_parallel.cpp.
+// FSDP's engine, shared by its translation units; not public. See Note [FSDP lifecycle] in
+// fully_sharded_data_parallel.cpp, which builds the engine; units.cpp builds the flat buffers,
+// forward.cpp gathers and frees them around each unit, backward.cpp reduces the gradients and
+// state_dict.cpp saves and loads the shards.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -11,11 +14,44 @@
 #include <utility>
 #include <vector>
 
+#include "trainyard/comm/process_group.h"
 #include "trainyard/fsdp/fully_sharded_data_parallel.h"
 #include "trainyard/nn/grad_hooks.h"
 #include "trainyard/nn/unit_hook.h"
 
 namespace trainyard::fsdp {
+
+// Helpers the engine's files share.
+
+using Clock = std::chrono::steady_clock;
+
+inline double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// A parameter whose values do not exist yet: a CPU tensor with a shape but no memory (a model
+// built for deferred initialisation).
+inline bool is_deferred(const torch::Tensor& p) {
+  return p.numel() > 0 && !p.is_meta() && p.storage().nbytes() == 0;
+}
+
+// A tensor of `shape` and `dtype` over `storage` (on its device) from element `offset`, not an
+// autograd view.
+inline torch::Tensor view_of(const c10::Storage& storage,
+                             std::int64_t offset,
+                             at::IntArrayRef shape,
+                             torch::ScalarType dtype) {
+  return torch::empty({0}, torch::TensorOptions().dtype(dtype).device(storage.device()))
+      .set_(storage, offset, shape, c10::contiguous_strides(shape));
+}
+
+inline void wait_or_throw(const c10::intrusive_ptr<c10d::Work>& work,
+                          const char* what,
+                          int rank,
+                          int world_size) {
+  wait_collective(work, "FullyShardedDataParallel", what, rank,
+                  world_size);  // beats: Note [Hang watchdog]
+}
 
 struct ParamSlot {
   std::string name;
@@ -112,6 +148,15 @@ class FsdpState {
   torch::Device choose_device() const;
   void select_units();
   void build_flat(Unit& unit, std::vector<ParamSlot> slots, bool trainable);
+  // build_flat's steps. Checks `slots` and lays them out in `flat` (offsets, padded and shard
+  // sizes); true when any parameter is deferred.
+  bool lay_out(FlatParam& flat, std::vector<ParamSlot>& slots) const;
+  // Fills flat.shard: from param_slice_init (Note [Initialising by slices]), or from the full
+  // values (param_init for deferred parameters, else their own, synchronised from rank 0).
+  void shard_from_slices(FlatParam& flat, const std::vector<ParamSlot>& slots);
+  void shard_from_full_values(FlatParam& flat, const std::vector<ParamSlot>& slots, bool deferred);
+  // Sets flat.gathered: the shard's own storage when it aliases it, else one to gather into.
+  void make_gathered_storage(FlatParam& flat);
   void sync_initial_values(torch::Tensor& full);
   void gather(Unit& unit, bool prefetch);
   void wait_gathered(Unit& unit);

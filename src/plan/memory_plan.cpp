@@ -102,7 +102,7 @@ namespace trainyard::plan {
 
 namespace {
 
-constexpr int kReductionsInFlight = 2;  // src/fsdp/fully_sharded_data_parallel.cpp
+constexpr int kReductionsInFlight = 2;  // src/fsdp/backward.cpp
 
 std::int64_t pad_to(std::int64_t n, std::int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
