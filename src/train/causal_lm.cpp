@@ -485,6 +485,99 @@ void set_lr(torch::optim::Optimizer& optimizer, double lr) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
 }
 
+// The epoch's micro-batches from step `done_before` on, loaded in the background one at a time:
+// inputs stacks input_ids and labels, targets carries the real tokens as a (1) tensor. Whole steps
+// only: a tail of fewer than `accumulate` micro-batches is left out.
+data::BatchLoader micro_batches(const LmDataset& train,
+                                int epoch,
+                                std::int64_t done_before,
+                                std::int64_t accumulate) {
+  auto batches = std::make_shared<std::vector<std::vector<std::int64_t>>>(
+      train.batches(epoch, done_before * accumulate));
+  batches->resize(batches->size() / static_cast<std::size_t>(accumulate) *
+                  static_cast<std::size_t>(accumulate));
+  std::vector<std::int64_t> order(batches->size());
+  std::iota(order.begin(), order.end(), 0);
+  return data::BatchLoader(order,
+                           [batches, &train](const std::vector<std::int64_t>& one) {
+                             auto b = train.batch((*batches)[static_cast<std::size_t>(one[0])]);
+                             return data::Batch{torch::stack({b.input_ids, b.labels}),
+                                                torch::tensor({b.tokens}, torch::kInt64)};
+                           },
+                           {.batch_size = 1});
+}
+
+// What one optimizer step trained on this rank.
+struct StepSums {
+  double loss = 0;          // the micro-batches' losses, each divided by `accumulate`
+  std::int64_t tokens = 0;  // real tokens
+};
+
+// One optimizer step over `accumulate` micro-batches from `loader`; gradients are synchronised on
+// the last micro-batch only.
+StepSums train_step(data::BatchLoader& loader,
+                    WrappedModel& w,
+                    optim::FusedAdamW& optimizer,
+                    std::int64_t accumulate,
+                    Trainer& trainer) {
+  using metrics::Phase;  // the trainer's step timer: metrics/step_timer.h
+  const auto device = trainer.device();
+  optimizer.zero_grad();
+  StepSums sums;
+  for (std::int64_t micro = 0; micro < accumulate; ++micro) {
+    auto batch = loader.next();
+    TY_CHECK(batch.has_value(), "The loader ran out of batches mid-step.");
+    const auto inputs = batch->inputs[0].to(device), labels = batch->inputs[1].to(device);
+    sums.tokens += batch->targets.item<std::int64_t>();
+    trainer.phase(Phase::kForward);
+    auto backward = [&] {
+      auto loss = models::causal_lm_loss(w.forward(inputs), labels) / accumulate;
+      at::autocast::clear_cache();
+      trainer.phase(Phase::kBackward);
+      loss.backward();
+      sums.loss += loss.detach().item<double>();
+    };
+    if (micro + 1 < accumulate && w.sharded) {
+      auto guard = w.sharded->no_sync();
+      backward();
+    } else if (micro + 1 < accumulate) {
+      auto guard = w.replicated->no_sync();
+      backward();
+    } else {
+      backward();
+    }
+  }
+  trainer.phase(Phase::kOptimizer);
+  optimizer.step();
+  trainer.phase(Phase::kOther);
+  return sums;
+}
+
+// After an epoch and its evaluation: the best checkpoint when the eval loss improved (as
+// llama-recipes saves), and llama-recipes' epoch lines on rank 0.
+void report_epoch(
+    EpochStats& e, int epoch, std::int64_t epoch_steps, TrainStats& stats, Trainer& trainer) {
+  const int rank = trainer.rank();
+  if (!std::isnan(e.eval_loss) && e.eval_loss < stats.best_eval_loss) {
+    stats.best_eval_loss = e.eval_loss;
+    const auto t_checkpoint = Clock::now();
+    const auto name = trainer.save_best_checkpoint(
+        e.eval_loss, detail::concat("eval_epoch_loss after epoch ", epoch + 1));
+    e.checkpoint_time_s = seconds_since(t_checkpoint);
+    if (rank == 0)
+      logger("train")->info(
+          "Epoch {}: eval loss {:.4f} is the best so far: {} is kept as the best checkpoint",
+          epoch + 1, e.eval_loss, name);
+  }
+  if (rank == 0 && epoch_steps > 0) {
+    std::printf("Epoch %d: train_perplexity=%.4f, train_epoch_loss=%.4f, epoch time %.2fs\n",
+                epoch + 1, std::exp(e.train_loss), e.train_loss, e.time_s);
+    if (!std::isnan(e.eval_loss))
+      std::printf(" eval_ppl=%.4f eval_epoch_loss=%.4f\n", std::exp(e.eval_loss), e.eval_loss);
+    std::fflush(stdout);
+  }
+}
+
 TrainStats train_epochs(const CausalLmOptions& o,
                         const RunData& data,
                         WrappedModel& w,
@@ -492,13 +585,10 @@ TrainStats train_epochs(const CausalLmOptions& o,
                         Trainer& trainer) {
   const int rank = trainer.rank();
   const int world = trainer.world_size();
-  const auto device = trainer.device();
   const auto accumulate = o.gradient_accumulation_steps;
   // DDP's bf16-mixed is autocast; FSDP's is its MixedPrecision.
-  nn::set_autocast(device, o.precision == Precision::kBf16Mixed && w.replicated);
-  const auto& train = data.train;
+  nn::set_autocast(trainer.device(), o.precision == Precision::kBf16Mixed && w.replicated);
   const bool bar_enabled = o.progress && rank == 0 && interactive_output();
-  auto log = logger("train");
   TrainStats stats{.last_epoch = trainer.progress().epoch};
   // A resumed run must beat the best its earlier attempts kept, or retention would drop it.
   stats.best_eval_loss = trainer.best_checkpoint_metric().value_or(INFINITY);
@@ -513,21 +603,7 @@ TrainStats train_epochs(const CausalLmOptions& o,
         trainer.progress().epoch == epoch ? trainer.progress().epoch_position : std::int64_t{0};
     // Steps of this epoch done before this attempt (by the run this one resumed).
     const std::int64_t done_before = first_position / (samples_per_step * world);
-    auto batches = std::make_shared<std::vector<std::vector<std::int64_t>>>(
-        train.batches(epoch, done_before * accumulate));
-    // Whole steps only: a tail of fewer than `accumulate` micro-batches is left out.
-    batches->resize(batches->size() / static_cast<std::size_t>(accumulate) *
-                    static_cast<std::size_t>(accumulate));
-    std::vector<std::int64_t> order(batches->size());
-    std::iota(order.begin(), order.end(), 0);
-    data::BatchLoader loader(order,
-                             [batches, &train](const std::vector<std::int64_t>& one) {
-                               auto b = train.batch((*batches)[static_cast<std::size_t>(one[0])]);
-                               // The real tokens ride along as a (1) tensor.
-                               return data::Batch{torch::stack({b.input_ids, b.labels}),
-                                                  torch::tensor({b.tokens}, torch::kInt64)};
-                             },
-                             {.batch_size = 1});
+    data::BatchLoader loader = micro_batches(data.train, epoch, done_before, accumulate);
     const std::int64_t steps = loader.num_batches() / accumulate;
     trainer.begin_epoch(epoch, steps);
     const std::int64_t epoch_batches = done_before + steps;
@@ -535,52 +611,22 @@ TrainStats train_epochs(const CausalLmOptions& o,
     auto epoch_start = Clock::now();
     double loss_sum = 0;
     std::int64_t epoch_steps = 0;
-    using metrics::Phase;  // the trainer's step timer: metrics/step_timer.h
     for (std::int64_t step = 0; step < steps; ++step) {
       const auto step_start = Clock::now();
-      optimizer.zero_grad();
-      double step_loss = 0;
-      std::int64_t step_tokens = 0;
-      for (std::int64_t micro = 0; micro < accumulate; ++micro) {
-        auto batch = loader.next();
-        TY_CHECK(batch.has_value(), "The loader ran out of batches mid-step.");
-        const auto inputs = batch->inputs[0].to(device), labels = batch->inputs[1].to(device);
-        step_tokens += batch->targets.item<std::int64_t>();
-        trainer.phase(Phase::kForward);
-        auto backward = [&] {
-          auto loss = models::causal_lm_loss(w.forward(inputs), labels) / accumulate;
-          at::autocast::clear_cache();
-          trainer.phase(Phase::kBackward);
-          loss.backward();
-          step_loss += loss.detach().item<double>();
-        };
-        // Gradients are synchronised on the last micro-batch only.
-        if (micro + 1 < accumulate && w.sharded) {
-          auto guard = w.sharded->no_sync();
-          backward();
-        } else if (micro + 1 < accumulate) {
-          auto guard = w.replicated->no_sync();
-          backward();
-        } else {
-          backward();
-        }
-      }
-      trainer.phase(Phase::kOptimizer);
-      optimizer.step();
-      trainer.phase(Phase::kOther);
+      const StepSums sums = train_step(loader, w, optimizer, accumulate, trainer);
       // The step's mean loss and the job's real tokens, in one all-reduce.
       auto reduced =
-          torch::tensor({step_loss / world, static_cast<double>(step_tokens)}, torch::kFloat64);
+          torch::tensor({sums.loss / world, static_cast<double>(sums.tokens)}, torch::kFloat64);
       trainer.all_reduce(reduced);
       stats.last_loss = reduced[0].item<double>();
       const double job_tokens = reduced[1].item<double>();
       loss_sum += stats.last_loss;
       ++epoch_steps;
-      stats.positions += step_tokens;
+      stats.positions += sums.tokens;
       const double step_s = seconds_since(step_start);
       if (attempt_steps++ > 0) {
         stats.steady_time += step_s;
-        stats.steady_positions += step_tokens;
+        stats.steady_positions += sums.tokens;
       }
       const double tokens_per_s = job_tokens / step_s;
       stats.last_epoch = epoch;
@@ -588,7 +634,7 @@ TrainStats train_epochs(const CausalLmOptions& o,
       trainer.step_done(
           samples_per_step,
           {{"train_loss", stats.last_loss}, {"tokens_per_s", tokens_per_s}, {"lr", lr}},
-          /*tokens=*/step_tokens);
+          /*tokens=*/sums.tokens);
       if (rank == 0) {
         if (bar_enabled) {
           bar.update(stats.last_step + 1, stats.last_loss);
@@ -609,27 +655,7 @@ TrainStats train_epochs(const CausalLmOptions& o,
     e.train_loss = epoch_steps > 0 ? loss_sum / static_cast<double>(epoch_steps) : std::nan("");
     if (data.validation.samples > 0) e.eval_loss = evaluate(data.validation, w, trainer, epoch);
     if (!stop) trainer.end_epoch();
-    // llama-recipes saves when the eval loss improves; that checkpoint is kept as the best.
-    if (!std::isnan(e.eval_loss) && e.eval_loss < stats.best_eval_loss) {
-      stats.best_eval_loss = e.eval_loss;
-      const auto t_checkpoint = Clock::now();
-      const auto name = trainer.save_best_checkpoint(
-          e.eval_loss, detail::concat("eval_epoch_loss after epoch ", epoch + 1));
-      e.checkpoint_time_s = seconds_since(t_checkpoint);
-      if (rank == 0)
-        log->info(
-            "Epoch {}: eval loss {:.4f} is the best so far: {} is kept as the best "
-            "checkpoint",
-            epoch + 1, e.eval_loss, name);
-    }
-    if (rank == 0 && epoch_steps > 0) {
-      // llama-recipes' epoch lines.
-      std::printf("Epoch %d: train_perplexity=%.4f, train_epoch_loss=%.4f, epoch time %.2fs\n",
-                  epoch + 1, std::exp(e.train_loss), e.train_loss, e.time_s);
-      if (!std::isnan(e.eval_loss))
-        std::printf(" eval_ppl=%.4f eval_epoch_loss=%.4f\n", std::exp(e.eval_loss), e.eval_loss);
-      std::fflush(stdout);
-    }
+    report_epoch(e, epoch, epoch_steps, stats, trainer);
     if (epoch_steps > 0) stats.epochs.push_back(e);
   }
   return stats;

@@ -54,6 +54,15 @@ std::unique_ptr<CheckpointIO> classifier_checkpoint_io(torch::nn::Module& model,
       trainer.dist());
 }
 
+void validate_classifier_flags(const ClassifierFlags& f) {
+  TY_CHECK(f.epochs >= 1, "--epochs must be >= 1, got ", f.epochs, ".");
+  TY_CHECK(f.batch_size >= 1, "--batch-size must be >= 1, got ", f.batch_size, ".");
+  TY_CHECK(f.lr > 0, "--lr must be > 0, got ", f.lr, ".");
+  TY_CHECK(f.bucket_cap_mb >= 1.0 / 1024 && f.bucket_cap_mb <= 64 * 1024,
+           "--bucket-cap-mb must be between 1 KiB (0.0009765625) and 65536 MiB, got ",
+           f.bucket_cap_mb, ".");
+}
+
 std::int64_t parameter_count(const torch::nn::Module& model) {
   std::int64_t n = 0;
   for (const auto& p : model.parameters()) n += p.numel();

@@ -43,6 +43,16 @@ std::unique_ptr<CheckpointIO> classifier_checkpoint_io(torch::nn::Module& model,
 // `trainyard bench scaling` (the gradient bytes its all-reduce model needs).
 std::int64_t parameter_count(const torch::nn::Module& model);
 
+// The flags both recipes take alike, as the user gave them.
+struct ClassifierFlags {
+  int epochs = 0;
+  std::int64_t batch_size = 0;  // per rank
+  double lr = 0;
+  double bucket_cap_mb = 0;  // DDP's bucket size in MiB
+};
+// Throws InvalidArgumentError naming the flag out of range.
+void validate_classifier_flags(const ClassifierFlags& flags);
+
 struct ClassifierEpochOptions {
   std::int64_t batch_size = 0;  // per rank, as printed in the epoch line
   double lr = 0;                // reported with each step's loss

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "train/classifier_training.h"
+#include "train/ddp_classifier.h"
 #include "trainyard/blas_core.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/data/batch_loader.h"
@@ -51,22 +52,17 @@ nlohmann::ordered_json config_json(const FashionMnistOptions& o, int world_size,
 void FashionMnistOptions::validate() const {
   run.validate();
   scaling.validate();
-  TY_CHECK(epochs >= 1, "--epochs must be >= 1, got ", epochs, ".");
-  TY_CHECK(batch_size >= 1, "--batch-size must be >= 1, got ", batch_size, ".");
-  TY_CHECK(lr > 0, "--lr must be > 0, got ", lr, ".");
+  validate_classifier_flags(
+      {.epochs = epochs, .batch_size = batch_size, .lr = lr, .bucket_cap_mb = bucket_cap_mb});
   TY_CHECK(limit == -1 || limit >= 1, "--limit must be >= 1 (or omitted for all images), got ",
            limit, ".");
   TY_CHECK(test_limit == -1 || test_limit >= 1,
            "--test-limit must be >= 1 (or omitted for all test images), got ", test_limit, ".");
-  TY_CHECK(bucket_cap_mb >= 1.0 / 1024 && bucket_cap_mb <= 64 * 1024,
-           "--bucket-cap-mb must be between 1 KiB (0.0009765625) and 65536 MiB, got ",
-           bucket_cap_mb, ".");
 }
 
 Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
   options.validate();
   Trainer trainer("fashion-mnist", options.run, options.scaling);
-  auto& dist = trainer.dist();
   const int rank = trainer.rank();
   const int world = trainer.world_size();
   auto log = logger("train");
@@ -78,26 +74,11 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
   resolved.data_dir = data_dir;
 
   torch::manual_seed(options.seed);
-  auto model = models::resnet18(/*in_channels=*/1, /*num_classes=*/10);
+  DdpClassifier classifier(models::resnet18(/*in_channels=*/1, /*num_classes=*/10),
+                           config_json(resolved, world, trainer.threads()),
+                           {.lr = options.lr, .bucket_cap_mb = options.bucket_cap_mb}, trainer);
+  auto& model = classifier.model();
   const auto device = trainer.device();
-  model->to(device);
-  auto config = config_json(resolved, world, trainer.threads());
-  config["parameters"] = parameter_count(*model);
-  trainer.write_config(config.dump());
-  ddp::DistributedDataParallel ddp(model, dist.process_group(),
-                                   ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(
-                                                       options.bucket_cap_mb * (1 << 20))});
-  // Each rank updates its share of the parameters; see Note [Optimizer sharding].
-  optim::ShardedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr),
-                               dist.process_group());
-
-  // Rank 0 writes the files; the optimizer's moments are gathered to it from their owners.
-  auto io = classifier_checkpoint_io(*model, optimizer, options.run.uri(), trainer);
-  const DdpModel ddp_model{.module = *model,
-                           .forward = [&ddp](const at::Tensor& x) { return ddp.forward(x); },
-                           .reducer = ddp.reducer()};
-  trainer.guard_weights(model->parameters());
-  trainer.resume(*io);
 
   data::DistributedSampler sampler({.dataset_size = train_set.size(),
                                     .num_replicas = world,
@@ -118,7 +99,8 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
     data::BatchLoader loader(sampler.indices(first_position), make_batch,
                              {.batch_size = options.batch_size});
     const ClassifierEpoch done = train_classifier_epoch(
-        trainer, ddp_model, optimizer, epoch, loader.num_batches(), [&] { return loader.next(); },
+        trainer, classifier.ddp_model(), classifier.optimizer(), epoch, loader.num_batches(),
+        [&] { return loader.next(); },
         {.batch_size = options.batch_size, .lr = options.lr, .progress = options.progress});
     train_time += done.seconds;
     samples_seen += done.samples;
@@ -128,7 +110,7 @@ Result run_fashion_mnist_rank(const FashionMnistOptions& options) {
   // Evaluation: rank r takes test images r, r+W, ...; sums are all-reduced, so every image
   // counts exactly once. Every rank evaluates rank 0's BatchNorm statistics, the ones the
   // checkpoint holds.
-  ddp.reducer().sync_buffers();
+  classifier.sync_buffers();
   model->eval();
   double loss_sum = 0;
   double correct = 0;

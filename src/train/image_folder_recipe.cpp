@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "train/classifier_training.h"
+#include "train/ddp_classifier.h"
 #include "trainyard/blas_core.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/data/distributed_sampler.h"
@@ -190,6 +191,38 @@ SkippedImages skipped_images(const data::ImageFolder& train_set,
           .corrupt_files = static_cast<std::int64_t>(corrupt.item<double>())};
 }
 
+// Both folders, which every rank scans, and the positions into each that the run uses (all, or
+// --limit / --val-limit of them). The classes are indexed in sorted name order, so val/ must have
+// exactly train/'s classes for its labels to mean the same.
+struct Splits {
+  data::ImageFolder train;
+  data::ImageFolder val;
+  std::vector<std::int64_t> train_positions;
+  std::vector<std::int64_t> val_positions;
+};
+
+Splits open_splits(const ImageFolderRecipeOptions& o, int rank) {
+  const data::ImageFolderOptions folder_options{.strict = o.strict};
+  data::ImageFolder train((fs::path(o.data) / kTrainFolder).string(), folder_options);
+  data::ImageFolder val((fs::path(o.data) / kValFolder).string(), folder_options);
+  TY_CHECK(val.classes() == train.classes(), "The class folders of ", val.root(), " (",
+           val.classes().size(), ") are not those of ", train.root(), " (", train.classes().size(),
+           "): only in train/: ", class_difference(train.classes(), val.classes()),
+           "; only in val/: ", class_difference(val.classes(), train.classes()),
+           ". HINT: both need the same class folders, or the labels would not match.");
+  auto train_positions = subset(train.size(), o.limit);
+  auto val_positions = subset(val.size(), o.val_limit);
+  if (rank == 0)
+    logger("train")->info(
+        "{}: {} classes, {} training images ({} used), {} validation images ({} used)", o.data,
+        train.classes().size(), train.size(), train_positions.size(), val.size(),
+        val_positions.size());
+  return {.train = std::move(train),
+          .val = std::move(val),
+          .train_positions = std::move(train_positions),
+          .val_positions = std::move(val_positions)};
+}
+
 // Note [Full training batches]
 // Each rank drops its epoch's last batch when it is smaller than --batch-size (at most
 // batch_size - 1 of its images; a different few each epoch, as the permutation changes). A batch
@@ -219,70 +252,35 @@ void ImageFolderRecipeOptions::validate() const {
            " is not a model this recipe knows. HINT: use one of ", joined(names), ".");
   TY_CHECK(image_size >= 1, "--image-size must be >= 1, got ", image_size, ".");
   TY_CHECK(loader_threads >= 1, "--loader-threads must be >= 1, got ", loader_threads, ".");
-  TY_CHECK(epochs >= 1, "--epochs must be >= 1, got ", epochs, ".");
-  TY_CHECK(batch_size >= 1, "--batch-size must be >= 1, got ", batch_size, ".");
-  TY_CHECK(lr > 0, "--lr must be > 0, got ", lr, ".");
+  validate_classifier_flags(
+      {.epochs = epochs, .batch_size = batch_size, .lr = lr, .bucket_cap_mb = bucket_cap_mb});
   TY_CHECK(limit == -1 || limit >= 1, "--limit must be >= 1 (or omitted for all images), got ",
            limit, ".");
   TY_CHECK(val_limit == -1 || val_limit >= 1,
            "--val-limit must be >= 1 (or omitted for all images), got ", val_limit, ".");
-  TY_CHECK(bucket_cap_mb >= 1.0 / 1024 && bucket_cap_mb <= 64 * 1024,
-           "--bucket-cap-mb must be between 1 KiB (0.0009765625) and 65536 MiB, got ",
-           bucket_cap_mb, ".");
 }
 
 Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
   options.validate();
   Trainer trainer("image-folder", options.run, options.scaling);
-  auto& dist = trainer.dist();
   const int rank = trainer.rank();
   const int world = trainer.world_size();
   auto log = logger("train");
-
-  // Every rank scans both folders; the classes are indexed in sorted name order, so val/ must
-  // have exactly train/'s classes for its labels to mean the same.
-  const data::ImageFolderOptions folder_options{.strict = options.strict};
-  const data::ImageFolder train_set((fs::path(options.data) / kTrainFolder).string(),
-                                    folder_options);
-  const data::ImageFolder val_set((fs::path(options.data) / kValFolder).string(), folder_options);
-  TY_CHECK(val_set.classes() == train_set.classes(), "The class folders of ", val_set.root(), " (",
-           val_set.classes().size(), ") are not those of ", train_set.root(), " (",
-           train_set.classes().size(),
-           "): only in train/: ", class_difference(train_set.classes(), val_set.classes()),
-           "; only in val/: ", class_difference(val_set.classes(), train_set.classes()),
-           ". HINT: both need the same class folders, or the labels would not match.");
+  const Splits splits = open_splits(options, rank);
+  const data::ImageFolder& train_set = splits.train;
+  const data::ImageFolder& val_set = splits.val;
+  const std::vector<std::int64_t>& train_positions = splits.train_positions;
+  const std::vector<std::int64_t>& val_positions = splits.val_positions;
   const auto num_classes = static_cast<int>(train_set.classes().size());
-  // Positions into each folder's samples that the run uses (all, or --limit of them).
-  const auto train_positions = subset(train_set.size(), options.limit);
-  const auto val_positions = subset(val_set.size(), options.val_limit);
-  if (rank == 0)
-    log->info("{}: {} classes, {} training images ({} used), {} validation images ({} used)",
-              options.data, num_classes, train_set.size(), train_positions.size(), val_set.size(),
-              val_positions.size());
 
   torch::manual_seed(options.seed);
-  auto model = models::image_model(options.model, /*in_channels=*/3, num_classes);
+  DdpClassifier classifier(models::image_model(options.model, /*in_channels=*/3, num_classes),
+                           config_json(options, world, trainer.threads(), train_set, val_set,
+                                       static_cast<std::int64_t>(train_positions.size()),
+                                       static_cast<std::int64_t>(val_positions.size())),
+                           {.lr = options.lr, .bucket_cap_mb = options.bucket_cap_mb}, trainer);
+  auto& model = classifier.model();
   const auto device = trainer.device();
-  model->to(device);
-  auto config = config_json(options, world, trainer.threads(), train_set, val_set,
-                            static_cast<std::int64_t>(train_positions.size()),
-                            static_cast<std::int64_t>(val_positions.size()));
-  config["parameters"] = parameter_count(*model);
-  trainer.write_config(config.dump());
-  ddp::DistributedDataParallel ddp(model, dist.process_group(),
-                                   ddp::DdpOptions{.bucket_size_bytes = static_cast<std::size_t>(
-                                                       options.bucket_cap_mb * (1 << 20))});
-  // Each rank updates its share of the parameters; see Note [Optimizer sharding].
-  optim::ShardedAdam optimizer(model->parameters(), torch::optim::AdamOptions(options.lr),
-                               dist.process_group());
-
-  // Rank 0 writes the files; the optimizer's moments are gathered to it from their owners.
-  auto io = classifier_checkpoint_io(*model, optimizer, options.run.uri(), trainer);
-  const DdpModel ddp_model{.module = *model,
-                           .forward = [&ddp](const at::Tensor& x) { return ddp.forward(x); },
-                           .reducer = ddp.reducer()};
-  trainer.guard_weights(model->parameters());
-  trainer.resume(*io);
 
   // The sampler deals positions into train_positions; the loader gets the folder's indices.
   data::DistributedSampler sampler(
@@ -325,13 +323,13 @@ Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
       return data::Batch{batch->inputs.to(device), batch->targets.to(device)};
     };
     const ClassifierEpoch done = train_classifier_epoch(
-        trainer, ddp_model, optimizer, epoch, loader.num_batches(), next_batch,
+        trainer, classifier.ddp_model(), classifier.optimizer(), epoch, loader.num_batches(),
+        next_batch,
         {.batch_size = options.batch_size, .lr = options.lr, .progress = options.progress});
     train_time += done.seconds;
     samples_seen += done.samples;
 
-    // Every rank evaluates rank 0's BatchNorm statistics, the ones the checkpoint holds.
-    ddp.reducer().sync_buffers();
+    classifier.sync_buffers();
     evaluation = evaluate(*model, val_set, val_positions, options, trainer);
     const auto skipped = skipped_images(train_set, val_set, trainer);
     trainer.report({{"val_accuracy", evaluation->accuracy},
@@ -348,7 +346,7 @@ Result run_image_folder_rank(const ImageFolderRecipeOptions& options) {
 
   // A run resumed after its last epoch trains nothing: it evaluates the checkpoint it loaded.
   if (!evaluation) {
-    ddp.reducer().sync_buffers();
+    classifier.sync_buffers();
     evaluation = evaluate(*model, val_set, val_positions, options, trainer);
   }
   const auto skipped = skipped_images(train_set, val_set, trainer);
