@@ -4,15 +4,16 @@
 #include "trainyard/hf/tokenizer.h"
 
 #include <algorithm>
-#include <variant>
 #include <atomic>
 #include <cstddef>
 #include <thread>
+#include <variant>
 
 #include "hf/tokenizer_impl.h"
 #include "trainyard/cpu_count.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
+#include "trainyard/utf8.h"
 
 // Note [Invalid UTF-8]
 // HF's tokenizers take Rust strings, which are always well-formed UTF-8, so HF has no answer for
@@ -37,19 +38,6 @@ std::array<char32_t, 256> byte_to_char() {
     map[b] = printable ? static_cast<char32_t>(b) : next++;
   }
   return map;
-}
-
-void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
 }
 
 // The byte-level form of raw bytes, as tokens in the vocabulary are written ("Ġthe" for " the").

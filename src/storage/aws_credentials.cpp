@@ -14,6 +14,7 @@
 #include <string_view>
 #include <utility>
 
+#include "storage/aws_text.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 
@@ -90,32 +91,6 @@ Clock::time_point expiration_of(const std::string& text, const std::string& who)
   TY_CHECK_T(Error, t.has_value(), who, " answered an Expiration '", text,
              "' that is not an ISO 8601 time such as 2024-05-01T12:34:56Z.");
   return *t;
-}
-
-// The text of the first <name>...</name> in xml, or "". STS's credentials are base64 and ARNs,
-// which need no entity decoding.
-std::string xml_tag(std::string_view xml, const std::string& name) {
-  const std::string open = "<" + name + ">";
-  const std::size_t begin = xml.find(open);
-  if (begin == std::string_view::npos) return "";
-  const std::size_t end = xml.find("</" + name + ">", begin);
-  if (end == std::string_view::npos) return "";
-  return trim(xml.substr(begin + open.size(), end - begin - open.size()));
-}
-
-std::string form_encode(std::string_view s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
 }
 
 // One request with this module's timeouts; a transport failure becomes a NetworkError that starts
@@ -314,27 +289,27 @@ AwsCredentials WebIdentityProvider::fetch() {
           {.method = "POST",
            .url = endpoint + "/",
            .headers = {{"Content-Type", "application/x-www-form-urlencoded"}},
-           .body = "Action=AssumeRoleWithWebIdentity&RoleArn=" + form_encode(role) +
-                   "&RoleSessionName=" + form_encode(session) +
-                   "&Version=2011-06-15&WebIdentityToken=" + form_encode(trim(*token))},
+           .body = "Action=AssumeRoleWithWebIdentity&RoleArn=" + percent_encode(role) +
+                   "&RoleSessionName=" + percent_encode(session) +
+                   "&Version=2011-06-15&WebIdentityToken=" + percent_encode(trim(*token))},
           kRetry, who, " HINT: is STS reachable from here (AWS_ENDPOINT_URL_STS)?");
   if (r.status != 200) {
-    const std::string code = xml_tag(r.body, "Code");
+    const std::string code = trim(xml_text(r.body, "Code"));
     throw Error(detail::concat(
         who, " answered HTTP ", r.status, code.empty() ? "" : " " + code, ": ",
-        code.empty() ? net::excerpt(r.body) : xml_tag(r.body, "Message"),
+        code.empty() ? net::excerpt(r.body) : trim(xml_text(r.body, "Message")),
         code == "InvalidIdentityToken" || code == "AccessDenied"
             ? " HINT: the role's trust policy must allow this cluster's OIDC provider and service "
               "account (sts:AssumeRoleWithWebIdentity)."
             : ""));
   }
-  AwsCredentials c{.access_key_id = xml_tag(r.body, "AccessKeyId"),
-                   .secret_access_key = xml_tag(r.body, "SecretAccessKey"),
-                   .session_token = xml_tag(r.body, "SessionToken"),
+  AwsCredentials c{.access_key_id = trim(xml_text(r.body, "AccessKeyId")),
+                   .secret_access_key = trim(xml_text(r.body, "SecretAccessKey")),
+                   .session_token = trim(xml_text(r.body, "SessionToken")),
                    .source = "web identity (role " + role + ")"};
   TY_CHECK_T(Error, !c.access_key_id.empty() && !c.secret_access_key.empty(), who,
              " answered no AccessKeyId and SecretAccessKey: '", net::excerpt(r.body), "'.");
-  if (const std::string expiration = xml_tag(r.body, "Expiration"); !expiration.empty())
+  if (const std::string expiration = trim(xml_text(r.body, "Expiration")); !expiration.empty())
     c.expiration = expiration_of(expiration, who);
   return c;
 }

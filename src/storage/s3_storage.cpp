@@ -2,8 +2,8 @@
 // net::HttpClient, where libcurl signs each one (CURLOPT_AWS_SIGV4); the few XML answers S3 gives
 // (ListObjectsV2, multipart upload, errors) are read by a small parser below. See s3_storage.h for
 // the behaviour.
-#include "trainyard/env.h"
 #include "trainyard/storage/s3_storage.h"
+#include "trainyard/env.h"
 
 #include <openssl/evp.h>
 
@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "storage/aws_text.h"
 #include "trainyard/error.h"
 #include "trainyard/heartbeat.h"
 #include "trainyard/log.h"
@@ -43,115 +44,6 @@ std::string sha256_hex(std::string_view data) {
     out += kHex[md[i] & 15];
   }
   return out;
-}
-
-// Percent-encoding as SigV4 canonicalises it: RFC 3986 unreserved characters stay, every other
-// byte becomes %XX (upper-case hex). With keep_slash, '/' stays as well (object key paths).
-std::string uri_encode(std::string_view s, bool keep_slash) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    const bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-                            (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.' || c == '~';
-    if (unreserved || (keep_slash && c == '/')) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-// Decodes the five predefined entities and character references (&#13; &#x1F;); S3 writes
-// control characters in keys as the latter. Anything unrecognised is kept as it is.
-std::string xml_unescape(std::string_view s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const std::size_t semi = s[i] == '&' ? s.find(';', i) : std::string_view::npos;
-    if (semi == std::string_view::npos || semi - i > 10) {
-      out += s[i];
-      continue;
-    }
-    const std::string_view name = s.substr(i + 1, semi - i - 1);
-    if (name == "amp") {
-      out += '&';
-    } else if (name == "lt") {
-      out += '<';
-    } else if (name == "gt") {
-      out += '>';
-    } else if (name == "quot") {
-      out += '"';
-    } else if (name == "apos") {
-      out += '\'';
-    } else if (name.size() > 1 && name[0] == '#') {
-      const bool hex = name[1] == 'x' || name[1] == 'X';
-      const std::string digits(name.substr(hex ? 2 : 1));
-      char* end = nullptr;
-      const unsigned long cp = std::strtoul(digits.c_str(), &end, hex ? 16 : 10);
-      if (digits.empty() || *end != '\0' || cp > 0x10FFFF) {
-        out += s[i];
-        continue;
-      }
-      append_utf8(out, static_cast<std::uint32_t>(cp));
-    } else {
-      out += s[i];
-      continue;
-    }
-    i = semi;
-  }
-  return out;
-}
-
-// The raw content of each <name ...>...</name> element in xml, in order; <name/> gives "".
-// Enough for S3's answers, which have no CDATA, comments or nested elements of one name.
-std::vector<std::string_view> xml_elements(std::string_view xml, std::string_view name) {
-  std::vector<std::string_view> out;
-  const std::string open = "<" + std::string(name);
-  const std::string close = "</" + std::string(name) + ">";
-  std::size_t pos = 0;
-  while ((pos = xml.find(open, pos)) != std::string_view::npos) {
-    pos += open.size();
-    // "<Key" must not match "<KeyCount>".
-    if (pos >= xml.size() || std::strchr("> \t\r\n/", xml[pos]) == nullptr) continue;
-    const std::size_t gt = xml.find('>', pos);
-    if (gt == std::string_view::npos) break;
-    if (xml[gt - 1] == '/') {
-      out.emplace_back();
-      pos = gt + 1;
-      continue;
-    }
-    const std::size_t end = xml.find(close, gt + 1);
-    if (end == std::string_view::npos) break;
-    out.push_back(xml.substr(gt + 1, end - gt - 1));
-    pos = end + close.size();
-  }
-  return out;
-}
-
-// The decoded text of the first <name> element, or "" when there is none.
-std::string xml_text(std::string_view xml, std::string_view name) {
-  auto found = xml_elements(xml, name);
-  return found.empty() ? std::string() : xml_unescape(found.front());
 }
 
 std::string env_or(const EnvLookup& env, const char* name, const char* fallback = nullptr) {
@@ -312,8 +204,8 @@ net::HttpResponse S3Storage::send(const Request& req) {
                                                     .session_token = c_.session_token};
   net::HttpRequest http{
       .method = req.method,
-      .url =
-          base_url_ + "/" + uri_encode(req.key, true) + (req.query.empty() ? "" : "?" + req.query),
+      .url = base_url_ + "/" + percent_encode(req.key, true) +
+             (req.query.empty() ? "" : "?" + req.query),
       // The payload hash is part of the signature, and S3 checks the body against it.
       .headers = {{"x-amz-content-sha256", sha256_hex(req.body)}},
       .body_ref = req.body,
@@ -482,7 +374,7 @@ void S3Storage::write_multipart(const std::string& object, std::string_view data
   const std::string upload_id = xml_text(r.body, "UploadId");
   TY_CHECK_T(Error, !upload_id.empty(), "S3 ", create.what,
              " answered no UploadId: ", r.body.substr(0, 300));
-  const std::string upload_query = "uploadId=" + uri_encode(upload_id, false);
+  const std::string upload_query = "uploadId=" + percent_encode(upload_id);
   try {
     const std::size_t parts = (data.size() + part_size - 1) / part_size;
     std::string xml =
@@ -566,8 +458,8 @@ std::vector<std::string> S3Storage::list(const std::string& prefix) {
   do {
     // Parameters in sorted order (SigV4's canonical query string).
     std::string query;
-    if (!token.empty()) query += "continuation-token=" + uri_encode(token, false) + "&";
-    query += "list-type=2&prefix=" + uri_encode(full_prefix, false);
+    if (!token.empty()) query += "continuation-token=" + percent_encode(token) + "&";
+    query += "list-type=2&prefix=" + percent_encode(full_prefix);
     Request page{.method = "GET",
                  .query = std::move(query),
                  .what = "ListObjectsV2 s3://" + c_.bucket + "/" + full_prefix + "*"};
