@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "trainyard/ddp/reducer.h"
+#include "trainyard/nn/module_ptr.h"
 
 namespace trainyard::ddp {
 
@@ -22,8 +23,8 @@ class DistributedDataParallel {
                           c10::intrusive_ptr<c10d::ProcessGroup> process_group,
                           DdpOptions options = {})
       : module_(std::move(module)),
-        reducer_(
-            std::make_unique<DdpReducer>(module_ptr(module_), std::move(process_group), options)) {}
+        reducer_(std::make_unique<DdpReducer>(
+            nn::module_ptr(module_), std::move(process_group), options)) {}
 
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
@@ -53,14 +54,6 @@ class DistributedDataParallel {
   DdpReducer& reducer() { return *reducer_; }
 
  private:
-  static std::shared_ptr<torch::nn::Module> module_ptr(const M& m) {
-    if constexpr (requires { m.ptr(); }) {
-      return m.ptr();
-    } else {
-      return m;
-    }
-  }
-
   M module_;
   std::unique_ptr<DdpReducer> reducer_;
 };

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "trainyard/fsdp/wrap_policy.h"
+#include "trainyard/nn/module_ptr.h"
 #include "trainyard/strategy.h"
 
 namespace trainyard {
@@ -207,7 +208,7 @@ template <typename M>
 class FullyShardedDataParallel : public FullyShardedDataParallelBase {
  public:
   FullyShardedDataParallel(M module, FsdpGroups groups, FsdpOptions options = {})
-      : FullyShardedDataParallelBase(module_ptr(module), std::move(groups), std::move(options)),
+      : FullyShardedDataParallelBase(nn::module_ptr(module), std::move(groups), std::move(options)),
         module_(std::move(module)) {}
   // Groups from the job's environment (make_fsdp_groups with LOCAL_WORLD_SIZE).
   FullyShardedDataParallel(M module,
@@ -226,13 +227,6 @@ class FullyShardedDataParallel : public FullyShardedDataParallelBase {
   M& module() { return module_; }
 
  private:
-  static std::shared_ptr<torch::nn::Module> module_ptr(const M& m) {
-    if constexpr (requires { m.ptr(); }) {
-      return m.ptr();
-    } else {
-      return m;
-    }
-  }
   M module_;
 };
 
