@@ -208,7 +208,7 @@ void add_submit(CLI::App& app, int& exit_code) {
     ClientFlags client;
     std::string nodes = "1";
     int nproc_per_node = 1;
-    int max_restarts = 0;
+    elastic::LaunchOptions restarts;  // --max-restarts, --restart-backoff[-max], --hang-timeout
     std::string submission_id;
     double num_cpus = 0;
     double num_gpus = 0;
@@ -227,9 +227,8 @@ void add_submit(CLI::App& app, int& exit_code) {
   c->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node, "Ranks on each node")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
-  c->add_option("--max-restarts", f->max_restarts, "Restarts of the ranks after a failure")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1000));
+  // As `trainyard run` declares them: each node's agent restarts and watches the ranks so.
+  add_restart_flags(*c, f->restarts);
   c->add_option("--submission-id", f->submission_id, "The job's id (default: one is made up)");
   c->add_option("--num-cpus", f->num_cpus, "CPUs each rank needs (default 1)")
       ->check(CLI::Range(0.0, 4096.0));
@@ -244,10 +243,14 @@ void add_submit(CLI::App& app, int& exit_code) {
   c->add_flag("--no-wait", f->no_wait, "Return once submitted instead of following the logs");
   c->add_option("command", f->command, "The command each rank runs, after --")->required();
   c->callback([f, &exit_code] {
+    const elastic::LaunchOptions& r = f->restarts;
     cluster::wire::JobSubmission submission{.entrypoint = elastic::shell_quote(f->command),
-                                            .nodes = f->nodes,
-                                            .nproc_per_node = f->nproc_per_node,
-                                            .max_restarts = f->max_restarts};
+                                            .launch = {.nodes = f->nodes,
+                                                       .nproc_per_node = f->nproc_per_node,
+                                                       .max_restarts = r.max_restarts,
+                                                       .restart_backoff = r.restart_backoff,
+                                                       .restart_backoff_max = r.restart_backoff_max,
+                                                       .hang_timeout = r.hang_timeout}};
     for (const auto& kv : f->env) submission.env_vars.insert(key_value(kv, "--env"));
     for (const auto& kv : f->metadata) submission.metadata.insert(key_value(kv, "--metadata"));
     if (!f->submission_id.empty()) submission.submission_id = f->submission_id;
@@ -292,7 +295,7 @@ void add_jobs(CLI::App& app, int& exit_code) {
                   "ENTRYPOINT");
       for (const auto& j : jobs.get<std::vector<cluster::wire::JobDetails>>()) {
         std::printf("%-28s %-10s %-6s %-19s %-19s %s\n", j.job_id.c_str(), j.status.c_str(),
-                    j.nodes.c_str(), clock_time(j.start_time).c_str(),
+                    j.launch.nodes.c_str(), clock_time(j.start_time).c_str(),
                     clock_time(j.end_time).c_str(), shown(j.entrypoint).c_str());
         if (j.status == cluster::api::kFailed && !j.message.empty()) {
           std::printf("    %s\n", shown(j.message).c_str());

@@ -61,26 +61,26 @@ void add_restart_flags(CLI::App& cmd, elastic::LaunchOptions& o) {
   cmd.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "Restarts allowed before failing (TORCHELASTIC_MAX_RESTARTS)")
       ->envname(kPetMaxRestartsEnv)
-      ->check(whole_number(0, 1 << 20, kPetMaxRestartsEnv,
+      ->check(whole_number(0, elastic::kMaxRestartsLimit, kPetMaxRestartsEnv,
                            "how many times to restart the ranks, e.g. 3."))
       ->capture_default_str();
   add_seconds_option(cmd, o.restart_backoff,
                      {.names = "--restart-backoff,--restart_backoff",
                       .description = "Seconds to wait before the first restart; doubles for each "
                                      "further restart (0: restart at once)",
-                      .max = 86400,
+                      .max = elastic::kMaxRestartBackoff.count(),
                       .env = kRestartBackoffEnv});
   add_seconds_option(cmd, o.restart_backoff_max,
                      {.names = "--restart-backoff-max,--restart_backoff_max",
                       .description = "The longest wait before a restart, in seconds",
-                      .max = 86400,
+                      .max = elastic::kMaxRestartBackoff.count(),
                       .env = kRestartBackoffMaxEnv});
   add_seconds_option(cmd, o.hang_timeout,
                      {.names = "--hang-timeout,--hang_timeout",
                       .description = "Restart (or stop) the ranks when one that reports progress "
                                      "(trainyard's heartbeat) makes none for this many seconds; "
                                      "0: off",
-                      .max = 1e6,
+                      .max = static_cast<double>(elastic::kMaxHangTimeout.count()),
                       .env = kPetHangTimeoutEnv,
                       .fallback_env = kHangTimeoutEnv,
                       .hint = "0 turns the watchdog off."});

@@ -144,7 +144,8 @@ net::ServerResponse Head::Impl::submit_job(const net::ServerRequest& req) {
                                         "none for a new one.");
   }
   store->append_event(job.job_id, "submitted", job.entrypoint);
-  log->info("job {} submitted: nodes {} x {} rank(s)", job.job_id, job.nodes, job.nproc_per_node);
+  log->info("job {} submitted: nodes {} x {} rank(s)", job.job_id, job.launch.nodes,
+            job.launch.nproc_per_node);
   jobs[job.job_id] = job;
   schedule();
   return json_response(

@@ -252,10 +252,9 @@ wire::Assignment Head::Impl::assignment(const JobRecord& j) const {
                           .instance = j.order,
                           .entrypoint = j.entrypoint,
                           .env = j.env_vars,
-                          .nproc_per_node = j.nproc_per_node,
+                          .launch = j.launch,
                           .min_nodes = j.min_nodes,
-                          .max_nodes = j.max_nodes,
-                          .max_restarts = j.max_restarts};
+                          .max_nodes = j.max_nodes};
 }
 
 // Note [A head that turned connections away]
@@ -476,8 +475,8 @@ ClusterSnapshot Head::Impl::status_snapshot() {
       int index =
           pos == j->assigned_nodes.end() ? 0 : static_cast<int>(pos - j->assigned_nodes.begin());
       NodeRanks ranks{.job_id = j->job_id};
-      for (int k = 0; k < j->nproc_per_node; ++k)
-        ranks.ranks.push_back(index * j->nproc_per_node + k);
+      for (int k = 0; k < j->launch.nproc_per_node; ++k)
+        ranks.ranks.push_back(index * j->launch.nproc_per_node + k);
       node.ranks.push_back(std::move(ranks));
     }
     auto [cpu_used, gpu_used] = used_on(n->node_id);

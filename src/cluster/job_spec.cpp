@@ -50,10 +50,8 @@ JobRecord job_from_submission(const wire::JobSubmission& submission) {
   job.entrypoint_num_cpus = submission.entrypoint_num_cpus;
   job.entrypoint_num_gpus = submission.entrypoint_num_gpus;
   job.entrypoint_resources = submission.entrypoint_resources;
-  job.nodes = submission.nodes;
-  job.nproc_per_node = submission.nproc_per_node;
-  job.max_restarts = submission.max_restarts;
-  std::tie(job.min_nodes, job.max_nodes) = parse_nodes(job.nodes);
+  job.launch = submission.launch;
+  std::tie(job.min_nodes, job.max_nodes) = parse_nodes(job.launch.nodes);
   job.status = api::kPending;
   job.start_time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
@@ -72,11 +70,11 @@ std::string make_submission_id() {
 }
 
 double job_cpus_per_node(const JobRecord& job) {
-  return job.nproc_per_node * job.entrypoint_num_cpus.value_or(1.0);
+  return job.launch.nproc_per_node * job.entrypoint_num_cpus.value_or(1.0);
 }
 
 double job_gpus_per_node(const JobRecord& job) {
-  return job.nproc_per_node * job.entrypoint_num_gpus.value_or(0.0);
+  return job.launch.nproc_per_node * job.entrypoint_num_gpus.value_or(0.0);
 }
 
 json job_details(const JobRecord& job,
@@ -99,9 +97,7 @@ json job_details(const JobRecord& job,
       .entrypoint_num_cpus = job.entrypoint_num_cpus,
       .entrypoint_num_gpus = job.entrypoint_num_gpus,
       .entrypoint_resources = job.entrypoint_resources,
-      .nodes = job.nodes,
-      .nproc_per_node = job.nproc_per_node,
-      .max_restarts = job.max_restarts,
+      .launch = job.launch,
       .assigned_nodes = job.assigned_nodes,
       .failed_rank = job.failed_rank,
       .failed_node = job.failed_node,

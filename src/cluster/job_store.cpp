@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <chrono>
+#include <cmath>
 #include <mutex>
 
 #include "trainyard/cluster/api.h"
@@ -185,18 +186,56 @@ struct JobStore::Impl {
     if (!s.is_null(12)) j.entrypoint_num_cpus = s.f64(12);
     if (!s.is_null(13)) j.entrypoint_num_gpus = s.f64(13);
     j.entrypoint_resources = s.js(14, json::object()).get<std::map<std::string, double>>();
-    j.nodes = s.text(15);
+    j.launch.nodes = s.text(15);
     j.min_nodes = static_cast<int>(s.i64(16));
     j.max_nodes = static_cast<int>(s.i64(17));
-    j.nproc_per_node = static_cast<int>(s.i64(18));
-    j.max_restarts = static_cast<int>(s.i64(19));
+    j.launch.nproc_per_node = static_cast<int>(s.i64(18));
+    j.launch.max_restarts = static_cast<int>(s.i64(19));
     j.assigned_nodes = s.js(20, json::array()).get<std::vector<std::string>>();
     if (!s.is_null(21)) j.failed_rank = static_cast<int>(s.i64(21));
     if (!s.is_null(22)) j.failed_node = s.text(22);
     j.last_lines = s.js(23, json::array()).get<std::vector<std::string>>();
     j.reports = s.js(24, json::object()).get<std::map<std::string, wire::JobReport>>();
     j.stop_requested = s.i64(25) != 0;
+    j.launch.restart_backoff = seconds(s, 26);
+    j.launch.restart_backoff_max = seconds(s, 27);
+    j.launch.hang_timeout = seconds(s, 28);
     return j;
+  }
+
+  // A duration column in seconds; NULL: the agent's default.
+  static std::optional<std::chrono::milliseconds> seconds(Stmt& s, int c) {
+    if (s.is_null(c)) return std::nullopt;
+    return std::chrono::milliseconds(std::llround(s.f64(c) * 1000));
+  }
+  static void bind_seconds(Stmt& s, int i, const std::optional<std::chrono::milliseconds>& d) {
+    if (d) {
+      s.bind(i, static_cast<double>(d->count()) / 1000);
+    } else {
+      s.bind_null(i);
+    }
+  }
+
+  // Brings a database of schema version `from` to kSchemaVersion, in one transaction.
+  //  1 -> 2: a job's launch durations (wire::JobLaunch), NULL (the agent's default) for old jobs.
+  void migrate(int from) {
+    exec("BEGIN IMMEDIATE", "begin a migration");
+    try {
+      if (from < 2)
+        exec(
+            "ALTER TABLE jobs ADD COLUMN restart_backoff_s REAL; "
+            "ALTER TABLE jobs ADD COLUMN restart_backoff_max_s REAL; "
+            "ALTER TABLE jobs ADD COLUMN hang_timeout_s REAL",
+            "add the jobs' launch durations");
+      exec(detail::concat("INSERT INTO schema_version (version) VALUES (", JobStore::kSchemaVersion,
+                          ")")
+               .c_str(),
+           "record its schema version");
+      exec("COMMIT", "commit a migration");
+    } catch (...) {
+      sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      throw;
+    }
   }
 
   void bind_job(Stmt& s, const JobRecord& j) {
@@ -210,10 +249,10 @@ struct JobStore::Impl {
     s.bind(10, json(j.metadata).dump());
     s.bind(11, json{{api::field::kEnvVars, j.env_vars}}.dump());
     s.bind_opt(12, j.entrypoint_num_cpus).bind_opt(13, j.entrypoint_num_gpus);
-    s.bind(14, json(j.entrypoint_resources).dump()).bind(15, j.nodes);
+    s.bind(14, json(j.entrypoint_resources).dump()).bind(15, j.launch.nodes);
     s.bind(16, static_cast<int64_t>(j.min_nodes)).bind(17, static_cast<int64_t>(j.max_nodes));
-    s.bind(18, static_cast<int64_t>(j.nproc_per_node));
-    s.bind(19, static_cast<int64_t>(j.max_restarts));
+    s.bind(18, static_cast<int64_t>(j.launch.nproc_per_node));
+    s.bind(19, static_cast<int64_t>(j.launch.max_restarts));
     s.bind(20, json(j.assigned_nodes).dump());
     if (j.failed_rank) {
       s.bind(21, static_cast<int64_t>(*j.failed_rank));
@@ -224,6 +263,9 @@ struct JobStore::Impl {
         .bind(23, json(j.last_lines).dump())
         .bind(24, json(j.reports).dump());
     s.bind(25, static_cast<int64_t>(j.stop_requested ? 1 : 0));
+    bind_seconds(s, 26, j.launch.restart_backoff);
+    bind_seconds(s, 27, j.launch.restart_backoff_max);
+    bind_seconds(s, 28, j.launch.hang_timeout);
   }
 };
 
@@ -232,7 +274,8 @@ constexpr const char* kJobColumns =
     "job_order, job_id, submission_id, status, entrypoint, message, error_type, start_time, "
     "end_time, driver_exit_code, metadata, runtime_env, entrypoint_num_cpus, entrypoint_num_gpus, "
     "entrypoint_resources, nodes, min_nodes, max_nodes, nproc_per_node, max_restarts, "
-    "assigned_nodes, failed_rank, failed_node, last_lines, reports, stop_requested";
+    "assigned_nodes, failed_rank, failed_node, last_lines, reports, stop_requested, "
+    "restart_backoff_s, restart_backoff_max_s, hang_timeout_s";
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
@@ -246,7 +289,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   entrypoint_num_cpus REAL, entrypoint_num_gpus REAL, entrypoint_resources TEXT, nodes TEXT,
   min_nodes INTEGER, max_nodes INTEGER, nproc_per_node INTEGER, max_restarts INTEGER,
   assigned_nodes TEXT, failed_rank INTEGER, failed_node TEXT, last_lines TEXT, reports TEXT,
-  stop_requested INTEGER);
+  stop_requested INTEGER, restart_backoff_s REAL, restart_backoff_max_s REAL,
+  hang_timeout_s REAL);
 CREATE TABLE IF NOT EXISTS job_events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL, job_id TEXT, kind TEXT, detail TEXT);
 CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job_id, id);
@@ -296,6 +340,8 @@ JobStore::JobStore(const std::filesystem::path& state_dir) : impl_(std::make_uni
                   std::to_string(s.i64(0)) + ", newer than this build's " +
                   std::to_string(kSchemaVersion) +
                   ". Hint: run the trainyard version that wrote it, or use another --state-dir.");
+    } else if (s.i64(0) < kSchemaVersion) {
+      impl_->migrate(static_cast<int>(s.i64(0)));
     }
   } catch (...) {
     sqlite3_close(impl_->db);
@@ -372,8 +418,9 @@ bool JobStore::insert_job(JobRecord& job) {
                "start_time, end_time, driver_exit_code, metadata, runtime_env, "
                "entrypoint_num_cpus, entrypoint_num_gpus, entrypoint_resources, nodes, min_nodes, "
                "max_nodes, nproc_per_node, max_restarts, assigned_nodes, failed_rank, "
-               "failed_node, last_lines, reports, stop_requested) VALUES "
-               "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+               "failed_node, last_lines, reports, stop_requested, restart_backoff_s, "
+               "restart_backoff_max_s, hang_timeout_s) VALUES "
+               "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   impl_->bind_job(s, job);
   s.step();
   job.order = sqlite3_last_insert_rowid(impl_->db);
@@ -391,7 +438,8 @@ void JobStore::update_job(const JobRecord& job) {
                "entrypoint_resources = ?14, nodes = ?15, min_nodes = ?16, max_nodes = ?17, "
                "nproc_per_node = ?18, max_restarts = ?19, assigned_nodes = ?20, "
                "failed_rank = ?21, failed_node = ?22, last_lines = ?23, reports = ?24, "
-               "stop_requested = ?25 WHERE job_id = ?1");
+               "stop_requested = ?25, restart_backoff_s = ?26, restart_backoff_max_s = ?27, "
+               "hang_timeout_s = ?28 WHERE job_id = ?1");
   impl_->bind_job(s, job);
   s.step();
 }

@@ -6,6 +6,7 @@
 
 #include "cluster/json_fields.h"
 #include "trainyard/cluster/api.h"
+#include "trainyard/elastic/launcher.h"
 #include "trainyard/env.h"
 
 // Note [Message limits]
@@ -171,6 +172,68 @@ int int_at_least(const json& v, const std::string& field, int minimum) {
   return static_cast<int>(x);
 }
 
+// A duration field: a number of seconds from 0 to `max`, as the launch flags take it.
+std::chrono::milliseconds seconds_at(const json& v,
+                                     const std::string& field,
+                                     std::chrono::seconds max) {
+  if (!v.is_number()) wrong_type(field, "a number of seconds", v);
+  const double s = v.get<double>();
+  if (!(s >= 0 && s <= static_cast<double>(max.count())))
+    throw InvalidArgumentError(detail::concat("The field '", field,
+                                              "' must be a number of seconds from 0 to ",
+                                              max.count(), "; got ", s, "."));
+  return std::chrono::milliseconds(std::llround(s * 1000));
+}
+
+// The JobLaunch fields of object `j` (`prefix` before their names in errors); absent or null ones
+// keep their defaults.
+JobLaunch launch_from(const json& j, const std::string& prefix) {
+  JobLaunch v;
+  const auto field = [&](const char* name) -> const json* {
+    const auto it = j.find(name);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (const json* x = field(f::kNodes)) {
+    if (x->is_number_integer()) {
+      v.nodes = std::to_string(x->get<long long>());
+    } else if (x->is_string()) {
+      v.nodes = x->get<std::string>().substr(0, 64);
+    } else {
+      wrong_type(prefix + f::kNodes, "a string \"N\" or \"MIN:MAX\"", *x);
+    }
+  }
+  if (const json* x = field(f::kNprocPerNode))
+    v.nproc_per_node = int_at_least(*x, prefix + f::kNprocPerNode, 1);
+  if (const json* x = field(f::kMaxRestarts)) {
+    v.max_restarts = int_at_least(*x, prefix + f::kMaxRestarts, 0);
+    if (v.max_restarts > elastic::kMaxRestartsLimit)
+      throw InvalidArgumentError(detail::concat("The field '", prefix, f::kMaxRestarts,
+                                                "' must be at most ", elastic::kMaxRestartsLimit,
+                                                "; got ", v.max_restarts, "."));
+  }
+  if (const json* x = field(f::kRestartBackoff))
+    v.restart_backoff = seconds_at(*x, prefix + f::kRestartBackoff, elastic::kMaxRestartBackoff);
+  if (const json* x = field(f::kRestartBackoffMax))
+    v.restart_backoff_max =
+        seconds_at(*x, prefix + f::kRestartBackoffMax, elastic::kMaxRestartBackoff);
+  if (const json* x = field(f::kHangTimeout))
+    v.hang_timeout = seconds_at(*x, prefix + f::kHangTimeout, elastic::kMaxHangTimeout);
+  return v;
+}
+
+// Writes `v` into object `j`; a duration left to the agent's default is left out.
+void put_launch(json& j, const JobLaunch& v) {
+  j[f::kNodes] = v.nodes;
+  j[f::kNprocPerNode] = v.nproc_per_node;
+  j[f::kMaxRestarts] = v.max_restarts;
+  const auto put = [&j](const char* name, const std::optional<std::chrono::milliseconds>& d) {
+    if (d) j[name] = static_cast<double>(d->count()) / 1000;
+  };
+  put(f::kRestartBackoff, v.restart_backoff);
+  put(f::kRestartBackoffMax, v.restart_backoff_max);
+  put(f::kHangTimeout, v.hang_timeout);
+}
+
 void check_id(const std::string& field, const std::string& id) {
   // Ids become folder names on the workers and parts of URL paths: no leading '.'.
   if (id.empty() || id.size() > kMaxIdBytes || id.front() == '.' ||
@@ -328,14 +391,9 @@ void from_json(const json& j, Heartbeat& v) {
 }
 
 void to_json(json& j, const Assignment& v) {
-  j = json{{f::kJobId, v.job_id},
-           {f::kInstance, v.instance},
-           {f::kEntrypoint, v.entrypoint},
-           {f::kEnv, v.env},
-           {f::kNprocPerNode, v.nproc_per_node},
-           {f::kMinNodes, v.min_nodes},
-           {f::kMaxNodes, v.max_nodes},
-           {f::kMaxRestarts, v.max_restarts}};
+  j = json{{f::kJobId, v.job_id}, {f::kInstance, v.instance},  {f::kEntrypoint, v.entrypoint},
+           {f::kEnv, v.env},      {f::kMinNodes, v.min_nodes}, {f::kMaxNodes, v.max_nodes}};
+  put_launch(j, v.launch);
 }
 
 void from_json(const json& j, Assignment& v) {
@@ -352,10 +410,9 @@ void from_json(const json& j, Assignment& v) {
     const auto it = j.find(name);
     return it == j.end() || it->is_null() ? fallback : int_at_least(*it, name, minimum);
   };
-  v.nproc_per_node = number(f::kNprocPerNode, 1, 1);
+  v.launch = launch_from(j, "");
   v.min_nodes = number(f::kMinNodes, 1, 1);
   v.max_nodes = number(f::kMaxNodes, v.min_nodes, v.min_nodes);
-  v.max_restarts = number(f::kMaxRestarts, 0, 0);
 }
 
 void to_json(json& j, const HeartbeatAnswer& v) {
@@ -437,10 +494,8 @@ void to_json(json& j, const JobSubmission& v) {
   j = json{{f::kEntrypoint, v.entrypoint},
            {f::kRuntimeEnv, {{f::kEnvVars, v.env_vars}}},
            {f::kMetadata, v.metadata},
-           {f::kTrainyard,
-            {{f::kNodes, v.nodes},
-             {f::kNprocPerNode, v.nproc_per_node},
-             {f::kMaxRestarts, v.max_restarts}}}};
+           {f::kTrainyard, json::object()}};
+  put_launch(j[f::kTrainyard], v.launch);
   if (v.submission_id) j[f::kSubmissionId] = *v.submission_id;
   if (v.entrypoint_num_cpus) j[f::kEntrypointNumCpus] = *v.entrypoint_num_cpus;
   if (v.entrypoint_num_gpus) j[f::kEntrypointNumGpus] = *v.entrypoint_num_gpus;
@@ -544,25 +599,17 @@ void from_json(const json& body, JobSubmission& v) {
   }
   if (auto it = body.find(f::kTrainyard); it != body.end() && !it->is_null()) {
     if (!it->is_object()) wrong_type(f::kTrainyard, "an object", *it);
+    static const std::set<std::string_view> kLaunchFields = {
+        f::kNodes,          f::kNprocPerNode,      f::kMaxRestarts,
+        f::kRestartBackoff, f::kRestartBackoffMax, f::kHangTimeout};
     for (const auto& [k, x] : it->items()) {
-      if (k == f::kNodes) {
-        if (x.is_number_integer()) {
-          v.nodes = std::to_string(x.get<long long>());
-        } else if (x.is_string()) {
-          v.nodes = x.get<std::string>().substr(0, 64);
-        } else {
-          wrong_type("trainyard.nodes", "a string \"N\" or \"MIN:MAX\"", x);
-        }
-      } else if (k == f::kNprocPerNode) {
-        v.nproc_per_node = int_at_least(x, "trainyard.nproc_per_node", 1);
-      } else if (k == f::kMaxRestarts) {
-        v.max_restarts = int_at_least(x, "trainyard.max_restarts", 0);
-      } else {
-        throw InvalidArgumentError("Unknown field 'trainyard." + k.substr(0, kMaxNameBytes) +
-                                   "' in the job submission. Known: nodes, nproc_per_node, "
-                                   "max_restarts.");
-      }
+      if (kLaunchFields.count(k) == 0)
+        throw InvalidArgumentError(
+            "Unknown field 'trainyard." + k.substr(0, kMaxNameBytes) +
+            "' in the job submission. Known: nodes, nproc_per_node, max_restarts, "
+            "restart_backoff_s, restart_backoff_max_s, hang_timeout_s.");
     }
+    v.launch = launch_from(*it, "trainyard.");
   }
 }
 
@@ -579,10 +626,7 @@ void from_json(const json& j, SubmitAnswer& v) {
 void to_json(json& j, const JobDetails& v) {
   json demand = nullptr;
   if (v.demand) demand = {{f::kDemandCpu, v.demand->cpu}, {f::kDemandGpu, v.demand->gpu}};
-  json ty = {{f::kNodes, v.nodes},
-             {f::kNprocPerNode, v.nproc_per_node},
-             {f::kMaxRestarts, v.max_restarts},
-             {f::kAssignedNodes, v.assigned_nodes},
+  json ty = {{f::kAssignedNodes, v.assigned_nodes},
              {f::kFailedRank, optional_json(v.failed_rank)},
              {f::kFailedNode, optional_json(v.failed_node)},
              {f::kLastLines, v.last_lines},
@@ -607,6 +651,7 @@ void to_json(json& j, const JobDetails& v) {
            {f::kEntrypointNumGpus, optional_json(v.entrypoint_num_gpus)},
            {f::kEntrypointResources, v.entrypoint_resources},
            {f::kTrainyard, ty}};
+  put_launch(j[f::kTrainyard], v.launch);
 }
 
 void from_json(const json& j, JobDetails& v) {
@@ -632,9 +677,7 @@ void from_json(const json& j, JobDetails& v) {
       jf::optional_or<std::map<std::string, double>>(j, c, f::kEntrypointResources, {});
   const json ty = jf::optional_or<json>(j, c, f::kTrainyard, json::object());
   const jf::Context t{"job's trainyard"};
-  v.nodes = jf::optional_or<std::string>(ty, t, f::kNodes, "");
-  v.nproc_per_node = jf::optional_or<int>(ty, t, f::kNprocPerNode, 1);
-  v.max_restarts = jf::optional_or<int>(ty, t, f::kMaxRestarts, 0);
+  v.launch = launch_from(ty, "trainyard.");
   v.assigned_nodes = jf::optional_list<std::string>(ty, t, f::kAssignedNodes);
   v.failed_rank = jf::optional<int>(ty, t, f::kFailedRank);
   v.failed_node = jf::optional<std::string>(ty, t, f::kFailedNode);

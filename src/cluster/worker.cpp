@@ -50,12 +50,12 @@
 #include "trainyard/cluster/state_dir.h"
 #include "trainyard/cluster/wire.h"
 #include "trainyard/comm/address.h"
-#include "trainyard/env.h"
 #include "trainyard/elastic/agent.h"
 #include "trainyard/elastic/agent_metrics.h"
 #include "trainyard/elastic/head_backend.h"
 #include "trainyard/elastic/launcher.h"
 #include "trainyard/elastic/rendezvous.h"
+#include "trainyard/env.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
 #include "trainyard/metrics/node_sampler.h"
@@ -585,7 +585,7 @@ void Worker::Impl::start_job(const wire::Assignment& a) {
       .job_id = job->id, .instance = job->instance, .state = wire::ReportState::kRunning};
   Job* raw = job.get();
   try {
-    const int nproc = a.nproc_per_node;
+    const int nproc = a.launch.nproc_per_node;
     elastic::RendezvousOptions r;
     r.run_id = job->id;
     r.min_nodes = a.min_nodes;
@@ -602,7 +602,10 @@ void Worker::Impl::start_job(const wire::Assignment& a) {
     o.command = {"/bin/sh", "-c", a.entrypoint};
     o.nproc_per_node = nproc;
     o.run_id = job->id;
-    o.max_restarts = a.max_restarts;
+    o.max_restarts = a.launch.max_restarts;
+    if (a.launch.restart_backoff) o.restart_backoff = *a.launch.restart_backoff;
+    if (a.launch.restart_backoff_max) o.restart_backoff_max = *a.launch.restart_backoff_max;
+    if (a.launch.hang_timeout) o.hang_timeout = *a.launch.hang_timeout;
     o.term_timeout = options.stop_timeout;
     o.rendezvous = std::make_shared<elastic::Rendezvous>(std::move(backend), r);
     for (const auto& [k, v] : a.env) o.extra_env.emplace_back(k, v);

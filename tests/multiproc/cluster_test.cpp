@@ -118,6 +118,32 @@ TEST_F(ClusterTest, AnEntrypointThatDoesNotExistFailsWithItsError) {
   EXPECT_TRUE(contains(job["trainyard"]["last_lines"].dump(), "/no/such/program")) << job.dump(2);
 }
 
+// `submit` takes `trainyard run`'s restart flags, and each node's agent applies them: a rank that
+// beats and then hangs is stopped after --hang-timeout (1 s), not the agent's default 30 s.
+TEST_F(ClusterTest, SubmitsHangTimeoutReachesEveryNodesWatchdog) {
+  start_head_and_two_workers();
+  const auto start = std::chrono::steady_clock::now();
+  const RunOutput r = cluster.cli(
+      {"submit", "--submission-id", "hangs", "--hang-timeout", "1", "--restart-backoff", "0.25",
+       "--", TRAINYARD_HEARTBEAT_HELPER, "beat=300;err=rank 0 about to hang;stop"},
+      45s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.status.exit_code, 1) << r.out << r.err;
+  EXPECT_LT(took, 20s) << "the default 30 s watchdog stopped the rank, not --hang-timeout 1";
+  const json job = cluster.job("hangs");
+  ASSERT_TRUE(job.is_object());
+  EXPECT_EQ(job["status"], "FAILED") << job.dump(2);
+  EXPECT_EQ(job["trainyard"]["hang_timeout_s"], 1.0) << job.dump(2);
+  EXPECT_EQ(job["trainyard"]["restart_backoff_s"], 0.25) << job.dump(2);
+  EXPECT_TRUE(contains(job["message"].get<std::string>(), "hung: no progress for 1.0 s"))
+      << job.dump(2) << r.out;
+  // A bad value is refused by the CLI as `trainyard run` refuses it.
+  const RunOutput bad = cluster.cli({"submit", "--hang-timeout", "-1", "--", "true"});
+  EXPECT_NE(bad.status.exit_code, 0) << bad.out << bad.err;
+  EXPECT_TRUE(contains(bad.err, "--hang-timeout: must be a number of seconds in [0, 1000000]"))
+      << bad.err;
+}
+
 TEST_F(ClusterTest, AJobAskingForMoreNodesThanExistWaitsAsADemand) {
   start_head_and_two_workers();
   const RunOutput r = cluster.cli(

@@ -20,7 +20,8 @@ JobRecord sample_job(const std::string& id) {
   j.entrypoint = "echo hi";
   j.metadata = {{"owner", "me"}};
   j.entrypoint_num_cpus = 2;
-  j.nodes = "1:2";
+  j.launch.nodes = "1:2";
+  j.launch.hang_timeout = std::chrono::milliseconds(2500);
   j.min_nodes = 1;
   j.max_nodes = 2;
   j.assigned_nodes = {"n1"};
@@ -62,6 +63,9 @@ TEST(JobStoreTest, JobsNodesAndEventsSurviveReopen) {
   EXPECT_EQ(jobs[0].assigned_nodes, std::vector<std::string>{"n1"});
   EXPECT_EQ(jobs[0].failed_rank, 3);
   EXPECT_EQ(jobs[0].last_lines.size(), 2u);
+  EXPECT_EQ(jobs[0].launch.nodes, "1:2");
+  EXPECT_EQ(jobs[0].launch.hang_timeout, std::chrono::milliseconds(2500));
+  EXPECT_FALSE(jobs[0].launch.restart_backoff.has_value()) << "the agent's default";
   EXPECT_EQ(store.list_events("a").size(), 1u);
   auto node = store.get_node("n1");
   ASSERT_TRUE(node);
@@ -135,6 +139,47 @@ TEST(JobStoreTest, NewerSchemaIsRefused) {
     EXPECT_NE(m.find("schema version 99"), std::string::npos) << m;
     EXPECT_NE(m.find((dir.path() / "head.db").string()), std::string::npos) << m;
   }
+}
+
+// A head upgraded over a state directory of schema 1 (no launch durations) keeps its jobs: they
+// read as the agent's defaults, and take durations from then on.
+TEST(JobStoreTest, ASchemaOneDatabaseIsMigrated) {
+  test::TempDir dir;
+  {
+    JobStore store(dir.path());
+    JobRecord a = sample_job("a");
+    ASSERT_TRUE(store.insert_job(a));
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() / "head.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE jobs DROP COLUMN restart_backoff_s; "
+                         "ALTER TABLE jobs DROP COLUMN restart_backoff_max_s; "
+                         "ALTER TABLE jobs DROP COLUMN hang_timeout_s; "
+                         "DELETE FROM schema_version; INSERT INTO schema_version VALUES (1)",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  {
+    JobStore store(dir.path());
+    auto a = store.get_job("a");
+    ASSERT_TRUE(a);
+    EXPECT_EQ(a->entrypoint, "echo hi");
+    EXPECT_FALSE(a->launch.hang_timeout.has_value());
+    a->launch.hang_timeout = std::chrono::milliseconds(4000);
+    store.update_job(*a);
+  }
+  JobStore store(dir.path());
+  EXPECT_EQ(store.get_job("a")->launch.hang_timeout, std::chrono::milliseconds(4000));
+  ASSERT_EQ(sqlite3_open((dir.path() / "head.db").c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT MAX(version) FROM schema_version", -1, &s, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(s, 0), JobStore::kSchemaVersion);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
 }
 
 TEST(JobStoreTest, DamagedFileIsAnErrorNamingIt) {

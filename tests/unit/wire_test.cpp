@@ -62,10 +62,12 @@ TEST(Wire, EveryMessageRoundTrips) {
   const Assignment a{.job_id = "j1",
                      .entrypoint = "python train.py",
                      .env = {{"A", "1"}},
-                     .nproc_per_node = 2,
+                     .launch = {.nodes = "1:3",
+                                .nproc_per_node = 2,
+                                .max_restarts = 4,
+                                .hang_timeout = std::chrono::milliseconds(1500)},
                      .min_nodes = 1,
-                     .max_nodes = 3,
-                     .max_restarts = 4};
+                     .max_nodes = 3};
   const auto answer =
       round_trip(HeartbeatAnswer{.registered = true, .assignments = {a}, .stop = {"j0"}});
   EXPECT_TRUE(answer.registered);
@@ -73,6 +75,9 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(answer.assignments[0].entrypoint, "python train.py");
   EXPECT_EQ(answer.assignments[0].env.at("A"), "1");
   EXPECT_EQ(answer.assignments[0].max_nodes, 3);
+  EXPECT_EQ(answer.assignments[0].launch.max_restarts, 4);
+  EXPECT_EQ(answer.assignments[0].launch.hang_timeout, std::chrono::milliseconds(1500));
+  EXPECT_FALSE(answer.assignments[0].launch.restart_backoff.has_value()) << "the agent's default";
   EXPECT_EQ(answer.stop, std::vector<std::string>{"j0"});
 
   const auto batch = round_trip(LogBatch{.node_id = "n1", .first_seq = 7, .lines = {{1, "hello"}}});
@@ -81,7 +86,11 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(batch.lines[0].rank, 1);
   EXPECT_EQ(batch.lines[0].text, "hello");
 
-  JobSubmission sub{.entrypoint = "echo hi", .nodes = "1:3", .nproc_per_node = 2};
+  JobSubmission sub{.entrypoint = "echo hi",
+                    .launch = {.nodes = "1:3",
+                               .nproc_per_node = 2,
+                               .restart_backoff = std::chrono::milliseconds(250),
+                               .hang_timeout = std::chrono::milliseconds(0)}};
   sub.env_vars = {{"K", "V"}};
   sub.metadata = {{"owner", "me"}};
   sub.submission_id = "s1";
@@ -91,7 +100,9 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(sub2.submission_id, "s1");
   EXPECT_EQ(sub2.env_vars, sub.env_vars);
   EXPECT_EQ(sub2.metadata, sub.metadata);
-  EXPECT_EQ(sub2.nodes, "1:3");
+  EXPECT_EQ(sub2.launch.nodes, "1:3");
+  EXPECT_EQ(sub2.launch.restart_backoff, std::chrono::milliseconds(250));
+  EXPECT_EQ(sub2.launch.hang_timeout, std::chrono::milliseconds(0)) << "0: the watchdog off";
   EXPECT_EQ(sub2.entrypoint_num_cpus, 0.5);
 
   JobDetails d{.job_id = "s1", .submission_id = "s1", .status = "FAILED", .failed_rank = 1};
@@ -186,6 +197,11 @@ TEST(Wire, WrongTypesAndValuesNameTheField) {
       {{"entrypoint", "x"}, {"trainyard", {{"nproc_per_node", 1LL << 40}}}});
   EXPECT_TRUE(contains(e, "'trainyard.nproc_per_node' must be an integer from 1 to 2147483647"))
       << e;
+  e = error_of<JobSubmission>({{"entrypoint", "x"}, {"trainyard", {{"hang_timeout_s", -1}}}});
+  EXPECT_TRUE(contains(e, "'trainyard.hang_timeout_s' must be a number of seconds from 0 to")) << e;
+  e = error_of<JobSubmission>(
+      {{"entrypoint", "x"}, {"trainyard", {{"restart_backoff_s", "soon"}}}});
+  EXPECT_TRUE(contains(e, "'trainyard.restart_backoff_s' must be a number of seconds")) << e;
   e = error_of<LeaveRequest>({{"reason", "bored"}});
   EXPECT_TRUE(contains(e, "\"exited\" or \"drained\"")) << e;
   e = error_of<Assignment>(

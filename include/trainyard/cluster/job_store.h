@@ -48,11 +48,9 @@ struct JobRecord {
   std::optional<double> entrypoint_num_gpus;
   std::map<std::string, double> entrypoint_resources;
   // trainyard extension
-  std::string nodes = "1";  // as submitted: "N" or "MIN:MAX"
-  int min_nodes = 1;
+  wire::JobLaunch launch;  // as submitted
+  int min_nodes = 1;       // launch.nodes, parsed
   int max_nodes = 1;
-  int nproc_per_node = 1;
-  int max_restarts = 0;
   std::vector<std::string> assigned_nodes;
   std::optional<int> failed_rank;
   std::optional<std::string> failed_node;
@@ -95,7 +93,7 @@ class StoreFullError : public Error {
 // when SQLite fails (StoreFullError when its disk is full).
 class JobStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;  // 2: jobs' launch durations
   static constexpr const char* kFileName = "head.db";
 
   // Opens (creating) <state_dir>/head.db. CorruptDataError naming the file when it is not a

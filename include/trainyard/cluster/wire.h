@@ -6,6 +6,7 @@
 // limits] in wire.cpp.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -112,15 +113,27 @@ struct Heartbeat {
 };
 
 // A job placed on a node: what its agent runs.
+// How a job's ranks are launched on each of its nodes: trainyard's extension of Ray's job, carried
+// from the submission through the head's record to every node's assignment, where the worker
+// makes it the agent's elastic::LaunchOptions. Its flags are `trainyard run`'s (`submit` declares
+// them through the same add_restart_flags); a duration left out is the agent's default.
+struct JobLaunch {
+  std::string nodes = "1";  // "N" or "MIN:MAX"
+  int nproc_per_node = 1;
+  int max_restarts = 0;
+  std::optional<std::chrono::milliseconds> restart_backoff;
+  std::optional<std::chrono::milliseconds> restart_backoff_max;
+  std::optional<std::chrono::milliseconds> hang_timeout;  // 0: the watchdog off
+};
+
 struct Assignment {
   std::string job_id;
   Instance instance = 0;
   std::string entrypoint;
   std::map<std::string, std::string> env;
-  int nproc_per_node = 1;
-  int min_nodes = 1;
+  JobLaunch launch;
+  int min_nodes = 1;  // launch.nodes, parsed
   int max_nodes = 1;
-  int max_restarts = 0;
 };
 
 struct HeartbeatAnswer {
@@ -162,10 +175,7 @@ struct JobSubmission {
   std::optional<double> entrypoint_num_cpus;
   std::optional<double> entrypoint_num_gpus;
   std::map<std::string, double> entrypoint_resources;
-  // trainyard's extension
-  std::string nodes = "1";  // "N" or "MIN:MAX"
-  int nproc_per_node = 1;
-  int max_restarts = 0;
+  JobLaunch launch;  // trainyard's extension
 };
 
 struct SubmitAnswer {
@@ -197,9 +207,7 @@ struct JobDetails {
   std::optional<double> entrypoint_num_gpus;
   std::map<std::string, double> entrypoint_resources;
   // trainyard's extension
-  std::string nodes;
-  int nproc_per_node = 1;
-  int max_restarts = 0;
+  JobLaunch launch;
   std::vector<std::string> assigned_nodes;
   std::optional<int> failed_rank;
   std::optional<std::string> failed_node;

@@ -21,6 +21,10 @@ class Rendezvous;
 // A rank that has sent a heartbeat and then sends none for this long is reported as hung and its
 // group is stopped (and restarted while restarts are left). See Note [Hang watchdog].
 inline constexpr std::chrono::seconds kDefaultHangTimeout{30};
+// The largest values the launch flags take, and a cluster job's trainyard.* fields with them.
+inline constexpr int kMaxRestartsLimit = 1 << 20;
+inline constexpr std::chrono::seconds kMaxRestartBackoff{86400};
+inline constexpr std::chrono::seconds kMaxHangTimeout{1'000'000};
 
 struct LaunchOptions {
   std::vector<std::string> command{};  // program and its arguments; command[0] is looked up in PATH
