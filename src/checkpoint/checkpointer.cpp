@@ -474,13 +474,33 @@ Manifest Checkpointer::read_manifest(const std::string& name) {
     throw CheckpointCorruptError(
         detail::concat(where, " has no ", kManifest, ": the save did not complete."));
   }
+  // JSON parsers keep one of an object's repeated keys silently; a manifest that lists a file
+  // twice (two digests for one file) is not one a save wrote, so its first repeated key is kept
+  // here and the manifest refused.
+  std::vector<std::set<std::string>> object_keys;  // one set per object being parsed
+  std::string repeated;
+  const auto note_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using Event = nlohmann::json::parse_event_t;
+    if (event == Event::object_start) {
+      object_keys.emplace_back();
+    } else if (event == Event::object_end) {
+      object_keys.pop_back();
+    } else if (event == Event::key &&
+               !object_keys.back().insert(parsed.get<std::string>()).second && repeated.empty()) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
   nlohmann::json manifest;
   try {
-    manifest = nlohmann::json::parse(*manifest_text);
+    manifest = nlohmann::json::parse(*manifest_text, note_keys);
   } catch (const std::exception& e) {
     throw CheckpointCorruptError(
         detail::concat(where, "/", kManifest, " is not valid JSON: ", e.what()));
   }
+  if (!repeated.empty())
+    throw CheckpointCorruptError(detail::concat(where, "/", kManifest, " lists \"", repeated,
+                                                "\" twice; a save writes each name once."));
   if (!manifest.is_object() || manifest.value("format", 0) != kManifestFormat ||
       !manifest.contains("files") || !manifest["files"].is_object() || !manifest.contains("step") ||
       !manifest["step"].is_number_integer()) {
@@ -490,8 +510,17 @@ Manifest Checkpointer::read_manifest(const std::string& name) {
   }
   Manifest out{.name = name, .step = manifest["step"].get<std::int64_t>()};
   for (const auto& [file, info] : manifest["files"].items()) {
-    out.files[file] = FileDigest{.bytes = info.value("bytes", std::uint64_t{0}),
-                                 .sha256 = info.value("sha256", "")};
+    const auto bytes = info.is_object() ? info.find("bytes") : info.end();
+    const auto sha256 = info.is_object() ? info.find("sha256") : info.end();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
+        !info.is_object() || bytes == info.end() || !bytes->is_number_unsigned() ||
+        sha256 == info.end() || !sha256->is_string())
+      throw CheckpointCorruptError(detail::concat(
+          where, "/", kManifest, " has the entry \"", file.substr(0, 256),
+          "\", which is not a file name of the checkpoint's folder with {\"bytes\": N, "
+          "\"sha256\": \"...\"}."));
+    out.files[file] =
+        FileDigest{.bytes = bytes->get<std::uint64_t>(), .sha256 = sha256->get<std::string>()};
   }
   return out;
 }

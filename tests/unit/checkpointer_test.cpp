@@ -27,6 +27,7 @@
 
 #include "../log_capture.h"
 #include "../temp_dir.h"
+#include "../text.h"
 #include "trainyard/checkpoint/lease.h"
 #include "trainyard/error.h"
 #include "trainyard/log.h"
@@ -40,6 +41,7 @@ using storage::Storage;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
+using trainyard::test::contains;
 using trainyard::test::LogCapture;
 using trainyard::test::TempDir;
 
@@ -173,6 +175,40 @@ TEST(Checkpointer, SkipsTruncatedMissingAndUnreadableCheckpoints) {
   auto latest = c.load_latest();
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->name, "checkpoint_000000");
+}
+
+// A manifest is what a save wrote or it is refused: a file listed twice (JSON keeps one of two
+// repeated keys silently), an entry without its digest, a name that leaves the folder.
+TEST(Checkpointer, AManifestListingAFileTwiceOrAnOddEntryIsRefused) {
+  TempDir dir;
+  Checkpointer c(dir.path().string());
+  c.save(make(1));
+  const auto manifest_path = dir.path() / "checkpoint_000000" / "MANIFEST.json";
+  std::string text;
+  std::getline(std::ifstream(manifest_path), text, '\0');
+  auto manifest = nlohmann::json::parse(text);
+  const auto refused = [&](const std::string& written) {
+    std::ofstream(manifest_path, std::ios::trunc) << written;
+    try {
+      c.load("checkpoint_000000");
+    } catch (const CheckpointCorruptError& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  // "model.pt" a second time, with its own (equal) digest: two keys of one name.
+  const std::string model = manifest["files"]["model.pt"].dump();
+  std::string twice = manifest.dump();
+  twice.replace(twice.find("\"model.pt\""), 0, "\"model.pt\":" + model + ",");
+  EXPECT_TRUE(contains(refused(twice), "lists \"model.pt\" twice")) << twice;
+  auto no_digest = manifest;
+  no_digest["files"]["model.pt"].erase("sha256");
+  EXPECT_TRUE(contains(refused(no_digest.dump()), "has the entry \"model.pt\""));
+  auto escape = manifest;
+  escape["files"]["../model.pt"] = manifest["files"]["model.pt"];
+  EXPECT_TRUE(contains(refused(escape.dump()), "has the entry \"../model.pt\""));
+  std::ofstream(manifest_path, std::ios::trunc) << text;
+  EXPECT_EQ(c.load("checkpoint_000000").checkpoint.step, 1);
 }
 
 TEST(Checkpointer, NeverPicksAPartialSaveAndCleansItUp) {
