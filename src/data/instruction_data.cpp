@@ -1,4 +1,5 @@
 #include "trainyard/data/instruction_data.h"
+#include "trainyard/data/data_file.h"
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -126,11 +127,7 @@ std::vector<PromptResponse> read_records(const std::string& path, const RecordFo
                (!format.prompt_template.empty() && !format.response_field.empty()),
            "--data-format jsonl needs --prompt-template (e.g. \"Question: {question}\\nAnswer: \") "
            "and --response-field (e.g. answer).");
-  std::ifstream in(path, std::ios::binary);
-  TY_CHECK(in.good(), "--data ", path, " cannot be read. HINT: give the JSON or JSON-lines file.");
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string all = text.str();
+  const std::string all = read_data_file(path, "give the JSON or JSON-lines file of records.");
   std::vector<PromptResponse> out;
   const auto first = all.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && all[first] == '[') {  // one JSON array

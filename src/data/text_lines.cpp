@@ -10,9 +10,10 @@
 #include <iterator>
 
 #include "trainyard/checkpoint/checkpointer.h"
+#include "trainyard/data/data_file.h"
 #include "trainyard/error.h"
-#include "trainyard/log.h"
 #include "trainyard/ignore_index.h"
+#include "trainyard/log.h"
 #include "trainyard/storage/storage.h"
 
 namespace trainyard::data {
@@ -25,13 +26,6 @@ namespace {
 // int32 lengths, little-endian. Written through a temporary name and renamed, so a reader sees a
 // whole file or none; one that does not match is prepared again.
 constexpr std::string_view kMagic = "trainyard-tokens 1\n";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TY_CHECK(in.good(), "Cannot read the corpus ", path, ": ", std::strerror(errno),
-           ". HINT: --data names a text file.");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 std::string cache_header(const std::string& corpus_sha,
                          const std::string& tokenizer_id,
@@ -148,7 +142,7 @@ PreparedText prepare_text(const std::string& path,
                           const Encoder& encode,
                           std::int64_t seq_len,
                           std::int32_t pad_id) {
-  const std::string corpus = read_file(path);
+  const std::string corpus = read_data_file(path, "--data names a text file to train on.");
   const std::string corpus_sha = checkpoint::sha256_hex(corpus);
   const std::string name = cache_file_name(path, tokenizer_id, seq_len, pad_id);
   // Next to the corpus when its folder is writable, else in the user's cache folder.

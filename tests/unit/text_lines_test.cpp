@@ -144,8 +144,19 @@ TEST_F(TokenCache, ACorpusWithoutTrainingLinesOrFileIsAClearError) {
     prepare_text((dir_ / "missing.txt").string(), "bytes", bytes_of, 8, 0);
     FAIL() << "no file";
   } catch (const trainyard::InvalidArgumentError& e) {
-    EXPECT_NE(std::string(e.what()).find("Cannot read the corpus"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("missing.txt"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("missing.txt does not exist"), std::string::npos)
+        << e.what();
+  }
+  // A device has no end to read to (it ended in std::bad_alloc); a folder is not a corpus.
+  for (const std::string& not_a_file : {std::string("/dev/zero"), dir_.string()}) {
+    try {
+      prepare_text(not_a_file, "bytes", bytes_of, 8, 0);
+      FAIL() << not_a_file << " was read";
+    } catch (const trainyard::InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("--data " + not_a_file + " is a "), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("regular file"), std::string::npos) << e.what();
+    }
   }
 }
 
