@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -95,9 +98,35 @@ std::function<void(const std::string&, std::int64_t, std::int64_t, float*)> hf_s
 
 namespace {
 
-// Refuses, before anything is written, an export folder that is a file or (unless overwrite)
-// holds files.
-void check_export_folder(const std::string& dir, bool overwrite) {
+void check_existing_export_folder(const std::string& dir, bool overwrite);
+
+// Makes the export folder, or refuses it before anything is written: an empty name, a file, a
+// folder that holds files (unless overwrite), or one that cannot be made or written (/proc, a
+// read-only mount).
+void prepare_export_folder(const std::string& dir, bool overwrite) {
+  namespace fs = std::filesystem;
+  TY_CHECK(!dir.empty(),
+           "The export folder's name is empty. HINT: name the folder to write the "
+           "export into (--out).");
+  check_existing_export_folder(dir, overwrite);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TY_CHECK(!ec, "Cannot make the export folder ", dir, ": ", ec.message(),
+           ". HINT: name a folder you can write (--out).");
+  const auto probe = fs::path(dir) / ".trainyard-export-probe";
+  bool writable = false;
+  int error = 0;
+  {
+    std::ofstream out(probe);
+    writable = out.good();
+    error = errno;
+  }
+  fs::remove(probe, ec);
+  TY_CHECK(writable, "Cannot write into the export folder ", dir, ": ", std::strerror(error),
+           ". HINT: name a folder you can write (--out).");
+}
+
+void check_existing_export_folder(const std::string& dir, bool overwrite) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(dir, ec);
@@ -129,8 +158,7 @@ void export_hf(const TensorShapes& tensors,
                const std::string& config_json,
                const std::string& dir,
                ExportOptions options) {
-  check_export_folder(dir, options.overwrite);
-  std::filesystem::create_directories(dir);
+  prepare_export_folder(dir, options.overwrite);
   std::vector<hf::TensorSpec> specs;
   for (const auto& [name, shape] : tensors)
     specs.push_back({name, options.bf16 ? hf::Dtype::BF16 : hf::Dtype::F32, shape});
@@ -166,7 +194,7 @@ void export_lora_adapter(const torch::nn::Module& module,
                          const std::string& base_model,
                          const std::string& dir,
                          ExportOptions options) {
-  check_export_folder(dir, options.overwrite);
+  prepare_export_folder(dir, options.overwrite);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   std::set<std::string> modules;  // PEFT's target_modules: the adapted layers' names
   for (const auto& p : module.named_parameters()) {
@@ -190,7 +218,6 @@ void export_lora_adapter(const torch::nn::Module& module,
                                  {"fan_in_fan_out", false},
                                  {"inference_mode", true},
                                  {"modules_to_save", nullptr}};
-  std::filesystem::create_directories(dir);
   hf::detail::write_file_atomically(std::filesystem::path(dir) / "adapter_model.safetensors",
                                     checkpoint::encode_safetensors(tensors, {{"format", "pt"}}));
   hf::detail::write_file_atomically(std::filesystem::path(dir) / "adapter_config.json",

@@ -333,6 +333,7 @@ std::string export_checkpoint(const std::string& checkpoint_uri,
   TY_CHECK(checkpoint::checkpoint_number(name) >= 0, "--checkpoint ", checkpoint_uri,
            " does not name a checkpoint folder (RUN/checkpoint_000003).");
   const auto run_uri = slash == std::string::npos ? std::string(".") : trimmed.substr(0, slash);
+  TY_CHECK(!out_dir.empty(), "--out is empty. HINT: name the folder to write the export into.");
   check_not_a_run_folder(out_dir, options.overwrite);
   auto lm = untrained_model_of_run(run_uri, 0, /*deferred=*/true);
   checkpoint::Checkpointer checkpointer(run_uri, {.read_only = true});

@@ -336,6 +336,17 @@ TEST(CausalLmReader, ExportRefusesAFileANonEmptyFolderAndARunFolderUnlessForced)
             std::string::npos)
       << message;
 
+  // No name, and a folder nobody writes into (root neither): a message, not "filesystem error".
+  message = invalid_message_of([&] { export_checkpoint(checkpoint, ""); });
+  EXPECT_NE(message.find("--out is empty"), std::string::npos) << message;
+  message =
+      invalid_message_of([&] { export_checkpoint(checkpoint, "/proc", {.overwrite = true}); });
+  EXPECT_NE(message.find("Cannot write into the export folder /proc: "), std::string::npos)
+      << message;
+  message = invalid_message_of([&] { export_checkpoint(checkpoint, "/proc/trainyard/x"); });
+  EXPECT_NE(message.find("Cannot make the export folder /proc/trainyard/x: "), std::string::npos)
+      << message;
+
   const auto full = r.dir.path() / "full";
   fs::create_directories(full);
   std::ofstream(full / "notes.txt") << "mine";
