@@ -276,9 +276,11 @@ void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
   impl.fuse_unk = flag(m, "fuse_unk", false);
   impl.ignore_merges = flag(m, "ignore_merges", false);
 
-  const json& vocab = m.at("vocab");
-  TY_CHECK_T(CorruptDataError, vocab.is_object(), what,
-             ": field \"model.vocab\" should map tokens to ids.");
+  TY_CHECK_T(CorruptDataError, m.contains("vocab") && m["vocab"].is_object(), what,
+             m.contains("vocab") ? ": field \"model.vocab\" should map tokens to ids."
+                                 : ": field \"model.vocab\" is missing; a BPE model maps its "
+                                   "tokens to ids there.");
+  const json& vocab = m["vocab"];
   for (const auto& [token, id] : vocab.items()) {
     TY_CHECK_T(CorruptDataError,
                id.is_number_integer() && id.get<std::int64_t>() >= 0 &&
@@ -293,7 +295,11 @@ void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
                "]\" uses or makes ", shown(token), ", which \"model.vocab\" does not hold.");
     return it->second;
   };
-  const json& merges = m.at("merges");
+  TY_CHECK_T(CorruptDataError, m.contains("merges") && m["merges"].is_array(), what,
+             m.contains("merges") ? ": field \"model.merges\" should be a list of merges."
+                                  : ": field \"model.merges\" is missing; a BPE model lists its "
+                                    "merges there (an empty list when it has none).");
+  const json& merges = m["merges"];
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     std::string left;
     std::string right;
@@ -307,8 +313,10 @@ void load_model(const json& m, const std::string& what, Tokenizer::Impl& impl) {
       left = line.substr(0, space);
       right = line.substr(space + 1);
     } else {  // ["a", "b"], as newer files write merges
-      TY_CHECK_T(CorruptDataError, merges[rank].is_array() && merges[rank].size() == 2, what,
-                 ": field \"model.merges[", rank, "]\" is ", shown(merges[rank]),
+      TY_CHECK_T(CorruptDataError,
+                 merges[rank].is_array() && merges[rank].size() == 2 &&
+                     merges[rank][0].is_string() && merges[rank][1].is_string(),
+                 what, ": field \"model.merges[", rank, "]\" is ", shown(merges[rank]),
                  "; a merge is \"a b\" or [\"a\", \"b\"].");
       left = merges[rank][0].get<std::string>();
       right = merges[rank][1].get<std::string>();

@@ -321,6 +321,15 @@ TEST(HfTokenizer, RefusesOtherModelsAndPreTokenizersNamingTheField) {
       std::string::npos);
   EXPECT_NE(load_error([](json& j) { j["model"]["merges"].push_back("x yz"); }).find("\"yz\""),
             std::string::npos);
+  // Not the JSON library's "key 'merges' not found": the field, and what belongs there.
+  const auto no_merges = load_error([](json& j) { j["model"].erase("merges"); });
+  EXPECT_NE(no_merges.find("field \"model.merges\" is missing; a BPE model lists its merges"),
+            std::string::npos)
+      << no_merges;
+  EXPECT_NE(load_error([](json& j) {
+              j["model"]["merges"][0] = json::array({1, 2});
+            }).find("\"model.merges[0]\""),
+            std::string::npos);
   const auto empty = load_error([](json& j) {
     j["model"]["vocab"] = json::object();
     j["model"]["merges"] = json::array();
