@@ -131,6 +131,21 @@ void read_rope(const Json& j, LlamaConfig& c) {
           "embeddings. HINT: a model with another scaling (dynamic, yarn, longrope) would give "
           "wrong logits here."));
     }
+    // As transformers' rope validation: each scaling's parameters are given, never defaulted.
+    std::vector<const char*> required;
+    if (type == "linear") required = {"factor"};
+    if (type == "llama3")
+      required = {"factor", "original_max_position_embeddings", "low_freq_factor",
+                  "high_freq_factor"};
+    std::string missing;
+    for (const char* name : required)
+      if (!it->contains(name) || (*it)[name].is_null())
+        missing += detail::concat(missing.empty() ? "" : ", ", "\"", name, "\"");
+    TY_CHECK(missing.empty(), "config.json: \"", key, "\" of rope_type \"", type, "\" lacks ",
+             missing,
+             ", which transformers requires of it too. HINT: copy the model's "
+             "config.json whole; Llama 3.1's rope_scaling has factor 8.0, low_freq_factor 1.0, "
+             "high_freq_factor 4.0, original_max_position_embeddings 8192.");
     read_field(*it, "factor", c.rope_scaling.factor);
     read_field(*it, "low_freq_factor", c.rope_scaling.low_freq_factor);
     read_field(*it, "high_freq_factor", c.rope_scaling.high_freq_factor);

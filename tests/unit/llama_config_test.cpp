@@ -91,6 +91,16 @@ TEST(LlamaConfigTest, WhatTheModelLacksIsRefusedByName) {
   EXPECT_NE(expect_refused(config("llama", R"("rope_scaling": {"rope_type": "yarn", "factor": 4})"))
                 .find("rope_type \"yarn\""),
             std::string::npos);
+  // A llama3 scaling without its frequency bounds is not Llama 3's: refused, not defaulted.
+  const auto partial =
+      expect_refused(config("llama", R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"));
+  EXPECT_NE(partial.find("rope_type \"llama3\" lacks \"original_max_position_embeddings\", "
+                         "\"low_freq_factor\", \"high_freq_factor\""),
+            std::string::npos)
+      << partial;
+  EXPECT_NE(expect_refused(config("llama", R"("rope_scaling": {"type": "linear"})"))
+                .find("lacks \"factor\""),
+            std::string::npos);
   EXPECT_NE(expect_refused(config("llama", R"("hidden_act": "gelu")")).find("\"hidden_act\""),
             std::string::npos);
   EXPECT_NE(expect_refused(config("llama", R"("num_key_value_heads": 3)"))
