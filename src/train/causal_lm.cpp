@@ -759,6 +759,16 @@ Result report_result(const CausalLmOptions& o,
   return result;
 }
 
+// What the run trains, as the checkpoints' setup.json says it: "full fine-tune", or
+// "LoRA (r 8, alpha 16, targets q_proj,v_proj)".
+std::string training_kind(const CausalLmOptions& o) {
+  if (!o.lora) return "full fine-tune";
+  std::string targets;
+  for (const auto& t : o.lora->targets) targets += (targets.empty() ? "" : ",") + t;
+  return detail::concat("LoRA (r ", o.lora->r, ", alpha ", o.lora->alpha, ", targets ", targets,
+                        ")");
+}
+
 // A resumed LoRA run's adapters were trained on `base` (Note [A LoRA checkpoint's base]).
 void check_resumed_base(Trainer& trainer, const std::string& base) {
   const auto where = storage::join_uri(trainer.run().uri(), trainer.resumed_from());
@@ -837,6 +847,9 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
       torch::optim::AdamWOptions(o.effective_lr()).eps(o.eps).weight_decay(o.weight_decay));
   const auto io = checkpoint_io(wrapped, optimizer, trainer, o.run.uri());
   trainer.guard_weights(wrapped.params);
+  trainer.describe_setup({{"training", training_kind(o)},
+                          {"precision", std::string(to_string(o.precision))},
+                          {"strategy", std::string(to_string(o.strategy))}});
   std::string base;  // Note [A LoRA checkpoint's base]
   if (o.lora) {
     base = base_fingerprint(o.model, data.source);

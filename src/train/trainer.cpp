@@ -13,9 +13,9 @@
 
 #include "trainyard/checkpoint/checkpointer.h"
 #include "trainyard/comm/collectives.h"
-#include "trainyard/env.h"
 #include "trainyard/comm/process_group.h"
 #include "trainyard/cpu_count.h"
+#include "trainyard/env.h"
 #include "trainyard/error.h"
 #include "trainyard/fsdp/state_dict.h"
 #include "trainyard/heartbeat.h"
@@ -32,6 +32,7 @@ double now_s() {
 }
 
 constexpr const char* kStateFile = "state.json";
+constexpr const char* kSetupFile = "setup.json";  // describe_setup()'s facts, a JSON object
 
 // Note [Root checkpoints]
 // Rank 0 picks the checkpoint to resume from (the newest that verifies) and tells the others, so
@@ -352,12 +353,22 @@ double Trainer::elapsed_s() const {
   return now_s() - start_s_;
 }
 
+// Note [config.json after the resume]
+// config.json says how the run's checkpoints are to be read (generate and export rebuild the model
+// from it). A run started on another's folder, or resumed with flags its checkpoints cannot load
+// into (Note [A run resumed as it was not set up]), must not replace it before it fails: so the
+// file is written once resume() has taken the folder's lease and loaded its newest checkpoint (or
+// found none), and at once when the recipe names its configuration after that.
 void Trainer::write_config(const std::string& config_json) {
   config_json_ = config_json;
   if (rank() != 0) return;
-  const auto parsed = nlohmann::ordered_json::parse(config_json);
-  storage_->write("config.json", parsed.dump(2) + "\n");
-  logger("train")->info("configuration: {}", parsed.dump());
+  logger("train")->info("configuration: {}", nlohmann::ordered_json::parse(config_json).dump());
+  if (checkpointer_) store_config();
+}
+
+void Trainer::store_config() {
+  if (rank() != 0 || config_json_ == "{}") return;
+  storage_->write("config.json", nlohmann::ordered_json::parse(config_json_).dump(2) + "\n");
 }
 
 const Progress& Trainer::resume(CheckpointIO& io) {
@@ -369,7 +380,19 @@ const Progress& Trainer::resume(CheckpointIO& io) {
       run_.uri(),
       checkpoint::CheckpointerOptions{.num_to_keep = run_.num_to_keep,
                                       .read_only = rank() != 0 && !io.every_rank_writes()});
-  auto loaded = io.load_latest(*checkpointer_);
+  std::optional<CheckpointIO::Loaded> loaded;
+  try {
+    loaded = io.load_latest(*checkpointer_);
+  } catch (const Error& e) {
+    // See Note [A run resumed as it was not set up].
+    const auto complete = checkpointer_->list_complete();
+    const auto changed = complete.empty() ? std::string() : setup_changes(complete.back());
+    if (changed.empty()) throw;
+    throw InvalidArgumentError(detail::concat(
+        storage::join_uri(run_.uri(), complete.back()), " was saved by a run set up otherwise (",
+        changed, "), and cannot be loaded into this one: ", e.what(),
+        " HINT: resume the run as it was set up, or give --name a new run."));
+  }
   if (!loaded) {
     if (rank() == 0) {
       if (const auto damaged = checkpointer_->list_damaged(); !damaged.empty()) {
@@ -382,6 +405,7 @@ const Progress& Trainer::resume(CheckpointIO& io) {
         std::fflush(stdout);
       }
     }
+    store_config();  // Note [config.json after the resume]
     return progress_;
   }
   const auto where = storage::join_uri(run_.uri(), loaded->name);
@@ -394,12 +418,18 @@ const Progress& Trainer::resume(CheckpointIO& io) {
         "position.",
         loaded->name, progress_.world_size, world_size());
   }
+  if (const auto changed = setup_changes(loaded->name); !changed.empty() && rank() == 0)
+    logger("train")->warn(
+        "{} was saved by a run set up otherwise: {}. The run goes on as this one "
+        "is set up.",
+        loaded->name, changed);
   if (rank() == 0) {
     std::printf("Resuming from %s at step %lld (epoch %d, %lld samples into it)\n",
                 loaded->name.c_str(), static_cast<long long>(progress_.global_step),
                 progress_.epoch, static_cast<long long>(progress_.epoch_position));
     std::fflush(stdout);
   }
+  store_config();  // Note [config.json after the resume]
   return progress_;
 }
 
@@ -413,6 +443,43 @@ std::optional<std::string> Trainer::resumed_file(const std::string& name) {
 void Trainer::add_checkpoint_file(const std::string& name, std::string bytes) {
   TY_CHECK(name != kStateFile, name, " is the Trainer's own checkpoint file.");
   checkpoint_files_[name] = std::move(bytes);
+}
+
+void Trainer::describe_setup(std::vector<std::pair<std::string, std::string>> facts) {
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  for (const auto& [fact, value] : facts) json[fact] = value;
+  checkpoint_files_[kSetupFile] = json.dump();
+  setup_ = std::move(facts);
+}
+
+// Note [A run resumed as it was not set up]
+// A run resumed with other flags than it was saved with may load fine and quietly train on
+// otherwise (another precision: the checkpoint's fp32 weights now train in bf16), or fail to load
+// with a message about a parameter that only the flags explain (a LoRA run resumed as a full
+// fine-tune "has no parameter model.norm.weight"). So each checkpoint keeps the recipe's setup
+// facts (setup.json), and resume() compares: a difference is said as a warning when the
+// checkpoint loads, and leads the error when it does not. A checkpoint from before setup.json, or
+// a fact one side lacks, is not a difference.
+std::string Trainer::setup_changes(const std::string& checkpoint) {
+  if (setup_.empty()) return "";
+  std::optional<std::string> text;
+  try {
+    const auto manifest = checkpointer_->read_manifest(checkpoint);
+    if (manifest.files.count(kSetupFile) > 0) text = checkpointer_->read_file(manifest, kSetupFile);
+  } catch (const Error&) {
+    return "";  // the load reports what is wrong with the checkpoint itself
+  }
+  if (!text) return "";
+  const auto saved = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!saved.is_object()) return "";
+  std::string out;
+  for (const auto& [fact, value] : setup_) {
+    const auto it = saved.find(fact);
+    if (it == saved.end() || !it->is_string() || it->get<std::string>() == value) continue;
+    out += detail::concat(out.empty() ? "" : "; ", fact, ": ", it->get<std::string>(), " there, ",
+                          value, " here");
+  }
+  return out;
 }
 
 void Trainer::guard_weights(std::vector<at::Tensor> weights) {
@@ -511,7 +578,7 @@ void Trainer::on_report(std::function<void(const Report&)> sink) {
 
 void Trainer::save_checkpoint() {
   TY_CHECK(io_ != nullptr, "Trainer::save_checkpoint needs resume() first (it sets the io).");
-  heartbeat();  // around each phase that may take a while: Note [Hang watchdog]
+  heartbeat();                      // around each phase that may take a while: Note [Hang watchdog]
   if (!guarded_weights_.empty()) {  // Note [Non-finite training]
     auto bad = torch::tensor({all_finite(guarded_weights_) ? 0.0 : 1.0}, torch::kFloat64);
     all_reduce(bad, /*max=*/true);

@@ -110,10 +110,11 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
     EXPECT_TRUE(std::filesystem::exists(dir.path() / "hf" / file)) << file;
   EXPECT_EQ(generate(dir.str() + "/hf"), after);
 
-  // The same run at one rank: it resumes from the 2-rank sharded checkpoint where it stopped.
-  auto second = run_program(
-      causal_lm_command(dir, {"--workers", "1", "--precision", precision, "--max-steps", "30"}), {},
-      100s);
+  // The same run at one rank and another strategy: it resumes from the 2-rank sharded checkpoint
+  // where it stopped, and says what changed (Note [A run resumed as it was not set up]).
+  auto second = run_program(causal_lm_command(dir, {"--workers", "1", "--strategy", "shard_grad_op",
+                                                    "--precision", precision, "--max-steps", "30"}),
+                            {}, 100s);
   ASSERT_FALSE(second.timed_out) << second.out << second.err;
   ASSERT_TRUE(second.status.success()) << second.out << second.err;
   EXPECT_NE(second.out.find("Resuming from checkpoint_000000 at step 24 (epoch 0, 384 samples "
@@ -121,6 +122,10 @@ TEST(CausalLm, TwoRanksWithFullShardLearnAndTheRunResumesAtOneRank) {
             std::string::npos)
       << second.out;
   EXPECT_NE(second.err.find("taken at world size 2; continuing at world size 1"), std::string::npos)
+      << second.err;
+  EXPECT_NE(second.err.find("checkpoint_000000 was saved by a run set up otherwise: strategy: "
+                            "full_shard there, shard_grad_op here."),
+            std::string::npos)
       << second.err;
   const double resumed_loss = printed_loss(second.out, 49);  // 384 / 8: step 49 of the epoch
   EXPECT_GT(resumed_loss, 0) << second.out;

@@ -339,6 +339,18 @@ TEST(LlamaRecipe, LoraCheckpointsRefuseABaseThatChangedOrIsGone) {
   auto restored = export_to("merged");
   EXPECT_TRUE(restored.status.success()) << "the same base again: " << restored.err;
 
+  // Resumed as a full fine-tune: the flags are the reason it cannot load, and the error says so
+  // (Note [A run resumed as it was not set up]).
+  refused(run_program(trainyard::test::train_on_bytes_command(base, dir.path(), "lora",
+                                                              {"--lr", "1e-2", "--max-steps", "4"}),
+                      {}, 90s),
+          "was saved by a run set up otherwise (training: LoRA (r 16, alpha 32, targets "
+          "q_proj,v_proj) there, full fine-tune here)");
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir.path() / "lora" / "config.json"))["peft"]["type"],
+            "lora")
+      << "the failed resume left the run's config.json as it was (Note [config.json after the "
+         "resume])";
+
   fs::remove(weights);
   // Gone: the reader names the file (the folder's index lists it), or the fingerprint does.
   refused(export_to("merged2"), weights.filename().string());

@@ -157,7 +157,8 @@ class Trainer {
   // The run's folder: config.json, result.json, and the checkpoints' files.
   storage::Storage& storage() { return *storage_; }
 
-  // Rank 0 writes config.json (a JSON object's text) and logs it; result.json repeats it.
+  // Rank 0 logs the configuration (a JSON object's text) and writes it as config.json once
+  // resume() has loaded the run's newest checkpoint; result.json repeats it.
   void write_config(const std::string& config_json);
 
   // Loads the newest checkpoint through `io` (which it keeps for saves) and returns where the run
@@ -176,6 +177,10 @@ class Trainer {
   std::optional<std::string> resumed_file(const std::string& name);
   // A file every checkpoint saved from now on holds beside the recipe's state (written by rank 0).
   void add_checkpoint_file(const std::string& name, std::string bytes);
+  // How this run is set up, as facts a person reads ({"training", "full fine-tune"},
+  // {"precision", "bf16-mixed"}), given before resume(): every checkpoint saves them, and
+  // resume() compares the checkpoint's with these (Note [A run resumed as it was not set up]).
+  void describe_setup(std::vector<std::pair<std::string, std::string>> facts);
 
   // Starts epoch `epoch` of `batches` steps per rank (counted from the epoch's first sample) and
   // returns the sample position to start it from: where the resumed checkpoint left it, else 0.
@@ -240,7 +245,13 @@ class Trainer {
   std::string config_json_ = "{}";
   CheckpointIO* io_ = nullptr;
   std::vector<at::Tensor> guarded_weights_;
-  std::map<std::string, std::string> checkpoint_files_;  // add_checkpoint_file()
+  std::map<std::string, std::string> checkpoint_files_;     // add_checkpoint_file()
+  std::vector<std::pair<std::string, std::string>> setup_;  // describe_setup()
+  // What differs between `checkpoint`'s setup.json and setup_, as "fact: X there, Y here; ...";
+  // "" when nothing does or either is unknown.
+  std::string setup_changes(const std::string& checkpoint);
+  // Rank 0 writes config_json_ as config.json (Note [config.json after the resume]).
+  void store_config();
   Progress progress_;
   std::string resumed_from_;
   std::string last_checkpoint_;
