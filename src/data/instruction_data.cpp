@@ -165,7 +165,16 @@ Examples tokenize_examples(const std::vector<PromptResponse>& records,
                            std::int64_t seq_len,
                            bool truncate) {
   Examples out;
+  // See Note [Prompts longer than seq_len].
+  const std::size_t surely_too_long =
+      tokens.longest_token_bytes == 0
+          ? SIZE_MAX
+          : kPromptBytesPerToken * tokens.longest_token_bytes * static_cast<std::size_t>(seq_len);
   for (const auto& r : records) {
+    if (r.prompt.size() > surely_too_long) {
+      if (out.dropped++ == 0) out.first_dropped = r.where;
+      continue;
+    }
     std::vector<std::int32_t> ids;
     if (tokens.bos) ids.push_back(*tokens.bos);
     const auto prompt = tokens.encode(r.prompt);

@@ -277,6 +277,13 @@ std::int64_t Tokenizer::vocab_size() const {
   return impl_->byte_level ? 256 : static_cast<std::int64_t>(impl_->token_text.size());
 }
 
+std::size_t Tokenizer::longest_token_bytes() const {
+  if (impl_->byte_level) return 1;
+  std::size_t longest = 1;
+  for (const auto& text : impl_->token_text) longest = std::max(longest, text.size());
+  return longest;
+}
+
 std::optional<std::int32_t> Tokenizer::token_to_id(std::string_view token) const {
   if (impl_->byte_level) {
     if (token.size() == 1) return static_cast<unsigned char>(token[0]);

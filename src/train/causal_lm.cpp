@@ -170,7 +170,8 @@ LmDataset record_dataset(const std::vector<data::PromptResponse>& records,
   const data::ExampleTokens tokens{
       .encode = tokenizer.encode_plain,
       .bos = tokenizer.bos_id >= 0 ? std::optional<std::int32_t>(tokenizer.bos_id) : std::nullopt,
-      .eos = tokenizer.eos_id >= 0 ? std::optional<std::int32_t>(tokenizer.eos_id) : std::nullopt};
+      .eos = tokenizer.eos_id >= 0 ? std::optional<std::int32_t>(tokenizer.eos_id) : std::nullopt,
+      .longest_token_bytes = tokenizer.longest_token_bytes};
   auto examples = data::tokenize_examples(records, tokens, o.seq_len, /*truncate=*/!packing);
   if (trainer.rank() == 0) {
     // See Note [Prompts longer than seq_len].

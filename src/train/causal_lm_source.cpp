@@ -302,7 +302,8 @@ TextTokenizer load_text_tokenizer(const std::string& id) {
           .pad_id = tokenizer->pad_id().value_or(tokenizer->eos_id().value_or(0)),
           .eos_id = tokenizer->eos_id() ? *tokenizer->eos_id() : -1,
           .bos_id = tokenizer->bos_id() ? *tokenizer->bos_id() : -1,
-          .vocab_size = tokenizer->vocab_size()};
+          .vocab_size = tokenizer->vocab_size(),
+          .longest_token_bytes = tokenizer->longest_token_bytes()};
 }
 
 }  // namespace trainyard::train

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -99,6 +100,29 @@ ExampleTokens char_tokens() {
           [](std::string_view text) { return std::vector<std::int32_t>(text.begin(), text.end()); },
       .bos = 1,
       .eos = 2};
+}
+
+// A 50 MB prompt is dropped by its size: never encoded (it took 2.4 GB to find it too long), and
+// counted like any prompt that fills seq_len (Note [Prompts longer than seq_len]).
+TEST(InstructionData, APromptFarLongerThanSeqLenIsDroppedWithoutEncodingIt) {
+  std::size_t longest_encoded = 0;
+  ExampleTokens tokens = char_tokens();
+  tokens.encode = [&longest_encoded](std::string_view text) {
+    longest_encoded = std::max(longest_encoded, text.size());
+    return std::vector<std::int32_t>(text.begin(), text.end());
+  };
+  tokens.longest_token_bytes = 3;
+  const std::vector<PromptResponse> records = {{std::string(50 << 20, 'p'), "r", "big"},
+                                               {"ab", "xyz", "small"}};
+  const auto examples = tokenize_examples(records, tokens, 64, /*truncate=*/true);
+  EXPECT_EQ(examples.size(), 1);
+  EXPECT_EQ(examples.dropped, 1);
+  EXPECT_EQ(examples.first_dropped, "big");
+  EXPECT_EQ(longest_encoded, 3u) << "only the small record's texts were encoded";
+  // At the bound (4 x 3 bytes x 64) a prompt is still encoded: it might fit.
+  const std::vector<PromptResponse> at_bound = {{std::string(4 * 3 * 64, 'p'), "r", "edge"}};
+  EXPECT_EQ(tokenize_examples(at_bound, tokens, 64, true).dropped, 1);
+  EXPECT_EQ(longest_encoded, 4u * 3 * 64);
 }
 
 TEST(InstructionData, ExamplesMaskBosAndPromptAndCountWhatSeqLenCuts) {

@@ -90,6 +90,7 @@ class TinyTokenizer : public ::testing::Test {
 
 TEST_F(TinyTokenizer, VocabularyAndNamedTokens) {
   EXPECT_EQ(tok.vocab_size(), 287);
+  EXPECT_EQ(tok.longest_token_bytes(), 13u) << "<|endoftext|>";
   EXPECT_EQ(tok.token_to_id("Ġthe"), kGthe);
   EXPECT_EQ(tok.token_to_id("  "), kTwoSpaces);
   EXPECT_EQ(tok.token_to_id("not a token"), std::nullopt);
@@ -225,6 +226,7 @@ TEST(HfTokenizer, ByteLevelFallbackIsTheIdentityOnBytes) {
   const Tokenizer tok = Tokenizer::byte_level();
   EXPECT_TRUE(tok.is_byte_level());
   EXPECT_EQ(tok.vocab_size(), 256);
+  EXPECT_EQ(tok.longest_token_bytes(), 1u);
   EXPECT_EQ(tok.encode("A\xff"), (Ids{65, 255}));
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> byte(0, 255);

@@ -60,13 +60,19 @@ struct Examples {
 struct ExampleTokens {
   Encoder encode;  // text to ids without special tokens
   std::optional<std::int32_t> bos, eos;
+  std::size_t longest_token_bytes = 0;  // the most bytes one token stands for; 0: unknown
 };
 
 // Note [Prompts longer than seq_len]
 // An example whose BOS + prompt alone has seq_len tokens or more leaves no response token to learn
-// within a row: it is dropped and counted, both when packing and when padding. When padding, an
-// example longer than seq_len otherwise keeps its first seq_len tokens (the response cut short):
-// truncated and counted. Packing cuts nothing: examples flow across rows.
+// within a row: it is dropped and counted, both when packing and when padding. A prompt of more
+// than kPromptBytesPerToken x longest_token_bytes x seq_len bytes is dropped without encoding it:
+// no token stands for more than longest_token_bytes bytes of the normalised text, and normalising
+// (NFC, Llama 2's "▁") shrinks a text by less than kPromptBytesPerToken, so it has seq_len tokens
+// or more. Encoding one such record whole (a 50 MB field) once took 2.4 GB to learn that. When
+// padding, an example longer than seq_len otherwise keeps its first seq_len tokens (the response
+// cut short): truncated and counted. Packing cuts nothing: examples flow across rows.
+inline constexpr std::size_t kPromptBytesPerToken = 4;
 Examples tokenize_examples(const std::vector<PromptResponse>& records,
                            const ExampleTokens& tokens,
                            std::int64_t seq_len,

@@ -66,6 +66,10 @@ class Tokenizer {
 
   // One past the largest id encode() can return (model vocabulary and added tokens; Pythia 50277).
   std::int64_t vocab_size() const;
+  // The longest token as the file writes it, in bytes (1 for the byte-level fallback): no token
+  // stands for more bytes of text than that, so a text of N bytes has at least about N / this many
+  // tokens (see Note [Prompts longer than seq_len] in data/instruction_data.h).
+  std::size_t longest_token_bytes() const;
   // The id of a vocabulary entry or added token, written as the file writes it ("Ġthe").
   std::optional<std::int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(std::int32_t id) const;
