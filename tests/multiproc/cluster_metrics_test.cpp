@@ -310,7 +310,8 @@ TEST(ClusterMetricsTest, TheDashboardChartsARealJobPerRankAndAStoppedNodeTurnsUn
                test::node_state(page, w1) == "alive" && test::node_state(page, w2) == "alive";
       },
       40s);
-  ASSERT_TRUE(charted) << page.dump(1) << cluster.log_of("w1");
+  ASSERT_TRUE(charted) << page.dump(1) << cluster.log_of("w1") << cluster.log_of("w2")
+                       << cluster.cli({"logs", "watched"}, 10s).out;
   EXPECT_TRUE(page["error"].is_null()) << page["error"];
   EXPECT_EQ(page["nodeCpu"], 2) << page.dump(1);
 
