@@ -96,9 +96,23 @@ void validate(const LaunchOptions& o) {
            "' names a directory under log_dir, so it cannot contain '/' or be '.' or '..'.");
 }
 
-// Binds port 0 on addr (falling back to every interface) and reads back the port the kernel chose,
-// as torchrun --standalone does. The port is free now; the rank that hosts the store binds it.
-std::uint16_t pick_free_port(const std::string& addr) {
+// Note [Holding the master port]
+// torchrun picks MASTER_PORT by binding port 0 and closing the socket; the rank that hosts the
+// store binds the port a second or more later (a process to start, libraries to load). Anything on
+// the host that binds port 0 or connects meanwhile may be handed that very port, and rank 0 then
+// fails at once with "address already in use" (seen in the suite: a browser starting beside a
+// job). So the agent keeps the port bound, with SO_REUSEADDR and never listening, until the round
+// is over: the kernel hands a bound port to no other bind(0) or connect(), while the store's
+// listening socket, which sets SO_REUSEADDR too (c10d's and libuv's), may bind beside a socket that
+// does not listen.
+struct PortReservation {
+  std::uint16_t port = 0;
+  UniqueFd socket;  // bound to port, not listening
+};
+
+// Binds port 0 on addr (falling back to every interface) and keeps it: see Note [Holding the
+// master port].
+PortReservation reserve_free_port(const std::string& addr) {
   std::string failures;
   for (const char* host : {addr.c_str(), static_cast<const char*>(nullptr)}) {
     addrinfo hints{};
@@ -115,16 +129,18 @@ std::uint16_t pick_free_port(const std::string& addr) {
       UniqueFd sock(socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
       sockaddr_storage bound{};
       socklen_t len = sizeof(bound);
-      if (!sock.valid() || bind(sock.get(), a->ai_addr, a->ai_addrlen) != 0 ||
+      const int on = 1;
+      if (!sock.valid() || setsockopt(sock.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+          bind(sock.get(), a->ai_addr, a->ai_addrlen) != 0 ||
           getsockname(sock.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
         failures +=
             detail::concat(" binding on '", host ? host : "*", "': ", std::strerror(errno), ";");
         continue;
       }
-      if (bound.ss_family == AF_INET6) {
-        return ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
-      }
-      return ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      const std::uint16_t port = bound.ss_family == AF_INET6
+                                     ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      return PortReservation{.port = port, .socket = std::move(sock)};
     }
   }
   throw NetworkError(detail::concat("Could not find a free port for MASTER_PORT on '", addr,
@@ -337,6 +353,9 @@ LaunchResult launch_static(const LaunchOptions& launch_options,
       report_failure(options, stopped, std::chrono::system_clock::now(), err);
       return stopped;
     }
+    // Held until the round is over: Note [Holding the master port].
+    const PortReservation reserved =
+        options.master_port != 0 ? PortReservation{} : reserve_free_port(options.master_addr);
     const RoundSpec round{
         .restart_count = restart_count,
         .group_rank = options.node_rank,
@@ -345,8 +364,7 @@ LaunchResult launch_static(const LaunchOptions& launch_options,
         .world_size = options.nnodes * options.nproc_per_node,
         .master_addr = options.master_addr,
         // A fresh port each round: the previous round's store may linger in TIME_WAIT.
-        .master_port =
-            options.master_port != 0 ? options.master_port : pick_free_port(options.master_addr)};
+        .master_port = options.master_port != 0 ? options.master_port : reserved.port};
     auto outcome = run_round(options, round, stops, out, err, {});
     auto& result = outcome.result;
     if (result.succeeded) return result;
@@ -425,6 +443,7 @@ class ElasticLaunch {
   const milliseconds watch_interval_;
   std::shared_ptr<spdlog::logger> log_ = logger("launcher");
   int restart_count_ = 0;
+  PortReservation reserved_port_;  // this node's master port, when it hosts the round's store
   // A signal while the agent waits on the rendezvous (no ranks running) ends the wait.
   int signal_while_waiting_ = 0;
 };
@@ -436,8 +455,13 @@ std::variant<RendezvousInfo, LaunchResult> ElasticLaunch::join_round() {
   while (true) {
     std::optional<RendezvousInfo> info;
     try {
-      info = rdzv_.next_round([this] { return pick_free_port(rdzv_.options().local_addr); },
-                              [this] { return interrupted(); });
+      info = rdzv_.next_round(
+          [this] {
+            // Held until the next round's: Note [Holding the master port].
+            reserved_port_ = reserve_free_port(rdzv_.options().local_addr);
+            return reserved_port_.port;
+          },
+          [this] { return interrupted(); });
     } catch (const RendezvousClosedError& e) {
       log_->error("{}", e.what());
       LaunchResult closed;

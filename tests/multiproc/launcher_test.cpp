@@ -95,6 +95,33 @@ bool port_is_free(int port) {
   return bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
 }
 
+// The port a launch picks for MASTER_PORT stays bound by the agent while the ranks run, so that no
+// other program on the host is handed it before rank 0's store binds it, and the store still can
+// (SO_REUSEADDR, listening): Note [Holding the master port].
+TEST(Launcher, HoldsTheMasterPortItPickedUntilTheRoundEnds) {
+  TempDir dir;
+  const std::string probe = R"(
+import os, socket
+port = int(os.environ["MASTER_PORT"])
+other = socket.socket()
+try:
+    other.bind(("127.0.0.1", port))
+    print("another program got the port")
+except OSError as e:
+    print("another program was refused:", e.errno)
+store = socket.socket()
+store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+store.bind(("", port))
+store.listen()
+print("the store listens")
+)";
+  auto c = launch_captured(
+      LaunchOptions{.command = {"/usr/bin/python3", "-c", probe}, .run_id = "port-test"});
+  ASSERT_TRUE(c.result.succeeded) << c.out << c.err;
+  EXPECT_NE(c.out.find("another program was refused: 98"), std::string::npos) << c.out << c.err;
+  EXPECT_NE(c.out.find("the store listens"), std::string::npos) << c.out << c.err;
+}
+
 TEST(Launcher, SetsTheTorchrunEnvironmentForEveryRank) {
   TempDir dir;
   ASSERT_EQ(setenv("TY_LAUNCHER_INHERITED", "kept", 1), 0);
