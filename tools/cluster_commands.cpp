@@ -243,14 +243,24 @@ void add_submit(CLI::App& app, int& exit_code) {
   c->add_flag("--no-wait", f->no_wait, "Return once submitted instead of following the logs");
   c->add_option("command", f->command, "The command each rank runs, after --")->required();
   c->callback([f, &exit_code] {
+    // A duration the user left at the agent's default is not sent (a head of an earlier version
+    // refuses fields it does not know); the longest back-off is at least the first, as `run` takes
+    // them.
     const elastic::LaunchOptions& r = f->restarts;
-    cluster::wire::JobSubmission submission{.entrypoint = elastic::shell_quote(f->command),
-                                            .launch = {.nodes = f->nodes,
-                                                       .nproc_per_node = f->nproc_per_node,
-                                                       .max_restarts = r.max_restarts,
-                                                       .restart_backoff = r.restart_backoff,
-                                                       .restart_backoff_max = r.restart_backoff_max,
-                                                       .hang_timeout = r.hang_timeout}};
+    const elastic::LaunchOptions defaults;
+    const auto unless_default = [](std::chrono::milliseconds value, std::chrono::milliseconds d) {
+      return value == d ? std::nullopt : std::optional(value);
+    };
+    cluster::wire::JobSubmission submission{
+        .entrypoint = elastic::shell_quote(f->command),
+        .launch = {
+            .nodes = f->nodes,
+            .nproc_per_node = f->nproc_per_node,
+            .max_restarts = r.max_restarts,
+            .restart_backoff = unless_default(r.restart_backoff, defaults.restart_backoff),
+            .restart_backoff_max = unless_default(
+                std::max(r.restart_backoff_max, r.restart_backoff), defaults.restart_backoff_max),
+            .hang_timeout = unless_default(r.hang_timeout, defaults.hang_timeout)}};
     for (const auto& kv : f->env) submission.env_vars.insert(key_value(kv, "--env"));
     for (const auto& kv : f->metadata) submission.metadata.insert(key_value(kv, "--metadata"));
     if (!f->submission_id.empty()) submission.submission_id = f->submission_id;

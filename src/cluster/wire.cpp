@@ -204,13 +204,8 @@ JobLaunch launch_from(const json& j, const std::string& prefix) {
   }
   if (const json* x = field(f::kNprocPerNode))
     v.nproc_per_node = int_at_least(*x, prefix + f::kNprocPerNode, 1);
-  if (const json* x = field(f::kMaxRestarts)) {
+  if (const json* x = field(f::kMaxRestarts))
     v.max_restarts = int_at_least(*x, prefix + f::kMaxRestarts, 0);
-    if (v.max_restarts > elastic::kMaxRestartsLimit)
-      throw InvalidArgumentError(detail::concat("The field '", prefix, f::kMaxRestarts,
-                                                "' must be at most ", elastic::kMaxRestartsLimit,
-                                                "; got ", v.max_restarts, "."));
-  }
   if (const json* x = field(f::kRestartBackoff))
     v.restart_backoff = seconds_at(*x, prefix + f::kRestartBackoff, elastic::kMaxRestartBackoff);
   if (const json* x = field(f::kRestartBackoffMax))
@@ -610,6 +605,11 @@ void from_json(const json& body, JobSubmission& v) {
             "restart_backoff_s, restart_backoff_max_s, hang_timeout_s.");
     }
     v.launch = launch_from(*it, "trainyard.");
+    // As --max-restarts takes it (jobs the head stored before this limit still read back).
+    if (v.launch.max_restarts > elastic::kMaxRestartsLimit)
+      throw InvalidArgumentError(detail::concat("The field 'trainyard.", f::kMaxRestarts,
+                                                "' must be at most ", elastic::kMaxRestartsLimit,
+                                                "; got ", v.launch.max_restarts, "."));
   }
 }
 

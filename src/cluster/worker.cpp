@@ -606,6 +606,8 @@ void Worker::Impl::start_job(const wire::Assignment& a) {
     if (a.launch.restart_backoff) o.restart_backoff = *a.launch.restart_backoff;
     if (a.launch.restart_backoff_max) o.restart_backoff_max = *a.launch.restart_backoff_max;
     if (a.launch.hang_timeout) o.hang_timeout = *a.launch.hang_timeout;
+    // As `trainyard run` takes them: the longest back-off is at least the first.
+    o.restart_backoff_max = std::max(o.restart_backoff_max, o.restart_backoff);
     o.term_timeout = options.stop_timeout;
     o.rendezvous = std::make_shared<elastic::Rendezvous>(std::move(backend), r);
     for (const auto& [k, v] : a.env) o.extra_env.emplace_back(k, v);
