@@ -856,8 +856,9 @@ Result run_causal_lm_rank(const CausalLmOptions& o) {
     base = base_fingerprint(o.model, data.source);
     trainer.add_checkpoint_file(kLoraBaseFile, base);
   }
-  trainer.resume(*io);
-  if (o.lora && !trainer.resumed_from().empty()) check_resumed_base(trainer, base);
+  trainer.resume(*io, [&] {
+    if (o.lora) check_resumed_base(trainer, base);
+  });
   const auto stats = train_epochs(o, data, wrapped, optimizer, trainer);
   const std::string last_checkpoint = trainer.finish_training();
   auto result = report_result(o, stats, last_checkpoint, trainer);

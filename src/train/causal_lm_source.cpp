@@ -268,7 +268,8 @@ TextTokenizer byte_tokenizer() {
                 return text;
               },
           .pad_id = 0,
-          .vocab_size = 256};
+          .vocab_size = 256,
+          .longest_token_bytes = 1};
 }
 
 TextTokenizer tokenizer_for(const std::string& tokenizer_flag, const ModelSource& source) {

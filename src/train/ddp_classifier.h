@@ -49,6 +49,9 @@ class DdpClassifier {
     trainer.resume(*io_);
   }
 
+  DdpClassifier(const DdpClassifier&) = delete;
+  DdpClassifier& operator=(const DdpClassifier&) = delete;
+
   M& model() { return model_; }
   optim::ShardedAdam& optimizer() { return optimizer_; }
   // The model under DDP as train_classifier_epoch takes it; valid while this object lives.

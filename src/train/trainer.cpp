@@ -358,7 +358,8 @@ double Trainer::elapsed_s() const {
 // from it). A run started on another's folder, or resumed with flags its checkpoints cannot load
 // into (Note [A run resumed as it was not set up]), must not replace it before it fails: so the
 // file is written once resume() has taken the folder's lease and loaded its newest checkpoint (or
-// found none), and at once when the recipe names its configuration after that.
+// found none) and the recipe's own check of it passed (check_resumed: a LoRA run's base), and at
+// once when the recipe names its configuration after that.
 void Trainer::write_config(const std::string& config_json) {
   config_json_ = config_json;
   if (rank() != 0) return;
@@ -371,7 +372,7 @@ void Trainer::store_config() {
   storage_->write("config.json", nlohmann::ordered_json::parse(config_json_).dump(2) + "\n");
 }
 
-const Progress& Trainer::resume(CheckpointIO& io) {
+const Progress& Trainer::resume(CheckpointIO& io, const std::function<void()>& check_resumed) {
   io_ = &io;
   // Rank 0 writes the checkpoints of a root io and holds the run's lease (Note [Run lease]); the
   // others only read the one rank 0 chose. Under an FSDP io every rank writes its shards, each
@@ -383,14 +384,17 @@ const Progress& Trainer::resume(CheckpointIO& io) {
   std::optional<CheckpointIO::Loaded> loaded;
   try {
     loaded = io.load_latest(*checkpointer_);
+  } catch (const NetworkError&) {
+    throw;  // storage away: nothing to do with how the run is set up
   } catch (const Error& e) {
     // See Note [A run resumed as it was not set up].
     const auto complete = checkpointer_->list_complete();
     const auto changed = complete.empty() ? std::string() : setup_changes(complete.back());
     if (changed.empty()) throw;
     throw InvalidArgumentError(detail::concat(
-        storage::join_uri(run_.uri(), complete.back()), " was saved by a run set up otherwise (",
-        changed, "), and cannot be loaded into this one: ", e.what(),
+        "The run's newest checkpoint ", storage::join_uri(run_.uri(), complete.back()),
+        " was saved by a run set up otherwise (", changed,
+        "), and cannot be loaded into this one: ", e.what(),
         " HINT: resume the run as it was set up, or give --name a new run."));
   }
   if (!loaded) {
@@ -418,7 +422,7 @@ const Progress& Trainer::resume(CheckpointIO& io) {
         "position.",
         loaded->name, progress_.world_size, world_size());
   }
-  if (const auto changed = setup_changes(loaded->name); !changed.empty() && rank() == 0)
+  if (const auto changed = rank() == 0 ? setup_changes(loaded->name) : ""; !changed.empty())
     logger("train")->warn(
         "{} was saved by a run set up otherwise: {}. The run goes on as this one "
         "is set up.",
@@ -429,6 +433,7 @@ const Progress& Trainer::resume(CheckpointIO& io) {
                 progress_.epoch, static_cast<long long>(progress_.epoch_position));
     std::fflush(stdout);
   }
+  if (check_resumed) check_resumed();
   store_config();  // Note [config.json after the resume]
   return progress_;
 }

@@ -89,7 +89,7 @@ struct TextTokenizer {
   std::int64_t eos_id = -1;  // -1: none
   std::int64_t bos_id = -1;  // -1: none
   std::int64_t vocab_size = 0;
-  std::size_t longest_token_bytes = 1;  // hf::Tokenizer::longest_token_bytes
+  std::size_t longest_token_bytes = 0;  // hf::Tokenizer::longest_token_bytes; 0: unknown
 };
 // The tokenizer `id` names ("bytes" or a tokenizer.json path).
 TextTokenizer load_text_tokenizer(const std::string& id);

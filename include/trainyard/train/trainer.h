@@ -164,7 +164,10 @@ class Trainer {
   // Loads the newest checkpoint through `io` (which it keeps for saves) and returns where the run
   // stands: the start when there is none. Rank 0 prints what it resumed from, or names the
   // damaged checkpoints it could not.
-  const Progress& resume(CheckpointIO& io);
+  // `check_resumed`, when given, runs after a checkpoint loaded and before config.json is written
+  // (Note [config.json after the resume]): a recipe's own check of what it resumed, which throws
+  // to leave the run's folder as it was.
+  const Progress& resume(CheckpointIO& io, const std::function<void()>& check_resumed = {});
   // The tensors the optimizer updates (this rank's: whole parameters, or its FSDP shards), which
   // every save checks first: a checkpoint of NaN or Inf weights is never written (Note
   // [Non-finite training] in trainer.cpp). Recipes name them before the first step.
