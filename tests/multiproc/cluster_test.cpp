@@ -124,8 +124,8 @@ TEST_F(ClusterTest, SubmitsHangTimeoutReachesEveryNodesWatchdog) {
   start_head_and_two_workers();
   const auto start = std::chrono::steady_clock::now();
   const RunOutput r = cluster.cli(
-      {"submit", "--submission-id", "hangs", "--hang-timeout", "1", "--restart-backoff", "0.25",
-       "--", TRAINYARD_HEARTBEAT_HELPER, "beat=300;err=rank 0 about to hang;stop"},
+      {"submit", "--submission-id", "hangs", "--hang-timeout", "1", "--restart-backoff", "45", "--",
+       TRAINYARD_HEARTBEAT_HELPER, "beat=300;err=rank 0 about to hang;stop"},
       45s);
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(r.status.exit_code, 1) << r.out << r.err;
@@ -134,7 +134,11 @@ TEST_F(ClusterTest, SubmitsHangTimeoutReachesEveryNodesWatchdog) {
   ASSERT_TRUE(job.is_object());
   EXPECT_EQ(job["status"], "FAILED") << job.dump(2);
   EXPECT_EQ(job["trainyard"]["hang_timeout_s"], 1.0) << job.dump(2);
-  EXPECT_EQ(job["trainyard"]["restart_backoff_s"], 0.25) << job.dump(2);
+  // A first back-off above the default longest (30 s) raises the longest, as `run` does: the
+  // agents start the job (they refuse a longest back-off shorter than the first). With no
+  // restarts it is never waited.
+  EXPECT_EQ(job["trainyard"]["restart_backoff_s"], 45.0) << job.dump(2);
+  EXPECT_EQ(job["trainyard"]["restart_backoff_max_s"], 45.0) << job.dump(2);
   EXPECT_TRUE(contains(job["message"].get<std::string>(), "hung: no progress for 1.0 s"))
       << job.dump(2) << r.out;
   // A bad value is refused by the CLI as `trainyard run` refuses it.
