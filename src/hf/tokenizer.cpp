@@ -279,6 +279,18 @@ std::int64_t Tokenizer::vocab_size() const {
 
 std::size_t Tokenizer::longest_token_bytes() const {
   if (impl_->byte_level) return 1;
+  // A step that deletes text (a Replace with a shorter content or a pattern, a Split that removes
+  // its matches) or one <unk> for a run of unknown characters: a text may then have far fewer
+  // tokens than its bytes say, so the longest token bounds nothing (0: unknown).
+  if (impl_->fuse_unk && !impl_->byte_fallback) return 0;
+  for (const auto& step : impl_->normalizers)
+    if (const auto* r = std::get_if<internal::ReplaceNormalizer>(&step);
+        r != nullptr && (r->regex || r->content.size() < r->literal.size()))
+      return 0;
+  for (const auto& step : impl_->pre_tokenizers)
+    if (const auto* s = std::get_if<internal::SplitPreTokenizer>(&step);
+        s != nullptr && s->behavior == internal::SplitBehavior::kRemoved)
+      return 0;
   std::size_t longest = 1;
   for (const auto& text : impl_->token_text) longest = std::max(longest, text.size());
   return longest;

@@ -282,6 +282,36 @@ TEST(HfTokenizer, PrefixSpaceIgnoreMergesAndTemplate) {
   EXPECT_EQ(tok.encode("the<|padding|>the", false), (Ids{kGthe, 1, kGthe}));
 }
 
+// A tokenizer that may delete text says nothing of a text's token count from its length
+// (Note [Prompts longer than seq_len]): 0, so that no long prompt is dropped unencoded.
+TEST(HfTokenizer, LongestTokenIsUnknownWhereAStepDeletesText) {
+  const auto longest = [](const std::function<void(json&)>& edit) {
+    return Tokenizer::from_file(write_variant("longest", edit)).longest_token_bytes();
+  };
+  EXPECT_EQ(longest([](json&) {}), 13u);
+  EXPECT_EQ(
+      longest([](json& j) {
+        j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", "abc"}}}, {"content", ""}};
+      }),
+      0u);
+  EXPECT_EQ(longest([](json& j) {
+              j["normalizer"] = {
+                  {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+            }),
+            13u)
+      << "Llama 2's space to \"\u2581\" only grows a text";
+  EXPECT_EQ(longest([](json& j) {
+              j["pre_tokenizer"] = {{"type", "Sequence"},
+                                    {"pretokenizers",
+                                     {{{"type", "Split"},
+                                       {"pattern", {{"Regex", "x+"}}},
+                                       {"behavior", "Removed"},
+                                       {"invert", false}},
+                                      j["pre_tokenizer"]}}};
+            }),
+            0u);
+}
+
 // ---- files it refuses ---------------------------------------------------------------------------
 
 std::string load_error(const std::function<void(json&)>& edit) {

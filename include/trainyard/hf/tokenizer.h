@@ -68,7 +68,9 @@ class Tokenizer {
   std::int64_t vocab_size() const;
   // The longest token as the file writes it, in bytes (1 for the byte-level fallback): no token
   // stands for more bytes of text than that, so a text of N bytes has at least about N / this many
-  // tokens (see Note [Prompts longer than seq_len] in data/instruction_data.h).
+  // tokens (see Note [Prompts longer than seq_len] in data/instruction_data.h). 0 when a step may
+  // delete text (a Replace to shorter content or by a pattern, a Split that removes its matches,
+  // fuse_unk without byte_fallback), so that nothing follows from a text's length.
   std::size_t longest_token_bytes() const;
   // The id of a vocabulary entry or added token, written as the file writes it ("Ġthe").
   std::optional<std::int32_t> token_to_id(std::string_view token) const;
